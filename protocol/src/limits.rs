@@ -1,0 +1,19 @@
+//! Hard limits both ends enforce. A peer that exceeds one gets a protocol error,
+//! never an allocation of the size it asked for.
+
+/// Largest frame payload accepted or produced. Bigger data is chunked.
+pub const MAX_FRAME_LEN: usize = 8 * 1024 * 1024;
+
+/// Bytes of shell noise tolerated before the preamble. A stream that has not shown
+/// the preamble by then is not an agent (wrong binary, a shell stuck at a prompt).
+pub const MAX_NOISE_LEN: usize = 64 * 1024;
+
+/// Largest per-stream output an exec result may carry (head + tail), so that a
+/// finished exec with both streams always fits in one frame.
+pub const MAX_EXEC_OUTPUT_LIMIT: u64 = 3 * 1024 * 1024;
+
+/// Size of one streamed output chunk.
+pub const OUTPUT_CHUNK_LEN: usize = 64 * 1024;
+
+/// Largest stdin an exec request may carry.
+pub const MAX_STDIN_LEN: usize = 1024 * 1024;

@@ -1,0 +1,186 @@
+//! Every message of the protocol, in one place.
+//!
+//! Direction and order:
+//! 1. The agent sends [`Hello`] as its first frame (decoded on its own, so its
+//!    leading `protocol_version` field stays readable across versions).
+//! 2. The controller sends [`ClientMessage::Request`]s with ids it chooses; many may
+//!    be in flight at once. [`ClientMessage::Cancel`] asks the agent to stop one.
+//! 3. The agent answers each request with zero or more streaming
+//!    [`AgentMessage::Response`]s ([`Response::Output`]) and exactly one final one
+//!    ([`Response::is_final`]), sent only after all output has been drained.
+//!
+//! Rule for evolving this file: append enum variants and bump
+//! [`crate::PROTOCOL_VERSION`] for any other change.
+
+use serde::{Deserialize, Serialize};
+
+/// Chosen by the controller, unique among the requests in flight on one stream.
+pub type RequestId = u64;
+
+/// First frame from the agent. Field order matters: `protocol_version` must stay
+/// first so that any controller can read it from any agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Hello {
+    pub protocol_version: u32,
+    /// The agent's crate version, e.g. `0.1.0`.
+    pub agent_version: String,
+    /// BLAKE3 of the agent's own executable file, hex. The controller compares it
+    /// with the artifact it meant to run to detect a corrupt or stale install.
+    pub build_hash: String,
+    pub os: String,
+    pub arch: String,
+    /// `glibc 2.36`, `musl`, or `unknown`.
+    pub libc: String,
+    pub capabilities: Vec<String>,
+    pub pid: u32,
+}
+
+/// Only the leading field of [`Hello`]; decodes from any agent's hello.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HelloVersion {
+    pub protocol_version: u32,
+}
+
+/// Controller → agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum ClientMessage {
+    Request { id: RequestId, body: Request },
+    /// Stop the request with this id. Its final response still follows.
+    Cancel { id: RequestId },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Request {
+    /// Run a bash command. Answered by `Output*` (when `stream`) then `ExecDone`.
+    Exec(ExecRequest),
+    /// Liveness check. Answered by `Pong`.
+    Ping,
+    /// Host resource snapshot. Answered by `Metrics`.
+    Metrics,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExecRequest {
+    /// Passed to `bash -c`.
+    pub command: String,
+    /// Working directory; `~` and `~/…` are expanded on the host. None: home.
+    pub cwd: Option<String>,
+    /// Extra environment variables.
+    pub env: Vec<(String, String)>,
+    /// Bytes written to the command's stdin, which is then closed. None: /dev/null.
+    pub stdin: Option<Vec<u8>>,
+    /// After this long the whole process tree is terminated. None: no limit.
+    pub timeout_ms: Option<u64>,
+    /// Bytes kept per stream (half head, half tail); the agent clamps it to
+    /// [`crate::limits::MAX_EXEC_OUTPUT_LIMIT`].
+    pub output_limit: u64,
+    /// Also send output as it arrives (`Response::Output`); the captured output in
+    /// `ExecDone` is then empty.
+    pub stream: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OutputStream {
+    Stdout,
+    Stderr,
+}
+
+/// Agent → controller.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum AgentMessage {
+    Response { id: RequestId, body: Response },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Response {
+    /// A chunk of streamed output (not final).
+    Output { stream: OutputStream, data: Vec<u8> },
+    ExecDone(ExecResult),
+    Pong,
+    Metrics(HostMetrics),
+    Error(AgentError),
+}
+
+impl Response {
+    /// Whether this response ends its request.
+    pub fn is_final(&self) -> bool {
+        !matches!(self, Response::Output { .. })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExecResult {
+    /// Exit status when the command exited normally.
+    pub exit_code: Option<i32>,
+    /// Signal number when the command was killed by one.
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub cancelled: bool,
+    pub stdout: CapturedOutput,
+    pub stderr: CapturedOutput,
+    pub duration_ms: u64,
+}
+
+/// Output kept under a byte limit: the first and last bytes, and how many were
+/// dropped between them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CapturedOutput {
+    pub head: Vec<u8>,
+    pub tail: Vec<u8>,
+    pub omitted: u64,
+}
+
+impl CapturedOutput {
+    /// Total bytes the command wrote to this stream.
+    pub fn total_len(&self) -> u64 {
+        self.head.len() as u64 + self.tail.len() as u64 + self.omitted
+    }
+
+    /// Text for people and agents: invalid UTF-8 replaced, and an explicit marker
+    /// where bytes were omitted.
+    pub fn to_text(&self) -> String {
+        let mut text = String::from_utf8_lossy(&self.head).into_owned();
+        if self.omitted > 0 {
+            if !text.is_empty() && !text.ends_with('\n') {
+                text.push('\n');
+            }
+            text.push_str(&format!("[… {} bytes omitted …]\n", self.omitted));
+        }
+        text.push_str(&String::from_utf8_lossy(&self.tail));
+        text
+    }
+}
+
+/// A resource snapshot of the host.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct HostMetrics {
+    pub cpu_count: u32,
+    pub load_1m: f64,
+    pub load_5m: f64,
+    pub load_15m: f64,
+    pub mem_total_bytes: u64,
+    /// Total minus available: what the kernel cannot hand out without swapping.
+    pub mem_used_bytes: u64,
+    pub mem_available_bytes: u64,
+    pub swap_total_bytes: u64,
+    pub swap_used_bytes: u64,
+    pub uptime_s: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ErrorKind {
+    /// The request is malformed or breaks a limit.
+    BadRequest,
+    /// The command could not be started (missing cwd, no bash, fork failed).
+    SpawnFailed,
+    /// The agent does not know this request (older agent).
+    Unsupported,
+    /// A bug or an unexpected host condition.
+    Internal,
+}

@@ -1,0 +1,215 @@
+//! Every message round-trips through a frame; hostile input never panics.
+
+use outpost_protocol::limits::MAX_FRAME_LEN;
+use outpost_protocol::*;
+
+fn sample_messages() -> (Hello, Vec<ClientMessage>, Vec<AgentMessage>) {
+    let hello = Hello {
+        protocol_version: PROTOCOL_VERSION,
+        agent_version: "0.1.0".into(),
+        build_hash: "ab".repeat(32),
+        os: "linux".into(),
+        arch: "x86_64".into(),
+        libc: "glibc 2.36".into(),
+        capabilities: vec!["exec".into(), "metrics".into()],
+        pid: 4242,
+    };
+    let client = vec![
+        ClientMessage::Request {
+            id: 1,
+            body: Request::Exec(ExecRequest {
+                command: "echo héllo; exit 3".into(),
+                cwd: Some("~/work dir".into()),
+                env: vec![("A".into(), "b=c".into())],
+                stdin: Some(vec![0, 159, 146, 150]),
+                timeout_ms: Some(2_000),
+                output_limit: 20_000,
+                stream: true,
+            }),
+        },
+        ClientMessage::Request {
+            id: u64::MAX,
+            body: Request::Ping,
+        },
+        ClientMessage::Request {
+            id: 3,
+            body: Request::Metrics,
+        },
+        ClientMessage::Cancel { id: 1 },
+    ];
+    let agent = vec![
+        AgentMessage::Response {
+            id: 1,
+            body: Response::Output {
+                stream: OutputStream::Stderr,
+                data: vec![0xff, 0xfe, b'\n'],
+            },
+        },
+        AgentMessage::Response {
+            id: 1,
+            body: Response::ExecDone(ExecResult {
+                exit_code: None,
+                signal: Some(9),
+                timed_out: true,
+                cancelled: false,
+                stdout: CapturedOutput {
+                    head: b"head".to_vec(),
+                    tail: b"tail".to_vec(),
+                    omitted: 5 << 20,
+                },
+                stderr: CapturedOutput::default(),
+                duration_ms: 2_010,
+            }),
+        },
+        AgentMessage::Response {
+            id: 2,
+            body: Response::Pong,
+        },
+        AgentMessage::Response {
+            id: 3,
+            body: Response::Metrics(HostMetrics {
+                cpu_count: 2,
+                load_1m: 0.5,
+                load_5m: 0.25,
+                load_15m: 0.125,
+                mem_total_bytes: 24 << 30,
+                mem_used_bytes: 1 << 30,
+                mem_available_bytes: 23 << 30,
+                swap_total_bytes: 0,
+                swap_used_bytes: 0,
+                uptime_s: 99,
+            }),
+        },
+        AgentMessage::Response {
+            id: 4,
+            body: Response::Error(AgentError {
+                kind: ErrorKind::SpawnFailed,
+                message: "no such directory: /nope".into(),
+            }),
+        },
+    ];
+    (hello, client, agent)
+}
+
+fn one_frame(bytes: &[u8]) -> Vec<u8> {
+    let mut dec = FrameDecoder::framed();
+    dec.push(bytes);
+    match dec.next_event().unwrap() {
+        Some(DecodeEvent::Frame(p)) => p,
+        other => panic!("expected a frame, got {other:?}"),
+    }
+}
+
+#[test]
+fn every_message_round_trips() {
+    let (hello, client, agent) = sample_messages();
+    let payload = one_frame(&encode_frame(&hello).unwrap());
+    assert_eq!(decode::<Hello>(&payload).unwrap(), hello);
+    assert_eq!(
+        decode::<HelloVersion>(&payload).unwrap().protocol_version,
+        PROTOCOL_VERSION
+    );
+    for msg in client {
+        let payload = one_frame(&encode_frame(&msg).unwrap());
+        assert_eq!(decode::<ClientMessage>(&payload).unwrap(), msg);
+    }
+    for msg in agent {
+        let payload = one_frame(&encode_frame(&msg).unwrap());
+        assert_eq!(decode::<AgentMessage>(&payload).unwrap(), msg);
+    }
+}
+
+#[test]
+fn oversized_message_is_refused_when_encoding() {
+    let msg = AgentMessage::Response {
+        id: 1,
+        body: Response::Output {
+            stream: OutputStream::Stdout,
+            data: vec![0; MAX_FRAME_LEN + 1],
+        },
+    };
+    assert!(matches!(
+        encode_frame(&msg),
+        Err(ProtocolError::FrameTooLarge { .. })
+    ));
+}
+
+#[test]
+fn captured_output_marks_what_was_omitted() {
+    let out = CapturedOutput {
+        head: b"first".to_vec(),
+        tail: b"last\xff".to_vec(),
+        omitted: 1234,
+    };
+    assert_eq!(out.total_len(), 1234 + 10);
+    assert_eq!(
+        out.to_text(),
+        "first\n[… 1234 bytes omitted …]\nlast\u{fffd}"
+    );
+}
+
+/// xorshift64*: deterministic, dependency-free randomness for the fuzz loop.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+}
+
+#[test]
+fn random_and_mutated_input_never_panics() {
+    let (hello, client, agent) = sample_messages();
+    let mut valid: Vec<Vec<u8>> = vec![encode_frame(&hello).unwrap()];
+    valid.extend(client.iter().map(|m| encode_frame(m).unwrap()));
+    valid.extend(agent.iter().map(|m| encode_frame(m).unwrap()));
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    for round in 0..20_000 {
+        let mut bytes = if round % 2 == 0 {
+            valid[(rng.next() as usize) % valid.len()].clone()
+        } else {
+            let len = (rng.next() % 256) as usize;
+            (0..len).map(|_| rng.next() as u8).collect()
+        };
+        // Flip a few bytes, sometimes in the length prefix.
+        for _ in 0..(rng.next() % 4) {
+            if !bytes.is_empty() {
+                let i = (rng.next() as usize) % bytes.len();
+                bytes[i] = rng.next() as u8;
+            }
+        }
+        let mut dec = if round % 3 == 0 {
+            let mut d = FrameDecoder::after_preamble();
+            d.push(&PREAMBLE);
+            d
+        } else {
+            FrameDecoder::framed()
+        };
+        dec.push(&bytes);
+        loop {
+            match dec.next_event() {
+                Ok(Some(DecodeEvent::Frame(p))) => {
+                    let _ = decode::<ClientMessage>(&p);
+                    let _ = decode::<AgentMessage>(&p);
+                    let _ = decode::<Hello>(&p);
+                }
+                Ok(Some(DecodeEvent::Noise(_))) => {}
+                Ok(None) | Err(_) => break,
+            }
+        }
+        // Whatever the input claimed, the decoder never holds more than it was given
+        // plus one frame-sized reservation.
+        assert!(dec.buffered() <= bytes.len() + PREAMBLE.len());
+    }
+}
+
+#[test]
+fn a_huge_vec_length_inside_a_frame_is_a_decode_error() {
+    // A frame whose payload claims a multi-gigabyte Vec must fail, not allocate.
+    let mut payload = vec![0u8, 1, 0]; // Response variant, id 1, Output
+    payload.extend([0u8]); // Stdout
+    payload.extend([0xff, 0xff, 0xff, 0xff, 0x0f]); // varint length ~4 GiB
+    assert!(decode::<AgentMessage>(&payload).is_err());
+}
