@@ -1,1 +1,281 @@
-fn main(){}
+//! `outpost`: the command-line entry point (MCP server and tools for people).
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use outpost::config::Config;
+use outpost::fleet::Fleet;
+use outpost::mcp;
+use outpost_protocol::{ExecRequest, OutputStream};
+
+/// Outpost turns your own Linux machines into sandboxes for AI agents, over plain
+/// SSH. With no configuration, the `local` sandbox runs commands on this machine.
+///
+/// Configuration: remote-sandbox-mcp's environment variables (REMOTE_SANDBOX_LIST,
+/// or REMOTE_HOST/REMOTE_PORT/REMOTE_USER/REMOTE_PASSWORD/REMOTE_KEY_FILE/
+/// REMOTE_KEY_PASSPHRASE), or a TOML file ($OUTPOST_CONFIG, else
+/// ~/.config/outpost/config.toml); host aliases resolve through ~/.ssh/config.
+/// Logs go to stderr; set OUTPOST_LOG (e.g. debug) for more.
+#[derive(Parser)]
+#[command(name = "outpost", version, about, long_about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the MCP tools on stdin/stdout (for Claude Code, Codex, Cursor…).
+    Mcp,
+    /// List the sandboxes, connect to each in parallel, show their load.
+    Hosts {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run a command in a sandbox, stream its output, exit with its status
+    /// (124 on timeout, 255 when the host cannot be reached).
+    Exec {
+        /// Sandbox name (default: the active one: the first configured, else `local`).
+        host: Option<String>,
+        /// Working directory on the host.
+        #[arg(long)]
+        cwd: Option<String>,
+        /// Kill the command's whole process tree after this many seconds.
+        #[arg(long)]
+        timeout: Option<f64>,
+        /// The command, after `--`; joined with spaces and run by bash.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Report on this controller, the sandboxes, and (with HOST) the agent's own
+    /// report on that host.
+    Diagnose { host: Option<String> },
+}
+
+fn main() -> ExitCode {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("OUTPOST_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("outpost: cannot start: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("outpost: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<ExitCode> {
+    let config = Config::load()?;
+    let fleet = Arc::new(Fleet::new(config));
+    match cli.command {
+        Command::Mcp => {
+            mcp::serve_stdio(fleet).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Hosts { json } => hosts(&fleet, json).await,
+        Command::Exec {
+            host,
+            cwd,
+            timeout,
+            command,
+        } => exec(&fleet, host, cwd, timeout, command).await,
+        Command::Diagnose { host } => diagnose(&fleet, host).await,
+    }
+}
+
+async fn hosts(fleet: &Fleet, json: bool) -> Result<ExitCode> {
+    let deadline = fleet.config.connect_timeout + Duration::from_secs(5);
+    let rows = fleet.list(true, deadline).await;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{:<1} {:<16} {:<28} {:<6} {:>5} {:>6} {:>12} {:>5}",
+        "", "NAME", "ADDRESS", "STATE", "CPUS", "LOAD1", "MEM USED", "IDLE"
+    );
+    for r in &rows {
+        let addr = if r.port == 0 {
+            format!("{}@{}", r.user, r.host)
+        } else {
+            format!("{}@{}:{}", r.user, r.host, r.port)
+        };
+        let mark = if r.is_active { "*" } else { "" };
+        match &r.resources {
+            Some(res) => println!(
+                "{:<1} {:<16} {:<28} {:<6} {:>5} {:>6.2} {:>11.0}% {:>5.2}",
+                mark,
+                r.name,
+                addr,
+                "ok",
+                res.cpu.count,
+                res.cpu.load_1m,
+                res.memory.used_pct,
+                res.idle_score
+            ),
+            None => println!(
+                "{:<1} {:<16} {:<28} {:<6} {}",
+                mark,
+                r.name,
+                addr,
+                "error",
+                r.connection_error.as_deref().unwrap_or("unreachable")
+            ),
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn exec(
+    fleet: &Fleet,
+    host: Option<String>,
+    cwd: Option<String>,
+    timeout: Option<f64>,
+    command: Vec<String>,
+) -> Result<ExitCode> {
+    let session = fleet.get(host.as_deref()).map_err(anyhow::Error::msg)?;
+    let timeout_ms = match timeout {
+        Some(t) if t > 0.0 && t.is_finite() => Some((t * 1000.0) as u64),
+        Some(t) => anyhow::bail!("--timeout must be a positive number of seconds, got {t}"),
+        None => None,
+    };
+    let req = ExecRequest {
+        command: command.join(" "),
+        cwd,
+        env: Vec::new(),
+        stdin: None,
+        timeout_ms,
+        output_limit: 0,
+        stream: true,
+    };
+    let result = session
+        .exec(req, |stream, data| {
+            let _ = match stream {
+                OutputStream::Stdout => std::io::stdout().write_all(data),
+                OutputStream::Stderr => std::io::stderr().write_all(data),
+            };
+        })
+        .await;
+    let _ = std::io::stdout().flush();
+    match result {
+        Ok(r) if r.timed_out => {
+            eprintln!("outpost: command timed out; its process tree was killed");
+            Ok(ExitCode::from(124))
+        }
+        Ok(r) => Ok(ExitCode::from(
+            r.exit_code
+                .or(r.signal.map(|s| 128 + s))
+                .unwrap_or(255)
+                .clamp(0, 255) as u8,
+        )),
+        Err(e) => {
+            eprintln!("outpost: {}: {e}", session.name());
+            Ok(ExitCode::from(255))
+        }
+    }
+}
+
+async fn diagnose(fleet: &Fleet, host: Option<String>) -> Result<ExitCode> {
+    let cfg = &fleet.config;
+    println!("outpost {}", env!("CARGO_PKG_VERSION"));
+    println!("configuration:   {}", cfg.source);
+    println!(
+        "known_hosts:     {} (Outpost's own)",
+        cfg.known_hosts.display()
+    );
+    if let Some(p) = &cfg.user_known_hosts {
+        println!("                 {} (read only)", p.display());
+    }
+    println!(
+        "connect timeout: {:.1} s",
+        cfg.connect_timeout.as_secs_f64()
+    );
+    let artifacts =
+        outpost::bootstrap::Artifacts::discover(cfg.agent_bin.as_deref(), &cfg.agent_dirs);
+    match &artifacts.native {
+        Some(a) => println!("agent (native):  {}", a.path.display()),
+        None => println!("agent (native):  MISSING — build it with `cargo build --workspace`"),
+    }
+    for a in &artifacts.portable {
+        println!("agent build:     {}", a.label);
+    }
+    println!();
+    let deadline = cfg.connect_timeout + Duration::from_secs(5);
+    let started = Instant::now();
+    let rows = fleet.list(true, deadline).await;
+    println!(
+        "sandboxes (checked in parallel in {} ms):",
+        started.elapsed().as_millis()
+    );
+    for r in &rows {
+        let state = match (&r.resources, &r.connection_error) {
+            (Some(_), _) => "reachable".to_string(),
+            (None, Some(e)) => format!("PROBLEM: {e}"),
+            (None, None) => "unknown".to_string(),
+        };
+        println!(
+            "  {}{:<16} {}",
+            if r.is_active { "*" } else { " " },
+            r.name,
+            state
+        );
+    }
+    let Some(host) = host else {
+        return Ok(ExitCode::SUCCESS);
+    };
+    let session = fleet.get(Some(&host)).map_err(anyhow::Error::msg)?;
+    let conn = session
+        .connection()
+        .await
+        .with_context(|| format!("cannot reach {host}"))?;
+    let h = &conn.hello;
+    println!();
+    println!(
+        "{host}: agent {} ({}), protocol {}, {} {} {}, pid {}",
+        h.agent_version,
+        &h.build_hash[..12.min(h.build_hash.len())],
+        h.protocol_version,
+        h.os,
+        h.arch,
+        h.libc,
+        h.pid
+    );
+    println!("agent path: {}", conn.agent_path);
+    println!();
+    let req = ExecRequest {
+        command: format!(
+            "{} diagnose",
+            outpost::bootstrap::shell_quote(&conn.agent_path)
+        ),
+        cwd: None,
+        env: Vec::new(),
+        stdin: None,
+        timeout_ms: Some(30_000),
+        output_limit: outpost_protocol::limits::MAX_EXEC_OUTPUT_LIMIT,
+        stream: false,
+    };
+    let result = session.exec(req, |_, _| {}).await?;
+    print!("{}", result.stdout.to_text());
+    eprint!("{}", result.stderr.to_text());
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,563 @@
+//! Getting a matching agent running on a host: probe, pick, upload, verify.
+//!
+//! 1. One probe command reports OS, arch, libc and `$HOME` (only the lines after a
+//!    marker are parsed, so shell rc noise cannot confuse it).
+//! 2. [`Artifacts`] picks the agent build that fits: the one built next to this
+//!    controller when the host matches it, else a portable build from an agents
+//!    directory (`<arch>-linux-gnu` for glibc ≥ its `min-glibc`, `<arch>-linux-musl`).
+//! 3. The installed agent lives at `<remote_dir>/agents/<version>-<hash12>/outpost-agent`.
+//!    It is started first; only when it is missing, or reports another build hash
+//!    or protocol version, is it uploaded over SFTP (temp name, mode 0700,
+//!    rename) and started again.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use outpost_protocol::{Hello, HelloVersion, PROTOCOL_VERSION};
+use tokio::io::AsyncWriteExt;
+
+use crate::config::SshTarget;
+use crate::link::{LinkReader, read_hello};
+use crate::transport::{AgentLink, SshConnection};
+
+const PROBE_MARKER: &str = "__OUTPOST_PROBE__";
+
+/// What the probe learned about a host.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostFacts {
+    pub os: String,
+    pub arch: String,
+    /// None when not glibc (musl or unknown).
+    pub glibc: Option<(u32, u32)>,
+    pub libc_line: String,
+    pub home: String,
+}
+
+pub fn probe_command() -> String {
+    format!(
+        "printf '\\n{PROBE_MARKER}\\n'; uname -s; uname -m; (ldd --version 2>&1 || true) | head -n1; printf '%s\\n' \"$HOME\""
+    )
+}
+
+pub fn parse_probe(stdout: &[u8]) -> Result<HostFacts, String> {
+    let text = String::from_utf8_lossy(stdout);
+    let after = text
+        .rsplit_once(PROBE_MARKER)
+        .map(|(_, rest)| rest)
+        .ok_or_else(|| format!("host probe printed no marker; output was {text:?}"))?;
+    let lines: Vec<&str> = after.lines().filter(|l| !l.trim().is_empty()).collect();
+    if lines.len() < 4 {
+        return Err(format!("host probe output incomplete: {after:?}"));
+    }
+    let n = lines.len();
+    let (os, arch, libc_line, home) = (lines[n - 4], lines[n - 3], lines[n - 2], lines[n - 1]);
+    let glibc = parse_glibc(libc_line);
+    Ok(HostFacts {
+        os: os.trim().to_lowercase(),
+        arch: normalize_arch(arch.trim()),
+        glibc,
+        libc_line: libc_line.trim().to_string(),
+        home: home.trim().to_string(),
+    })
+}
+
+/// `ldd (Debian GLIBC 2.36-9) 2.36` → (2, 36). musl's ldd prints "musl libc".
+fn parse_glibc(line: &str) -> Option<(u32, u32)> {
+    let lower = line.to_lowercase();
+    if !(lower.contains("glibc") || lower.contains("gnu libc")) {
+        return None;
+    }
+    line.split_whitespace().rev().find_map(parse_version)
+}
+
+fn parse_version(s: &str) -> Option<(u32, u32)> {
+    let mut parts = s.trim().split('.');
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts
+        .next()?
+        .trim_end_matches(|c: char| !c.is_ascii_digit());
+    Some((major, minor.parse().ok()?))
+}
+
+fn normalize_arch(arch: &str) -> String {
+    match arch {
+        "amd64" => "x86_64".into(),
+        "arm64" => "aarch64".into(),
+        other => other.to_string(),
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Libc {
+    /// Needs glibc at least this version.
+    Gnu {
+        min: (u32, u32),
+    },
+    Musl,
+}
+
+/// One agent build the controller can install.
+#[derive(Debug, Clone)]
+pub struct Artifact {
+    pub path: PathBuf,
+    pub os: String,
+    pub arch: String,
+    pub libc: Libc,
+    pub label: String,
+    hash: OnceLock<String>,
+}
+
+impl Artifact {
+    /// BLAKE3 of the file, hex; computed once.
+    pub fn hash(&self) -> std::io::Result<&str> {
+        if let Some(h) = self.hash.get() {
+            return Ok(h);
+        }
+        let bytes = std::fs::read(&self.path)?;
+        let h = blake3::hash(&bytes).to_hex().to_string();
+        Ok(self.hash.get_or_init(|| h))
+    }
+
+    fn fits(&self, host: &HostFacts) -> bool {
+        if self.os != host.os || self.arch != host.arch {
+            return false;
+        }
+        match (&self.libc, host.glibc) {
+            (Libc::Musl, _) => true,
+            (Libc::Gnu { min }, Some(have)) => have >= *min,
+            (Libc::Gnu { .. }, None) => false,
+        }
+    }
+}
+
+/// The agent builds found on this machine.
+#[derive(Debug, Clone)]
+pub struct Artifacts {
+    pub native: Option<Artifact>,
+    pub portable: Vec<Artifact>,
+    pub searched: Vec<PathBuf>,
+}
+
+impl Artifacts {
+    /// Finds the native agent (`agent_bin`, else next to the controller
+    /// executable) and portable builds under `extra_dirs`, `<exe dir>/agents` and
+    /// the source tree's `dist/agents`.
+    pub fn discover(agent_bin: Option<&Path>, extra_dirs: &[PathBuf]) -> Artifacts {
+        let exe_dir = std::env::current_exe()
+            .ok()
+            .and_then(|p| p.parent().map(Path::to_path_buf));
+        let native_path = agent_bin
+            .map(Path::to_path_buf)
+            .or_else(|| exe_dir.as_ref().map(|d| d.join("outpost-agent")))
+            .filter(|p| p.is_file());
+        let native = native_path.map(|path| Artifact {
+            path,
+            os: std::env::consts::OS.into(),
+            arch: std::env::consts::ARCH.into(),
+            libc: native_libc(),
+            label: "native build".into(),
+            hash: OnceLock::new(),
+        });
+        let mut dirs: Vec<PathBuf> = extra_dirs.to_vec();
+        if let Some(d) = &exe_dir {
+            dirs.push(d.join("agents"));
+            // target/{debug,release}/ → <repo>/dist/agents
+            if let Some(repo) = d.parent().and_then(Path::parent) {
+                dirs.push(repo.join("dist/agents"));
+            }
+        }
+        let mut portable = Vec::new();
+        for dir in &dirs {
+            let Ok(entries) = std::fs::read_dir(dir) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().to_string();
+                let bin = entry.path().join("outpost-agent");
+                if !bin.is_file() {
+                    continue;
+                }
+                // <arch>-linux-<gnu|musl>
+                let parts: Vec<&str> = name.splitn(3, '-').collect();
+                if parts.len() != 3 {
+                    continue;
+                }
+                let libc = match parts[2] {
+                    "gnu" => {
+                        let min = std::fs::read_to_string(entry.path().join("min-glibc"))
+                            .ok()
+                            .and_then(|s| parse_version(&s))
+                            .unwrap_or((2, 17));
+                        Libc::Gnu { min }
+                    }
+                    "musl" => Libc::Musl,
+                    _ => continue,
+                };
+                portable.push(Artifact {
+                    path: bin,
+                    os: parts[1].into(),
+                    arch: parts[0].into(),
+                    libc,
+                    label: format!("{name} from {}", dir.display()),
+                    hash: OnceLock::new(),
+                });
+            }
+        }
+        Artifacts {
+            native,
+            portable,
+            searched: dirs,
+        }
+    }
+
+    /// The best build for `host`: native first (always in step with this
+    /// controller), then portable glibc (can load NVML), then static musl.
+    pub fn pick(&self, host: &HostFacts) -> Result<&Artifact, String> {
+        let mut candidates: Vec<&Artifact> = self.native.iter().collect();
+        let mut portable: Vec<&Artifact> = self.portable.iter().collect();
+        portable.sort_by_key(|a| matches!(a.libc, Libc::Musl));
+        candidates.extend(portable);
+        if let Some(a) = candidates.into_iter().find(|a| a.fits(host)) {
+            return Ok(a);
+        }
+        let have: Vec<String> = self
+            .native
+            .iter()
+            .chain(&self.portable)
+            .map(|a| format!("{} ({} {} {})", a.label, a.os, a.arch, libc_text(&a.libc)))
+            .collect();
+        let wanted_dir = format!(
+            "{}-{}-{}",
+            host.arch,
+            host.os,
+            if host.glibc.is_some() { "gnu" } else { "musl" }
+        );
+        Err(format!(
+            "no outpost-agent build fits this host ({} {}, {}). Available: {}. Build one with scripts/build-agents (portable glibc 2.17 and musl builds; needs `pip install ziglang cargo-zigbuild` and the Rust target for {}), or place a build at <agents dir>/{wanted_dir}/outpost-agent (searched: {})",
+            host.os,
+            host.arch,
+            if host.libc_line.is_empty() {
+                "libc unknown"
+            } else {
+                &host.libc_line
+            },
+            if have.is_empty() {
+                "none".to_string()
+            } else {
+                have.join(", ")
+            },
+            host.arch,
+            self.searched
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+    }
+}
+
+fn libc_text(libc: &Libc) -> String {
+    match libc {
+        Libc::Gnu { min } => format!("glibc ≥ {}.{}", min.0, min.1),
+        Libc::Musl => "static musl".into(),
+    }
+}
+
+#[cfg(target_env = "gnu")]
+fn native_libc() -> Libc {
+    // SAFETY: returns a pointer to a static NUL-terminated string.
+    let version = unsafe { std::ffi::CStr::from_ptr(libc::gnu_get_libc_version()) };
+    let min = parse_version(&version.to_string_lossy()).unwrap_or((2, 17));
+    Libc::Gnu { min }
+}
+
+#[cfg(not(target_env = "gnu"))]
+fn native_libc() -> Libc {
+    Libc::Musl
+}
+
+/// Shell-quotes `s` for a POSIX shell.
+pub fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// The remote state dir with `~` expanded against the probed home.
+pub fn remote_state_dir(target: &SshTarget, facts: &HostFacts) -> String {
+    let dir = target.remote_dir.trim_end_matches('/');
+    match dir.strip_prefix('~') {
+        Some(rest) if rest.is_empty() || rest.starts_with('/') => format!("{}{rest}", facts.home),
+        _ => dir.to_string(),
+    }
+}
+
+/// A started agent and what it said about itself.
+pub struct Started {
+    pub link: AgentLink,
+    pub reader: LinkReader,
+    pub hello: Hello,
+    pub agent_path: String,
+    pub uploaded: bool,
+    pub facts: HostFacts,
+}
+
+/// Probes the host, then starts (installing first if needed) the fitting agent.
+pub async fn start_remote_agent(
+    ssh: &SshConnection,
+    target: &SshTarget,
+    artifacts: &Artifacts,
+    timeout: Duration,
+) -> Result<Started, String> {
+    let probe = ssh
+        .exec_capture(&probe_command())
+        .await
+        .map_err(|e| format!("host probe failed: {e}"))?;
+    let facts = parse_probe(&probe.stdout)?;
+    let artifact = artifacts.pick(&facts)?;
+    let hash = artifact
+        .hash()
+        .map_err(|e| format!("cannot read agent {}: {e}", artifact.path.display()))?
+        .to_string();
+    let state_dir = remote_state_dir(target, &facts);
+    let version_dir = format!(
+        "{state_dir}/agents/{}-{}",
+        env!("CARGO_PKG_VERSION"),
+        &hash[..12]
+    );
+    let agent_path = format!("{version_dir}/outpost-agent");
+    let command = format!("exec {} serve", shell_quote(&agent_path));
+
+    let mut reason = match try_start(ssh, &command, &hash, timeout).await {
+        Ok((link, reader, hello)) => {
+            return Ok(Started {
+                link,
+                reader,
+                hello,
+                agent_path,
+                uploaded: false,
+                facts,
+            });
+        }
+        Err(reason) => reason,
+    };
+    tracing::info!("installing agent at {agent_path} ({reason})");
+    upload(ssh, &artifact.path, &state_dir, &version_dir, &agent_path)
+        .await
+        .map_err(|e| format!("cannot install the agent at {agent_path}: {e}"))?;
+    match try_start(ssh, &command, &hash, timeout).await {
+        Ok((link, reader, hello)) => Ok(Started {
+            link,
+            reader,
+            hello,
+            agent_path,
+            uploaded: true,
+            facts,
+        }),
+        Err(e) => {
+            reason = e;
+            Err(format!(
+                "the freshly installed agent at {agent_path} does not start: {reason}"
+            ))
+        }
+    }
+}
+
+async fn try_start(
+    ssh: &SshConnection,
+    command: &str,
+    expected_hash: &str,
+    timeout: Duration,
+) -> Result<(AgentLink, LinkReader, Hello), String> {
+    let mut link = ssh
+        .open_agent(command)
+        .await
+        .map_err(|e| format!("cannot open a channel: {e}"))?;
+    let (reader, hello) = read_hello(&mut link, timeout).await?;
+    if hello.build_hash != expected_hash {
+        return Err(format!(
+            "installed agent reports build {}…, expected {}…",
+            &hello.build_hash.get(..12).unwrap_or(&hello.build_hash),
+            &expected_hash[..12]
+        ));
+    }
+    Ok((link, reader, hello))
+}
+
+/// Upload through SFTP: temp name in the target directory, mode 0700, then rename
+/// (after removing a corrupt file, since SFTP rename does not overwrite).
+async fn upload(
+    ssh: &SshConnection,
+    local: &Path,
+    state_dir: &str,
+    version_dir: &str,
+    agent_path: &str,
+) -> Result<(), String> {
+    let bytes = tokio::fs::read(local)
+        .await
+        .map_err(|e| format!("cannot read {}: {e}", local.display()))?;
+    let sftp = ssh.sftp().await?;
+    for dir in [
+        state_dir.to_string(),
+        format!("{state_dir}/agents"),
+        version_dir.to_string(),
+    ] {
+        if !sftp.try_exists(dir.clone()).await.unwrap_or(false) {
+            match sftp.create_dir(dir.clone()).await {
+                Ok(()) => {
+                    let mut attrs = russh_sftp::protocol::FileAttributes::empty();
+                    attrs.permissions = Some(0o700);
+                    let _ = sftp.set_metadata(dir.clone(), attrs).await;
+                }
+                // Another controller may have created it meanwhile.
+                Err(e) if !sftp.try_exists(dir.clone()).await.unwrap_or(false) => {
+                    return Err(format!("cannot create {dir}: {e}"));
+                }
+                Err(_) => {}
+            }
+        }
+    }
+    let tmp = format!(
+        "{version_dir}/.outpost-agent.{}.{}.tmp",
+        std::process::id(),
+        rand_suffix()
+    );
+    let mut file = sftp
+        .create(tmp.clone())
+        .await
+        .map_err(|e| format!("cannot create {tmp}: {e}"))?;
+    let write = async {
+        for chunk in bytes.chunks(256 * 1024) {
+            file.write_all(chunk).await?;
+        }
+        file.shutdown().await
+    };
+    if let Err(e) = write.await {
+        let _ = sftp.remove_file(tmp.clone()).await;
+        return Err(format!("writing {tmp}: {e}"));
+    }
+    let mut attrs = russh_sftp::protocol::FileAttributes::empty();
+    attrs.permissions = Some(0o700);
+    sftp.set_metadata(tmp.clone(), attrs)
+        .await
+        .map_err(|e| format!("chmod {tmp}: {e}"))?;
+    let _ = sftp.remove_file(agent_path.to_string()).await;
+    if let Err(e) = sftp.rename(tmp.clone(), agent_path.to_string()).await {
+        let _ = sftp.remove_file(tmp.clone()).await;
+        // A concurrent controller may have won the race with the same content.
+        if !sftp
+            .try_exists(agent_path.to_string())
+            .await
+            .unwrap_or(false)
+        {
+            return Err(format!("rename to {agent_path}: {e}"));
+        }
+    }
+    let _ = sftp.close().await;
+    Ok(())
+}
+
+fn rand_suffix() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!("{nanos:08x}")
+}
+
+/// Checks the version field of a hello before trusting the rest of it.
+pub fn check_protocol(payload: &[u8]) -> Result<Hello, String> {
+    let version: HelloVersion = outpost_protocol::decode(payload).map_err(|e| e.to_string())?;
+    if version.protocol_version != PROTOCOL_VERSION {
+        return Err(format!(
+            "agent speaks protocol {}, this controller {}",
+            version.protocol_version, PROTOCOL_VERSION
+        ));
+    }
+    outpost_protocol::decode(payload).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probe_output_after_noise() {
+        let out = format!(
+            "Welcome!\nfortune of the day\n\n{PROBE_MARKER}\nLinux\nx86_64\nldd (Debian GLIBC 2.36-9+deb12u4) 2.36\n/home/u\n"
+        );
+        let facts = parse_probe(out.as_bytes()).unwrap();
+        assert_eq!(facts.os, "linux");
+        assert_eq!(facts.arch, "x86_64");
+        assert_eq!(facts.glibc, Some((2, 36)));
+        assert_eq!(facts.home, "/home/u");
+        let musl = format!("\n{PROBE_MARKER}\nLinux\naarch64\nmusl libc (aarch64)\n/root\n");
+        assert_eq!(parse_probe(musl.as_bytes()).unwrap().glibc, None);
+        assert!(parse_probe(b"garbage").is_err());
+    }
+
+    fn artifact(arch: &str, libc: Libc) -> Artifact {
+        Artifact {
+            path: PathBuf::from("/x"),
+            os: "linux".into(),
+            arch: arch.into(),
+            libc,
+            label: "test".into(),
+            hash: OnceLock::new(),
+        }
+    }
+
+    #[test]
+    fn picks_the_fitting_build_or_says_what_is_missing() {
+        let facts = HostFacts {
+            os: "linux".into(),
+            arch: "x86_64".into(),
+            glibc: Some((2, 31)),
+            libc_line: "ldd 2.31".into(),
+            home: "/h".into(),
+        };
+        let arts = Artifacts {
+            native: Some(artifact("x86_64", Libc::Gnu { min: (2, 36) })),
+            portable: vec![
+                artifact("x86_64", Libc::Musl),
+                artifact("x86_64", Libc::Gnu { min: (2, 17) }),
+            ],
+            searched: vec![],
+        };
+        // Native needs 2.36; the portable glibc build wins over musl.
+        assert_eq!(arts.pick(&facts).unwrap().libc, Libc::Gnu { min: (2, 17) });
+        let arm = HostFacts {
+            arch: "aarch64".into(),
+            ..facts
+        };
+        let err = arts.pick(&arm).unwrap_err();
+        assert!(err.contains("aarch64-linux-gnu"), "{err}");
+        assert!(err.contains("scripts/build-agents"), "{err}");
+    }
+
+    #[test]
+    fn remote_dir_tilde_and_quoting() {
+        let facts = HostFacts {
+            os: "linux".into(),
+            arch: "x86_64".into(),
+            glibc: None,
+            libc_line: String::new(),
+            home: "/home/u".into(),
+        };
+        let mut t = SshTarget {
+            host: "h".into(),
+            hostname: "h".into(),
+            port: 22,
+            user: "u".into(),
+            key_file: None,
+            key_passphrase: None,
+            password: None,
+            identity_files: vec![],
+            strict_host_keys: false,
+            remote_dir: "~/.outpost".into(),
+        };
+        assert_eq!(remote_state_dir(&t, &facts), "/home/u/.outpost");
+        t.remote_dir = "/scratch/o/".into();
+        assert_eq!(remote_state_dir(&t, &facts), "/scratch/o");
+        assert_eq!(shell_quote("a'b"), r"'a'\''b'");
+    }
+}

@@ -1,0 +1,476 @@
+//! Configuration: which sandboxes exist and how to reach them.
+//!
+//! Sources, merged in this order:
+//! 1. The TOML file `$OUTPOST_CONFIG`, else `~/.config/outpost/config.toml` (optional).
+//! 2. remote-sandbox-mcp's environment variables (`REMOTE_SANDBOX_LIST`, or the
+//!    single-host `REMOTE_HOST`/`REMOTE_PORT`/`REMOTE_USER`/`REMOTE_PASSWORD`/
+//!    `REMOTE_KEY_FILE`/`REMOTE_KEY_PASSPHRASE`), so users of that server swap the
+//!    command and keep their settings.
+//! 3. `~/.ssh/config` fills what neither gave for a host: `HostName`, `Port`,
+//!    `User`, `IdentityFile` of a `Host` alias.
+//!
+//! The `local` sandbox (the same agent run as a child process) is always offered
+//! unless the file says `local = false`; with no other sandbox it is the active one.
+
+use anyhow::{Context, Result, bail};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Name of the built-in sandbox that runs on the controller's own machine.
+pub const LOCAL_SANDBOX: &str = "local";
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub sandboxes: Vec<SandboxConfig>,
+    /// Outpost's own known_hosts, where accepted new host keys are recorded.
+    pub known_hosts: PathBuf,
+    /// The user's OpenSSH known_hosts, read but never written.
+    pub user_known_hosts: Option<PathBuf>,
+    pub connect_timeout: Duration,
+    /// The agent for hosts like this one and for `local`; default: the
+    /// `outpost-agent` next to the `outpost` executable (`$OUTPOST_AGENT_BIN`).
+    pub agent_bin: Option<PathBuf>,
+    /// Where to look for portable agent builds (`$OUTPOST_AGENT_DIR`, `agent_dir`).
+    pub agent_dirs: Vec<PathBuf>,
+    pub source: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SandboxConfig {
+    pub name: String,
+    pub target: Target,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Target {
+    Local,
+    Ssh(SshTarget),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SshTarget {
+    /// What the user wrote (an alias or a hostname); shown in listings.
+    pub host: String,
+    /// What is dialled after `~/.ssh/config` resolution.
+    pub hostname: String,
+    pub port: u16,
+    pub user: String,
+    pub key_file: Option<PathBuf>,
+    pub key_passphrase: Option<String>,
+    pub password: Option<String>,
+    /// IdentityFile entries from `~/.ssh/config`.
+    pub identity_files: Vec<PathBuf>,
+    /// Refuse unknown host keys instead of recording them (accept-new).
+    pub strict_host_keys: bool,
+    /// The agent's state directory on the host; `~` is the remote home.
+    pub remote_dir: String,
+}
+
+impl SandboxConfig {
+    pub fn local() -> Self {
+        SandboxConfig {
+            name: LOCAL_SANDBOX.into(),
+            target: Target::Local,
+        }
+    }
+
+    /// (host, port, user) as listed to MCP clients.
+    pub fn address(&self) -> (String, u16, String) {
+        match &self.target {
+            Target::Local => ("localhost".into(), 0, current_user()),
+            Target::Ssh(t) => (t.host.clone(), t.port, t.user.clone()),
+        }
+    }
+}
+
+/// One entry of `REMOTE_SANDBOX_LIST` or `[[sandbox]]` in the TOML file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSandbox {
+    name: Option<String>,
+    host: String,
+    port: Option<u16>,
+    user: Option<String>,
+    password: Option<String>,
+    key_file: Option<String>,
+    key_passphrase: Option<String>,
+    strict_host_keys: Option<bool>,
+    remote_dir: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    /// Offer the `local` sandbox (default true).
+    local: Option<bool>,
+    strict_host_keys: Option<bool>,
+    connect_timeout_s: Option<f64>,
+    known_hosts: Option<String>,
+    ssh_config: Option<String>,
+    agent_dir: Option<String>,
+    #[serde(default)]
+    sandbox: Vec<RawSandbox>,
+}
+
+/// Reads of the process environment, abstracted so tests can pass their own.
+pub trait Env {
+    fn var(&self, key: &str) -> Option<String>;
+}
+
+pub struct ProcessEnv;
+
+impl Env for ProcessEnv {
+    fn var(&self, key: &str) -> Option<String> {
+        std::env::var(key).ok().filter(|v| !v.is_empty())
+    }
+}
+
+impl<const N: usize> Env for [(&str, &str); N] {
+    fn var(&self, key: &str) -> Option<String> {
+        self.iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| v.to_string())
+            .filter(|v| !v.is_empty())
+    }
+}
+
+impl Config {
+    /// Loads the configuration from the process environment and the usual files.
+    pub fn load() -> Result<Config> {
+        Config::load_from(&ProcessEnv)
+    }
+
+    pub fn load_from(env: &dyn Env) -> Result<Config> {
+        let home = env.var("HOME").map(PathBuf::from);
+        let file_path = env.var("OUTPOST_CONFIG").map(PathBuf::from).or_else(|| {
+            home.as_ref()
+                .map(|h| h.join(".config/outpost/config.toml"))
+                .filter(|p| p.exists())
+        });
+        let (file, source) = match &file_path {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("cannot read config file {}", path.display()))?;
+                let file: RawFile = toml::from_str(&text)
+                    .with_context(|| format!("invalid config file {}", path.display()))?;
+                (file, path.display().to_string())
+            }
+            None => (RawFile::default(), String::new()),
+        };
+
+        let mut raw: Vec<RawSandbox> = file.sandbox;
+        let mut sources = vec![source]
+            .into_iter()
+            .filter(|s| !s.is_empty())
+            .collect::<Vec<_>>();
+        if let Some(list) = env.var("REMOTE_SANDBOX_LIST") {
+            let parsed: Vec<RawSandbox> = serde_json::from_str(&list).context(
+                "REMOTE_SANDBOX_LIST must be a JSON array of {name?, host, port?, user, password? | key_file?, key_passphrase?}",
+            )?;
+            raw.extend(parsed);
+            sources.push("REMOTE_SANDBOX_LIST".into());
+        } else if let Some(host) = env.var("REMOTE_HOST") {
+            let port = match env.var("REMOTE_PORT") {
+                Some(p) => Some(
+                    p.parse()
+                        .with_context(|| format!("REMOTE_PORT must be a port number, got {p:?}"))?,
+                ),
+                None => None,
+            };
+            raw.push(RawSandbox {
+                host,
+                port,
+                user: env.var("REMOTE_USER"),
+                password: env.var("REMOTE_PASSWORD"),
+                key_file: env.var("REMOTE_KEY_FILE"),
+                key_passphrase: env.var("REMOTE_KEY_PASSPHRASE"),
+                ..Default::default()
+            });
+            sources.push("REMOTE_HOST".into());
+        }
+
+        let ssh_config_path = file
+            .ssh_config
+            .as_deref()
+            .map(|p| expand_tilde(p, home.as_deref()))
+            .or_else(|| home.as_ref().map(|h| h.join(".ssh/config")));
+        let ssh_config = match &ssh_config_path {
+            Some(p) if p.exists() => Some(load_ssh_config(p, home.as_deref())?),
+            _ => None,
+        };
+
+        let default_user = env.var("USER").unwrap_or_else(current_user);
+        let strict_default = file.strict_host_keys.unwrap_or(false);
+        let mut sandboxes = Vec::new();
+        for r in raw {
+            let sandbox = resolve(
+                r,
+                ssh_config.as_ref(),
+                home.as_deref(),
+                &default_user,
+                strict_default,
+            )?;
+            if sandboxes
+                .iter()
+                .any(|s: &SandboxConfig| s.name == sandbox.name)
+            {
+                bail!(
+                    "two sandboxes are named {:?}; give each a distinct \"name\"",
+                    sandbox.name
+                );
+            }
+            sandboxes.push(sandbox);
+        }
+        if file.local.unwrap_or(true) && !sandboxes.iter().any(|s| s.name == LOCAL_SANDBOX) {
+            sandboxes.push(SandboxConfig::local());
+        }
+        if sandboxes.is_empty() {
+            bail!("no sandbox configured and the local sandbox is disabled (local = false)");
+        }
+
+        let outpost_home = env
+            .var("OUTPOST_HOME")
+            .map(PathBuf::from)
+            .or_else(|| home.as_ref().map(|h| h.join(".outpost")))
+            .unwrap_or_else(|| PathBuf::from(".outpost"));
+        let known_hosts = file
+            .known_hosts
+            .as_deref()
+            .map(|p| expand_tilde(p, home.as_deref()))
+            .unwrap_or_else(|| outpost_home.join("known_hosts"));
+        let mut agent_dirs = Vec::new();
+        if let Some(dir) = env.var("OUTPOST_AGENT_DIR") {
+            agent_dirs.push(PathBuf::from(dir));
+        }
+        if let Some(dir) = &file.agent_dir {
+            agent_dirs.push(expand_tilde(dir, home.as_deref()));
+        }
+        let connect_timeout = match file.connect_timeout_s {
+            Some(s) if s > 0.0 && s.is_finite() => Duration::from_secs_f64(s),
+            Some(s) => bail!("connect_timeout_s must be a positive number of seconds, got {s}"),
+            None => Duration::from_secs(10),
+        };
+        Ok(Config {
+            sandboxes,
+            known_hosts,
+            user_known_hosts: home.map(|h| h.join(".ssh/known_hosts")),
+            connect_timeout,
+            agent_bin: env.var("OUTPOST_AGENT_BIN").map(PathBuf::from),
+            agent_dirs,
+            source: if sources.is_empty() {
+                "none (local sandbox only)".into()
+            } else {
+                sources.join(" + ")
+            },
+        })
+    }
+}
+
+fn load_ssh_config(path: &Path, home: Option<&Path>) -> Result<ssh2_config::SshConfig> {
+    let file = std::fs::File::open(path)
+        .with_context(|| format!("cannot read ssh config {}", path.display()))?;
+    let mut reader = std::io::BufReader::new(file);
+    let mut config = ssh2_config::SshConfig::default();
+    if let Some(home) = home {
+        config = config.home_dir(home);
+    }
+    config
+        .parse(
+            &mut reader,
+            ssh2_config::ParseRule::ALLOW_UNKNOWN_FIELDS
+                | ssh2_config::ParseRule::ALLOW_UNSUPPORTED_FIELDS,
+        )
+        .with_context(|| format!("cannot parse ssh config {}", path.display()))
+}
+
+fn resolve(
+    raw: RawSandbox,
+    ssh_config: Option<&ssh2_config::SshConfig>,
+    home: Option<&Path>,
+    default_user: &str,
+    strict_default: bool,
+) -> Result<SandboxConfig> {
+    if raw.host.trim().is_empty() {
+        bail!("a sandbox has an empty \"host\"");
+    }
+    let name = raw.name.clone().unwrap_or_else(|| raw.host.clone());
+    if name == LOCAL_SANDBOX {
+        bail!("the name {LOCAL_SANDBOX:?} is reserved for the built-in local sandbox");
+    }
+    let params = ssh_config.map(|c| c.query(&raw.host));
+    let hostname = params
+        .as_ref()
+        .and_then(|p| p.host_name.clone())
+        .unwrap_or_else(|| raw.host.clone());
+    let port = raw
+        .port
+        .or_else(|| params.as_ref().and_then(|p| p.port))
+        .unwrap_or(22);
+    let user = raw
+        .user
+        .or_else(|| params.as_ref().and_then(|p| p.user.clone()))
+        .unwrap_or_else(|| default_user.to_string());
+    let identity_files = params
+        .as_ref()
+        .and_then(|p| p.identity_file.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|p| expand_tilde(&p.to_string_lossy(), home))
+        .collect();
+    Ok(SandboxConfig {
+        name,
+        target: Target::Ssh(SshTarget {
+            host: raw.host,
+            hostname,
+            port,
+            user,
+            key_file: raw.key_file.map(|k| expand_tilde(&k, home)),
+            key_passphrase: raw.key_passphrase,
+            password: raw.password,
+            identity_files,
+            strict_host_keys: raw.strict_host_keys.unwrap_or(strict_default),
+            remote_dir: raw.remote_dir.unwrap_or_else(|| "~/.outpost".into()),
+        }),
+    })
+}
+
+/// Expands a leading `~` or `~/` with `home`.
+pub fn expand_tilde(path: &str, home: Option<&Path>) -> PathBuf {
+    match (path.strip_prefix('~'), home) {
+        (Some(""), Some(h)) => h.to_path_buf(),
+        (Some(rest), Some(h)) if rest.starts_with('/') => h.join(&rest[1..]),
+        _ => PathBuf::from(path),
+    }
+}
+
+pub fn current_user() -> String {
+    std::env::var("USER")
+        .ok()
+        .filter(|u| !u.is_empty())
+        .unwrap_or_else(|| {
+            // SAFETY: geteuid has no preconditions; getpwuid's result is read at once.
+            unsafe {
+                let pw = libc::getpwuid(libc::geteuid());
+                if pw.is_null() {
+                    return "unknown".into();
+                }
+                std::ffi::CStr::from_ptr((*pw).pw_name)
+                    .to_string_lossy()
+                    .into_owned()
+            }
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ssh(c: &SandboxConfig) -> &SshTarget {
+        match &c.target {
+            Target::Ssh(t) => t,
+            Target::Local => panic!("expected ssh"),
+        }
+    }
+
+    #[test]
+    fn no_configuration_gives_the_local_sandbox() {
+        let dir = std::env::temp_dir().join("outpost-config-test-empty");
+        let home = dir.to_string_lossy().to_string();
+        let cfg = Config::load_from(&[("HOME", home.as_str())]).unwrap();
+        assert_eq!(cfg.sandboxes, vec![SandboxConfig::local()]);
+    }
+
+    #[test]
+    fn sandbox_list_env_with_defaults_and_tilde() {
+        let env = [
+            ("HOME", "/home/u"),
+            ("USER", "u"),
+            (
+                "REMOTE_SANDBOX_LIST",
+                r#"[{"name":"gpu1","host":"10.0.0.1","user":"ubuntu","password":"s"},
+                    {"host":"h2","port":2200,"key_file":"~/.ssh/id","key_passphrase":"p"}]"#,
+            ),
+        ];
+        let cfg = Config::load_from(&env).unwrap();
+        assert_eq!(cfg.sandboxes.len(), 3);
+        let a = ssh(&cfg.sandboxes[0]);
+        assert_eq!((a.port, a.user.as_str()), (22, "ubuntu"));
+        assert_eq!(a.password.as_deref(), Some("s"));
+        assert_eq!(cfg.sandboxes[1].name, "h2");
+        let b = ssh(&cfg.sandboxes[1]);
+        assert_eq!((b.port, b.user.as_str()), (2200, "u"));
+        assert_eq!(b.key_file.as_deref(), Some(Path::new("/home/u/.ssh/id")));
+        assert_eq!(cfg.sandboxes[2].name, LOCAL_SANDBOX);
+    }
+
+    #[test]
+    fn single_host_env_and_bad_port() {
+        let env = [
+            ("HOME", "/h"),
+            ("REMOTE_HOST", "box"),
+            ("REMOTE_USER", "me"),
+        ];
+        let cfg = Config::load_from(&env).unwrap();
+        assert_eq!(cfg.sandboxes[0].name, "box");
+        let env = [("HOME", "/h"), ("REMOTE_HOST", "box"), ("REMOTE_PORT", "x")];
+        let err = Config::load_from(&env).unwrap_err().to_string();
+        assert!(err.contains("REMOTE_PORT"), "{err}");
+    }
+
+    #[test]
+    fn malformed_sandbox_list_is_explained() {
+        let env = [("HOME", "/h"), ("REMOTE_SANDBOX_LIST", "{not json")];
+        let err = format!("{:#}", Config::load_from(&env).unwrap_err());
+        assert!(err.contains("JSON array"), "{err}");
+    }
+
+    #[test]
+    fn ssh_config_alias_fills_the_gaps() {
+        let dir = std::env::temp_dir().join(format!("outpost-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join(".ssh")).unwrap();
+        std::fs::write(
+            dir.join(".ssh/config"),
+            "Host gpu\n  HostName 192.0.2.7\n  Port 2222\n  User alice\n  IdentityFile ~/.ssh/gpu_key\n",
+        )
+        .unwrap();
+        let home = dir.to_string_lossy().to_string();
+        let env = [
+            ("HOME", home.as_str()),
+            ("REMOTE_SANDBOX_LIST", r#"[{"host":"gpu"}]"#),
+        ];
+        let cfg = Config::load_from(&env).unwrap();
+        let t = ssh(&cfg.sandboxes[0]);
+        assert_eq!(t.hostname, "192.0.2.7");
+        assert_eq!(t.port, 2222);
+        assert_eq!(t.user, "alice");
+        assert_eq!(t.identity_files, vec![dir.join(".ssh/gpu_key")]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn toml_file_and_duplicate_names() {
+        let dir = std::env::temp_dir().join(format!("outpost-toml-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("c.toml");
+        std::fs::write(
+            &path,
+            "local = false\nstrict_host_keys = true\n[[sandbox]]\nname = \"a\"\nhost = \"h\"\nuser = \"x\"\nremote_dir = \"/scratch/x\"\n",
+        )
+        .unwrap();
+        let p = path.to_string_lossy().to_string();
+        let cfg = Config::load_from(&[("HOME", "/h"), ("OUTPOST_CONFIG", p.as_str())]).unwrap();
+        assert_eq!(cfg.sandboxes.len(), 1);
+        let t = ssh(&cfg.sandboxes[0]);
+        assert!(t.strict_host_keys);
+        assert_eq!(t.remote_dir, "/scratch/x");
+        let env = [
+            ("HOME", "/h"),
+            ("OUTPOST_CONFIG", p.as_str()),
+            ("REMOTE_SANDBOX_LIST", r#"[{"name":"a","host":"z"}]"#),
+        ];
+        let err = Config::load_from(&env).unwrap_err().to_string();
+        assert!(err.contains("two sandboxes"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,27 @@
+//! Outpost's controller: turns a user's own Linux machines into sandboxes for AI
+//! agents (over MCP) and for people (over the `outpost` CLI).
+//!
+//! A tool call flows one way, each step in its own module:
+//!
+//! ```text
+//! mcp / cli  →  fleet  →  session  →  (protocol)  →  transport  →  outpost-agent
+//! ```
+//!
+//! * [`config`]: sandboxes from remote-sandbox-mcp's environment variables, a TOML
+//!   file and `~/.ssh/config`; the zero-config `local` sandbox.
+//! * [`fleet`]: the sandboxes, the active one, concurrent queries, idle score.
+//! * [`session`]: one connection per sandbox, requests multiplexed by id,
+//!   heartbeats, reconnect on the next call, never a re-sent request.
+//! * [`bootstrap`]: probe a host, pick the agent build that fits, install it over
+//!   SFTP when missing or corrupt, verify its hello.
+//! * [`transport`]: SSH via russh (host keys, auth, keepalive) or a local child.
+//! * [`link`]: frames off a transport: preamble, hello, messages.
+//! * [`mcp`]: the MCP tools.
+
+pub mod bootstrap;
+pub mod config;
+pub mod fleet;
+pub mod link;
+pub mod mcp;
+pub mod session;
+pub mod transport;

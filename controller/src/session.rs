@@ -1,0 +1,521 @@
+//! One connection per sandbox, shared by every call, with requests multiplexed.
+//!
+//! A [`Session`] is `Disconnected` until a call needs it, then holds a live
+//! [`Connection`]: a reader task dispatching responses by request id, a writer task
+//! owning the agent's stdin, and a heartbeat. Any of them failing moves the
+//! connection to `Closed(reason)`: every call in flight fails at once with
+//! [`CallError::ConnectionLost`], and the next call connects afresh.
+//!
+//! Architecture invariant: a request is sent at most once. Connecting is retried
+//! by the next call; a request whose connection died is reported, never re-sent,
+//! so no command runs twice.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use outpost_protocol::{
+    AgentError, AgentMessage, ClientMessage, ExecRequest, ExecResult, Hello, HostMetrics,
+    OutputStream, Request, RequestId, Response, decode, encode_frame,
+};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::mpsc;
+use tokio::task::AbortHandle;
+
+use crate::bootstrap::{Artifacts, HostFacts, start_remote_agent};
+use crate::config::{SandboxConfig, Target};
+use crate::link::{LinkReader, read_hello};
+use crate::transport::{AgentLink, HostKeyFiles, LinkEvent, SshConnection, spawn_local_agent};
+
+/// Send a ping when nothing arrived for this long…
+const HEARTBEAT_IDLE: Duration = Duration::from_millis(1000);
+/// …and give the connection up when nothing arrived for this long.
+const HEARTBEAT_DEAD: Duration = Duration::from_millis(4000);
+/// Request id of heartbeat pings; calls start at 1.
+const HEARTBEAT_ID: RequestId = 0;
+
+/// Why a call failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CallError {
+    /// No connection could be made; nothing ran.
+    #[error("{0}")]
+    Connect(String),
+    /// The connection died while the call was in flight; the command may or may
+    /// not have run, and is not retried.
+    #[error("connection lost: {0}")]
+    ConnectionLost(String),
+    /// The agent refused or failed the request.
+    #[error("{}", .0.message)]
+    Agent(AgentError),
+    #[error("{0}")]
+    Protocol(String),
+}
+
+impl CallError {
+    /// Whether the failure is about reaching the host (as opposed to the request).
+    pub fn is_connection(&self) -> bool {
+        matches!(self, CallError::Connect(_) | CallError::ConnectionLost(_))
+    }
+}
+
+/// What every session needs from the fleet.
+pub struct SessionContext {
+    pub known_hosts: std::path::PathBuf,
+    pub user_known_hosts: Option<std::path::PathBuf>,
+    pub connect_timeout: Duration,
+    pub artifacts: Artifacts,
+}
+
+pub struct Session {
+    pub config: SandboxConfig,
+    ctx: Arc<SessionContext>,
+    /// Serializes connecting, so concurrent first calls share one connection.
+    current: tokio::sync::Mutex<Option<Arc<Connection>>>,
+    last_error: Mutex<Option<String>>,
+}
+
+/// The observable state of a session.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SessionState {
+    Disconnected,
+    Connected,
+    Closed(String),
+}
+
+impl Session {
+    pub fn new(config: SandboxConfig, ctx: Arc<SessionContext>) -> Session {
+        Session {
+            config,
+            ctx,
+            current: tokio::sync::Mutex::new(None),
+            last_error: Mutex::new(None),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    /// Current state without connecting.
+    pub fn state(&self) -> SessionState {
+        let last_error = self.last_error.lock().unwrap().clone();
+        match self.current.try_lock() {
+            Ok(guard) => match guard.as_ref() {
+                Some(conn) => match conn.closed_reason() {
+                    None => SessionState::Connected,
+                    Some(reason) => SessionState::Closed(reason),
+                },
+                None => match last_error {
+                    Some(e) => SessionState::Closed(e),
+                    None => SessionState::Disconnected,
+                },
+            },
+            // Someone is connecting right now.
+            Err(_) => SessionState::Disconnected,
+        }
+    }
+
+    /// The live connection, connecting first if there is none.
+    pub async fn connection(&self) -> Result<Arc<Connection>, CallError> {
+        let mut current = self.current.lock().await;
+        if let Some(conn) = current.as_ref()
+            && conn.closed_reason().is_none()
+        {
+            return Ok(conn.clone());
+        }
+        *current = None;
+        match self.connect().await {
+            Ok(conn) => {
+                *self.last_error.lock().unwrap() = None;
+                *current = Some(conn.clone());
+                Ok(conn)
+            }
+            Err(e) => {
+                *self.last_error.lock().unwrap() = Some(e.clone());
+                Err(CallError::Connect(e))
+            }
+        }
+    }
+
+    async fn connect(&self) -> Result<Arc<Connection>, String> {
+        let started = Instant::now();
+        let conn = match &self.config.target {
+            Target::Local => {
+                let artifact = self.ctx.artifacts.native.as_ref().ok_or_else(|| {
+                    "the local sandbox needs outpost-agent next to the outpost binary (cargo build --workspace builds both), or OUTPOST_AGENT_BIN".to_string()
+                })?;
+                let mut link = spawn_local_agent(&artifact.path)
+                    .map_err(|e| format!("cannot start {}: {e}", artifact.path.display()))?;
+                let (reader, hello) = read_hello(&mut link, self.ctx.connect_timeout).await?;
+                Connection::open(
+                    link,
+                    reader,
+                    hello,
+                    artifact.path.display().to_string(),
+                    false,
+                    None,
+                    None,
+                )
+            }
+            Target::Ssh(target) => {
+                let ssh = SshConnection::connect(
+                    target,
+                    HostKeyFiles {
+                        user: self.ctx.user_known_hosts.as_deref(),
+                        own: &self.ctx.known_hosts,
+                    },
+                    self.ctx.connect_timeout,
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+                let started_agent = tokio::time::timeout(
+                    self.ctx.connect_timeout * 3,
+                    start_remote_agent(&ssh, target, &self.ctx.artifacts, self.ctx.connect_timeout),
+                )
+                .await
+                .map_err(|_| "starting the agent timed out".to_string())??;
+                Connection::open(
+                    started_agent.link,
+                    started_agent.reader,
+                    started_agent.hello,
+                    started_agent.agent_path,
+                    started_agent.uploaded,
+                    Some(started_agent.facts),
+                    Some(ssh),
+                )
+            }
+        };
+        tracing::info!(
+            sandbox = %self.config.name,
+            ms = started.elapsed().as_millis() as u64,
+            uploaded = conn.uploaded,
+            "connected"
+        );
+        Ok(conn)
+    }
+
+    /// Sends one request; the returned [`Call`] yields its responses.
+    pub async fn start(&self, request: Request) -> Result<Call, CallError> {
+        let conn = self.connection().await?;
+        conn.start(request)
+    }
+
+    /// Runs a command. `on_output` sees streamed chunks when `req.stream` is set.
+    pub async fn exec(
+        &self,
+        req: ExecRequest,
+        mut on_output: impl FnMut(OutputStream, &[u8]),
+    ) -> Result<ExecResult, CallError> {
+        // The agent enforces the timeout; this deadline only guards against an
+        // agent that stops answering without the heartbeat noticing.
+        let deadline = req
+            .timeout_ms
+            .map(|ms| Duration::from_millis(ms) + Duration::from_secs(15));
+        let mut call = self.start(Request::Exec(req)).await?;
+        let wait = async {
+            loop {
+                match call.next().await? {
+                    Response::Output { stream, data } => on_output(stream, &data),
+                    Response::ExecDone(result) => return Ok(result),
+                    Response::Error(e) => return Err(CallError::Agent(e)),
+                    other => {
+                        return Err(CallError::Protocol(format!(
+                            "unexpected answer to exec: {other:?}"
+                        )));
+                    }
+                }
+            }
+        };
+        match deadline {
+            Some(d) => tokio::time::timeout(d, wait).await.map_err(|_| {
+                CallError::ConnectionLost(format!(
+                    "the agent did not finish the command within {} s",
+                    d.as_secs()
+                ))
+            })?,
+            None => wait.await,
+        }
+    }
+
+    pub async fn metrics(&self) -> Result<HostMetrics, CallError> {
+        let mut call = self.start(Request::Metrics).await?;
+        match call.next().await? {
+            Response::Metrics(m) => Ok(m),
+            Response::Error(e) => Err(CallError::Agent(e)),
+            other => Err(CallError::Protocol(format!(
+                "unexpected answer to metrics: {other:?}"
+            ))),
+        }
+    }
+
+    /// Drops the connection (the agent sees EOF and stops what it runs).
+    pub async fn disconnect(&self) {
+        if let Some(conn) = self.current.lock().await.take() {
+            conn.fail("disconnected by the controller".into());
+        }
+    }
+}
+
+type Pending = HashMap<RequestId, mpsc::UnboundedSender<Response>>;
+
+/// A live agent connection.
+pub struct Connection {
+    pub hello: Hello,
+    pub agent_path: String,
+    pub uploaded: bool,
+    pub facts: Option<HostFacts>,
+    next_id: AtomicU64,
+    pending: Mutex<Pending>,
+    outgoing: mpsc::UnboundedSender<Vec<u8>>,
+    closed: Mutex<Option<String>>,
+    epoch: Instant,
+    last_rx_ms: AtomicU64,
+    tasks: Mutex<Vec<AbortHandle>>,
+    keep: Mutex<Option<Box<dyn Send + Sync>>>,
+    ssh: Option<SshConnection>,
+}
+
+impl Connection {
+    fn open(
+        link: AgentLink,
+        reader: LinkReader,
+        hello: Hello,
+        agent_path: String,
+        uploaded: bool,
+        facts: Option<HostFacts>,
+        ssh: Option<SshConnection>,
+    ) -> Arc<Connection> {
+        let AgentLink {
+            events,
+            mut writer,
+            _keep,
+        } = link;
+        let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+        let conn = Arc::new(Connection {
+            hello,
+            agent_path,
+            uploaded,
+            facts,
+            next_id: AtomicU64::new(1),
+            pending: Mutex::new(HashMap::new()),
+            outgoing: tx,
+            closed: Mutex::new(None),
+            epoch: Instant::now(),
+            last_rx_ms: AtomicU64::new(0),
+            tasks: Mutex::new(Vec::new()),
+            keep: Mutex::new(Some(_keep)),
+            ssh,
+        });
+
+        let weak = Arc::downgrade(&conn);
+        let writer_task = tokio::spawn(async move {
+            while let Some(frame) = rx.recv().await {
+                let mut result = writer.write_all(&frame).await;
+                // Coalesce whatever else is queued before flushing.
+                while result.is_ok()
+                    && let Ok(more) = rx.try_recv()
+                {
+                    result = writer.write_all(&more).await;
+                }
+                if let Err(e) = result.and(writer.flush().await) {
+                    if let Some(conn) = weak.upgrade() {
+                        conn.fail(format!("cannot write to the agent: {e}"));
+                    }
+                    return;
+                }
+            }
+            let _ = writer.shutdown().await;
+        });
+
+        let weak = Arc::downgrade(&conn);
+        let reader_task = tokio::spawn(read_loop(weak, reader, events));
+
+        let weak = Arc::downgrade(&conn);
+        let heartbeat_task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(250));
+            let mut last_ping = Instant::now();
+            loop {
+                tick.tick().await;
+                let Some(conn) = weak.upgrade() else { return };
+                let silent = conn.silence();
+                if silent >= HEARTBEAT_DEAD {
+                    conn.fail(format!(
+                        "no answer from the host for {:.1} s (host frozen or network down)",
+                        silent.as_secs_f64()
+                    ));
+                    return;
+                }
+                if silent >= HEARTBEAT_IDLE && last_ping.elapsed() >= HEARTBEAT_IDLE {
+                    last_ping = Instant::now();
+                    conn.send_ping();
+                }
+            }
+        });
+        conn.tasks.lock().unwrap().extend([
+            writer_task.abort_handle(),
+            reader_task.abort_handle(),
+            heartbeat_task.abort_handle(),
+        ]);
+        conn
+    }
+
+    fn silence(&self) -> Duration {
+        let last = Duration::from_millis(self.last_rx_ms.load(Ordering::Relaxed));
+        self.epoch.elapsed().saturating_sub(last)
+    }
+
+    pub fn closed_reason(&self) -> Option<String> {
+        self.closed.lock().unwrap().clone()
+    }
+
+    /// Marks the connection dead, fails every call in flight, and tears it down.
+    pub fn fail(&self, reason: String) {
+        {
+            let mut closed = self.closed.lock().unwrap();
+            if closed.is_some() {
+                return;
+            }
+            tracing::warn!("connection closed: {reason}");
+            *closed = Some(reason);
+        }
+        // Dropping the senders wakes every waiting call.
+        self.pending.lock().unwrap().clear();
+        for task in self.tasks.lock().unwrap().drain(..) {
+            task.abort();
+        }
+        drop(self.keep.lock().unwrap().take());
+        if let Some(ssh) = self.ssh.clone() {
+            tokio::spawn(async move {
+                let _ = tokio::time::timeout(Duration::from_secs(1), ssh.disconnect()).await;
+            });
+        }
+    }
+
+    /// Sends `request`; the answer arrives through the returned [`Call`].
+    pub fn start(self: &Arc<Self>, request: Request) -> Result<Call, CallError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let frame = encode_frame(&ClientMessage::Request { id, body: request })
+            .map_err(|e| CallError::Protocol(e.to_string()))?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        {
+            // Checked under the pending lock so `fail` cannot slip in between.
+            let mut pending = self.pending.lock().unwrap();
+            if let Some(reason) = self.closed_reason() {
+                return Err(CallError::ConnectionLost(reason));
+            }
+            pending.insert(id, tx);
+        }
+        if self.outgoing.send(frame).is_err() {
+            self.pending.lock().unwrap().remove(&id);
+            return Err(CallError::ConnectionLost(
+                self.closed_reason()
+                    .unwrap_or_else(|| "writer stopped".into()),
+            ));
+        }
+        Ok(Call {
+            id,
+            rx,
+            conn: self.clone(),
+            finished: false,
+        })
+    }
+
+    /// Heartbeat ping under the reserved id 0: its pong only needs to arrive,
+    /// since any frame resets the silence.
+    fn send_ping(&self) {
+        if let Ok(frame) = encode_frame(&ClientMessage::Request {
+            id: HEARTBEAT_ID,
+            body: Request::Ping,
+        }) {
+            let _ = self.outgoing.send(frame);
+        }
+    }
+
+    fn dispatch(&self, id: RequestId, body: Response) {
+        let is_final = body.is_final();
+        let mut pending = self.pending.lock().unwrap();
+        if let Some(tx) = pending.get(&id) {
+            let _ = tx.send(body);
+        }
+        if is_final {
+            pending.remove(&id);
+        }
+    }
+
+    /// Number of requests waiting for an answer (heartbeat pings included).
+    pub fn in_flight(&self) -> usize {
+        self.pending.lock().unwrap().len()
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        for task in self.tasks.get_mut().unwrap().drain(..) {
+            task.abort();
+        }
+    }
+}
+
+async fn read_loop(
+    conn: std::sync::Weak<Connection>,
+    mut reader: LinkReader,
+    mut events: mpsc::Receiver<LinkEvent>,
+) {
+    loop {
+        let frame = reader.next_frame(&mut events).await;
+        let Some(c) = conn.upgrade() else { return };
+        match frame.and_then(|f| decode::<AgentMessage>(&f).map_err(|e| e.to_string())) {
+            Ok(AgentMessage::Response { id, body }) => {
+                let now = c.epoch.elapsed().as_millis() as u64;
+                c.last_rx_ms.store(now, Ordering::Relaxed);
+                c.dispatch(id, body);
+            }
+            Err(reason) => {
+                c.fail(reason);
+                return;
+            }
+        }
+    }
+}
+
+/// One request in flight. Dropping it before its final response cancels it on
+/// the agent (an MCP client's cancellation drops the tool future).
+pub struct Call {
+    id: RequestId,
+    rx: mpsc::UnboundedReceiver<Response>,
+    conn: Arc<Connection>,
+    finished: bool,
+}
+
+impl Call {
+    pub async fn next(&mut self) -> Result<Response, CallError> {
+        match self.rx.recv().await {
+            Some(resp) => {
+                if resp.is_final() {
+                    self.finished = true;
+                }
+                Ok(resp)
+            }
+            None => {
+                self.finished = true;
+                Err(CallError::ConnectionLost(
+                    self.conn
+                        .closed_reason()
+                        .unwrap_or_else(|| "connection closed".into()),
+                ))
+            }
+        }
+    }
+}
+
+impl Drop for Call {
+    fn drop(&mut self) {
+        if !self.finished && self.conn.closed_reason().is_none() {
+            self.conn.pending.lock().unwrap().remove(&self.id);
+            if let Ok(frame) = encode_frame(&ClientMessage::Cancel { id: self.id }) {
+                let _ = self.conn.outgoing.send(frame);
+            }
+        }
+    }
+}

@@ -1,0 +1,296 @@
+//! `outpost-agent diagnose`: a plain-text health report for people.
+//!
+//! Run by hand on a host (or by the controller's doctor command) to see what the
+//! agent sees and what would stop it from working. Every probe is best effort:
+//! a failed probe is shown as unknown, never as an error exit.
+
+use std::fmt::Write as _;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::metrics::Sampler;
+use crate::{identity, paths};
+
+/// Writes the report to stdout; always succeeds (exit 0).
+pub fn run() -> i32 {
+    print!("{}", report());
+    0
+}
+
+fn report() -> String {
+    let mut problems: Vec<String> = Vec::new();
+    let mut r = String::new();
+    let unknown = || "unknown".to_string();
+
+    let _ = writeln!(r, "outpost-agent diagnose");
+    let _ = writeln!(r);
+    let _ = writeln!(r, "Agent");
+    field(&mut r, "version", identity::VERSION);
+    field(&mut r, "build hash", identity::build_hash());
+    let exe = identity::exe_path();
+    field(
+        &mut r,
+        "executable",
+        &exe.as_ref()
+            .map_or_else(unknown, |p| p.display().to_string()),
+    );
+
+    let _ = writeln!(r);
+    let _ = writeln!(r, "System");
+    field(&mut r, "os", &os_pretty_name().unwrap_or_else(unknown));
+    field(&mut r, "kernel", &kernel().unwrap_or_else(unknown));
+    field(&mut r, "arch", std::env::consts::ARCH);
+    field(&mut r, "libc", &identity::libc_description());
+    match Sampler::new() {
+        Ok(mut sampler) => {
+            let m = sampler.sample();
+            field(&mut r, "cpu", &sampler.cpu_brand().unwrap_or_else(unknown));
+            field(&mut r, "cpu count", &m.cpu_count.to_string());
+            field(
+                &mut r,
+                "load",
+                &format!("{:.2} {:.2} {:.2}", m.load_1m, m.load_5m, m.load_15m),
+            );
+            field(
+                &mut r,
+                "memory",
+                &format!(
+                    "{} total, {} used, {} available",
+                    bytes(m.mem_total_bytes),
+                    bytes(m.mem_used_bytes),
+                    bytes(m.mem_available_bytes)
+                ),
+            );
+            field(
+                &mut r,
+                "swap",
+                &format!(
+                    "{} total, {} used",
+                    bytes(m.swap_total_bytes),
+                    bytes(m.swap_used_bytes)
+                ),
+            );
+            field(&mut r, "uptime", &duration(m.uptime_s));
+        }
+        Err(e) => {
+            field(&mut r, "resources", &e);
+            problems.push(format!("cannot read host resources: {e}"));
+        }
+    }
+    match paths::find_bash() {
+        Some(bash) => field(&mut r, "bash", &bash.display().to_string()),
+        None => {
+            field(&mut r, "bash", "not found");
+            problems.push("bash not found: commands will run with /bin/sh".into());
+        }
+    }
+    if std::fs::read("/proc/self/environ").is_err() {
+        problems.push("/proc is not readable: timed-out process trees cannot be found".into());
+    }
+
+    let _ = writeln!(r);
+    let _ = writeln!(r, "State");
+    let home = paths::home_dir();
+    field(
+        &mut r,
+        "home",
+        &home
+            .as_ref()
+            .map_or_else(|| "unset".into(), |h| h.display().to_string()),
+    );
+    if home.is_none() {
+        problems.push("no home directory ($HOME unset and no passwd entry)".into());
+    }
+    if let Some(state) = paths::state_dir() {
+        state_dir(&mut r, &mut problems, &state);
+        installed_agents(&mut r, &state, exe.as_deref());
+    }
+
+    let _ = writeln!(r);
+    let _ = writeln!(r, "GPUs");
+    field(
+        &mut r,
+        "libnvidia-ml.so.1",
+        &find_nvml().map_or_else(|| "not found".into(), |p| p.display().to_string()),
+    );
+    field(
+        &mut r,
+        "nvidia-smi",
+        &paths::which("nvidia-smi")
+            .map_or_else(|| "not on PATH".into(), |p| p.display().to_string()),
+    );
+
+    let _ = writeln!(r);
+    let _ = writeln!(r, "Problems");
+    if problems.is_empty() {
+        let _ = writeln!(r, "  none found");
+    }
+    for p in &problems {
+        let _ = writeln!(r, "  - {p}");
+    }
+    r
+}
+
+fn field(r: &mut String, name: &str, value: &str) {
+    let _ = writeln!(r, "  {:<18} {value}", format!("{name}:"));
+}
+
+fn state_dir(r: &mut String, problems: &mut Vec<String>, state: &Path) {
+    let shown = state.display().to_string();
+    match std::fs::metadata(state) {
+        Ok(meta) => {
+            let mode = meta.permissions().mode() & 0o7777;
+            field(r, "state dir", &format!("{shown} (mode {mode:04o})"));
+            if mode & 0o077 != 0 {
+                problems.push(format!(
+                    "{shown} has mode {mode:04o}; it should be 0700 (chmod 700 {shown})"
+                ));
+            }
+            // SAFETY: getuid cannot fail.
+            let uid = unsafe { libc::getuid() };
+            if meta.uid() != uid {
+                problems.push(format!(
+                    "{shown} is owned by uid {}, not by this user (uid {uid})",
+                    meta.uid()
+                ));
+            }
+        }
+        Err(_) => field(r, "state dir", &format!("{shown} (does not exist yet)")),
+    }
+}
+
+fn installed_agents(r: &mut String, state: &Path, exe: Option<&Path>) {
+    let agents = state.join("agents");
+    let Ok(entries) = std::fs::read_dir(&agents) else {
+        field(r, "installed agents", "none");
+        return;
+    };
+    let mut names: Vec<String> = entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    if names.is_empty() {
+        field(r, "installed agents", "none");
+        return;
+    }
+    field(r, "installed agents", &names.len().to_string());
+    for name in names {
+        let dir = agents.join(&name);
+        let mut notes = Vec::new();
+        if exe.is_some_and(|e| e.starts_with(&dir)) {
+            notes.push("this agent");
+        }
+        if name.starts_with('.') {
+            notes.push("upload in progress or abandoned");
+        } else if !dir.join("outpost-agent").is_file() {
+            notes.push("no executable");
+        }
+        let notes = if notes.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", notes.join(", "))
+        };
+        let _ = writeln!(r, "    {name}{notes}");
+    }
+}
+
+/// `NAME="value"` from os-release, unquoted.
+fn os_pretty_name() -> Option<String> {
+    let text = std::fs::read_to_string("/etc/os-release")
+        .or_else(|_| std::fs::read_to_string("/usr/lib/os-release"))
+        .ok()?;
+    text.lines().find_map(|line| {
+        let value = line.strip_prefix("PRETTY_NAME=")?.trim();
+        Some(value.trim_matches(|c| c == '"' || c == '\'').to_string())
+    })
+}
+
+fn kernel() -> Option<String> {
+    // SAFETY: utsname is plain old data and uname fills it.
+    let uts = unsafe {
+        let mut uts: libc::utsname = std::mem::zeroed();
+        if libc::uname(&mut uts) != 0 {
+            return None;
+        }
+        uts
+    };
+    let text = |field: &[libc::c_char]| {
+        let bytes: Vec<u8> = field
+            .iter()
+            .take_while(|&&c| c != 0)
+            .map(|&c| c as u8)
+            .collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    };
+    Some(format!(
+        "{} {} {}",
+        text(&uts.sysname),
+        text(&uts.release),
+        text(&uts.version)
+    ))
+}
+
+/// Where the NVIDIA management library is, if anywhere: common paths first,
+/// then the dynamic linker's cache.
+fn find_nvml() -> Option<PathBuf> {
+    const NAME: &str = "libnvidia-ml.so.1";
+    let dirs = [
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib/aarch64-linux-gnu",
+        "/usr/lib64",
+        "/usr/lib",
+        "/lib64",
+        "/lib/x86_64-linux-gnu",
+        "/usr/local/cuda/lib64",
+        "/usr/local/nvidia/lib64",
+        "/usr/lib/wsl/lib",
+    ];
+    if let Some(p) = dirs
+        .iter()
+        .map(|d| Path::new(d).join(NAME))
+        .find(|p| p.exists())
+    {
+        return Some(p);
+    }
+    let ldconfig = ["/sbin/ldconfig", "/usr/sbin/ldconfig", "/usr/bin/ldconfig"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())?;
+    let out = std::process::Command::new(ldconfig)
+        .arg("-p")
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|line| {
+            let line = line.trim();
+            if !line.starts_with(NAME) {
+                return None;
+            }
+            line.rsplit_once("=> ")
+                .map(|(_, p)| PathBuf::from(p.trim()))
+        })
+}
+
+fn bytes(n: u64) -> String {
+    const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+    const MIB: f64 = 1024.0 * 1024.0;
+    let n = n as f64;
+    if n >= GIB {
+        format!("{:.1} GiB", n / GIB)
+    } else {
+        format!("{:.0} MiB", n / MIB)
+    }
+}
+
+fn duration(secs: u64) -> String {
+    let (d, h, m) = (secs / 86_400, secs / 3600 % 24, secs / 60 % 60);
+    if d > 0 {
+        format!("{d}d {h}h {m}m")
+    } else {
+        format!("{h}h {m}m")
+    }
+}

@@ -1,0 +1,467 @@
+//! Running one command: spawn, capture or stream its output, enforce the
+//! timeout, honour cancellation, and report how it ended.
+//!
+//! The command runs as `bash -c` in its own session, marked with a random
+//! `OUTPOST_EXEC_TOKEN` so that [`crate::proctree`] can find every process it
+//! started when it has to be stopped. A command that ends on its own is never
+//! cleaned up after: `cmd &` is how people start daemons.
+
+use std::future::Future;
+use std::io;
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::pin::pin;
+use std::process::{ExitStatus, Stdio};
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use outpost_protocol::limits::{MAX_EXEC_OUTPUT_LIMIT, MAX_STDIN_LEN, OUTPUT_CHUNK_LEN};
+use outpost_protocol::{
+    AgentError, CapturedOutput, ErrorKind, ExecRequest, ExecResult, OutputStream, RequestId,
+    Response,
+};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, Command};
+use tokio::sync::watch;
+
+use crate::capture::Capture;
+use crate::outbox::Outbox;
+use crate::paths;
+use crate::proctree::{self, TOKEN_VAR};
+
+/// After the main process exits, how long leftover background processes may
+/// hold the pipes open before the result goes out without waiting for EOF.
+const EOF_GRACE: Duration = Duration::from_millis(250);
+/// Once we stop waiting for EOF, at most this much more is drained per stream,
+/// so a leftover `yes &` cannot keep the request open.
+const DRAIN_CAP: usize = 1024 * 1024;
+/// Upper bound on waits that only a wedged kernel or controller could exceed.
+const STUCK: Duration = Duration::from_secs(2);
+
+/// Why the wait for the main process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    Exited,
+    TimedOut,
+    Cancelled,
+}
+
+/// A validated request, ready to spawn.
+struct Plan {
+    command: String,
+    cwd: PathBuf,
+    env: Vec<(String, String)>,
+    stdin: Option<Vec<u8>>,
+    timeout: Option<Duration>,
+    limit: usize,
+    stream: bool,
+}
+
+fn error(kind: ErrorKind, message: impl Into<String>) -> AgentError {
+    AgentError {
+        kind,
+        message: message.into(),
+    }
+}
+
+/// Checks everything that can be checked before spawning, so that bad input
+/// gets a precise error instead of a confusing spawn failure.
+fn plan(req: ExecRequest) -> Result<Plan, AgentError> {
+    let bad = |m: String| error(ErrorKind::BadRequest, m);
+    if let Some(stdin) = &req.stdin
+        && stdin.len() > MAX_STDIN_LEN
+    {
+        return Err(bad(format!(
+            "stdin of {} bytes exceeds the {MAX_STDIN_LEN}-byte limit",
+            stdin.len()
+        )));
+    }
+    if req.command.contains('\0') {
+        return Err(bad("command contains a NUL byte".into()));
+    }
+    for (name, value) in &req.env {
+        if name.is_empty() || name.contains(['=', '\0']) {
+            return Err(bad(format!("invalid environment variable name {name:?}")));
+        }
+        if value.contains('\0') {
+            return Err(bad(format!(
+                "environment variable {name} contains a NUL byte"
+            )));
+        }
+    }
+    if req.cwd.as_deref().is_some_and(|c| c.contains('\0')) {
+        return Err(bad("cwd contains a NUL byte".into()));
+    }
+    let cwd = paths::resolve_cwd(req.cwd.as_deref());
+    match std::fs::metadata(&cwd) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            return Err(error(
+                ErrorKind::SpawnFailed,
+                format!("cwd is not a directory: {}", cwd.display()),
+            ));
+        }
+        Err(_) => {
+            return Err(error(
+                ErrorKind::SpawnFailed,
+                format!("cwd not found: {}", cwd.display()),
+            ));
+        }
+    }
+    Ok(Plan {
+        command: req.command,
+        cwd,
+        env: req.env,
+        stdin: req.stdin,
+        timeout: req.timeout_ms.map(Duration::from_millis),
+        limit: req.output_limit.min(MAX_EXEC_OUTPUT_LIMIT) as usize,
+        stream: req.stream,
+    })
+}
+
+/// Runs in the child between fork and exec: only async-signal-safe calls.
+fn child_setup() -> io::Result<()> {
+    // SAFETY: setsid, signal and sigprocmask are async-signal-safe.
+    unsafe {
+        // Own session: pgid == sid == pid, so the whole group can be signalled
+        // and the command is detached from the agent's terminal, if any.
+        if libc::setsid() == -1 {
+            return Err(io::Error::last_os_error());
+        }
+        // Ignored signals survive exec; the agent ignores SIGPIPE (Rust does),
+        // and a command must see the defaults a login shell would.
+        for sig in 1..65 {
+            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+        }
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
+    }
+    Ok(())
+}
+
+/// A random token naming one exec's process tree.
+fn new_token() -> String {
+    let mut bytes = [0u8; 16];
+    // SAFETY: writes at most `bytes.len()` bytes into `bytes`.
+    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    if n != bytes.len() as isize {
+        // No getrandom (old kernel): uniqueness is what matters, not secrecy.
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static COUNTER: AtomicU64 = AtomicU64::new(0);
+        let mut h = blake3::Hasher::new();
+        h.update(&std::process::id().to_le_bytes());
+        h.update(&COUNTER.fetch_add(1, Ordering::Relaxed).to_le_bytes());
+        h.update(format!("{:?}", std::time::SystemTime::now()).as_bytes());
+        bytes.copy_from_slice(&h.finalize().as_bytes()[..16]);
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn spawn(plan: &Plan, token: &str) -> Result<Child, AgentError> {
+    let shell = paths::shell();
+    let mut cmd = Command::new(shell);
+    cmd.arg("-c")
+        .arg(&plan.command)
+        .current_dir(&plan.cwd)
+        .envs(plan.env.iter().map(|(k, v)| (k, v)))
+        .env(TOKEN_VAR, token)
+        .stdin(if plan.stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // Last resort if this task is ever dropped mid-flight.
+        .kill_on_drop(true);
+    // SAFETY: child_setup only makes async-signal-safe calls.
+    unsafe {
+        cmd.pre_exec(child_setup);
+    }
+    cmd.spawn().map_err(|e| {
+        let message = if e.kind() == io::ErrorKind::NotFound && !shell.exists() {
+            format!("shell not found: {}", shell.display())
+        } else {
+            format!(
+                "cannot start {} in {}: {e}",
+                shell.display(),
+                plan.cwd.display()
+            )
+        };
+        error(ErrorKind::SpawnFailed, message)
+    })
+}
+
+/// Where a stream's bytes go.
+struct Sink<'a> {
+    capture: Capture,
+    /// Set when streaming: chunks go to the controller as they arrive.
+    stream: Option<(&'a Outbox, RequestId, OutputStream)>,
+}
+
+impl Sink<'_> {
+    async fn deliver(&mut self, data: &[u8]) {
+        match self.stream {
+            Some((outbox, id, stream)) => {
+                // A gone controller is handled by the serve loop; keep reading
+                // so the command is never blocked on a full pipe.
+                let _ = outbox
+                    .send(
+                        id,
+                        Response::Output {
+                            stream,
+                            data: data.to_vec(),
+                        },
+                    )
+                    .await;
+            }
+            None => self.capture.push(data),
+        }
+    }
+
+    fn finish(self) -> CapturedOutput {
+        match self.stream {
+            Some(_) => CapturedOutput::default(),
+            None => self.capture.finish(),
+        }
+    }
+}
+
+/// Polls `fut` once: its output if ready now, else None.
+async fn ready_now<F: Future>(fut: F) -> Option<F::Output> {
+    let mut fut = pin!(fut);
+    std::future::poll_fn(|cx| match fut.as_mut().poll(cx) {
+        Poll::Ready(v) => Poll::Ready(Some(v)),
+        Poll::Pending => Poll::Ready(None),
+    })
+    .await
+}
+
+/// Copies one pipe into `sink` until EOF, or, once `stop` is set, until the
+/// pipe has nothing ready (bounded by [`DRAIN_CAP`]).
+async fn pump<R: AsyncRead + Unpin>(
+    mut pipe: R,
+    sink: &mut Sink<'_>,
+    stop: &watch::Receiver<bool>,
+) {
+    let mut stop = stop.clone();
+    let mut buf = vec![0u8; OUTPUT_CHUNK_LEN];
+    let mut stopping = false;
+    let mut drained = 0usize;
+    loop {
+        let read = if stopping {
+            match ready_now(pipe.read(&mut buf)).await {
+                Some(r) => r,
+                None => return,
+            }
+        } else {
+            tokio::select! {
+                biased;
+                r = pipe.read(&mut buf) => r,
+                _ = stop.wait_for(|s| *s) => {
+                    stopping = true;
+                    continue;
+                }
+            }
+        };
+        let n = match read {
+            Ok(0) => return,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => return,
+        };
+        sink.deliver(&buf[..n]).await;
+        if stopping {
+            drained += n;
+            if drained >= DRAIN_CAP {
+                return;
+            }
+        }
+    }
+}
+
+/// Runs one exec request to its final response.
+pub async fn run(
+    id: RequestId,
+    req: ExecRequest,
+    outbox: &Outbox,
+    mut cancel: watch::Receiver<bool>,
+) -> Response {
+    let started = Instant::now();
+    let plan = match plan(req) {
+        Ok(plan) => plan,
+        Err(e) => return Response::Error(e),
+    };
+    let token = new_token();
+    let mut child = match spawn(&plan, &token) {
+        Ok(child) => child,
+        Err(e) => return Response::Error(e),
+    };
+    let (Some(pid), Some(stdout), Some(stderr)) =
+        (child.id(), child.stdout.take(), child.stderr.take())
+    else {
+        return Response::Error(error(ErrorKind::Internal, "spawned child lacks its pipes"));
+    };
+    let pid = pid as i32;
+
+    // Stdin is fed by its own task so a command that never reads it cannot
+    // stall output capture; EPIPE from a command that exits early is normal.
+    let feeder = match (child.stdin.take(), plan.stdin) {
+        (Some(mut pipe), Some(data)) => Some(tokio::spawn(async move {
+            let _ = pipe.write_all(&data).await;
+            let _ = pipe.shutdown().await;
+        })),
+        _ => None,
+    };
+
+    let sink = |stream| Sink {
+        capture: Capture::new(if plan.stream { 0 } else { plan.limit }),
+        stream: plan.stream.then_some((outbox, id, stream)),
+    };
+    let mut out_sink = sink(OutputStream::Stdout);
+    let mut err_sink = sink(OutputStream::Stderr);
+    let (stop_tx, stop_rx) = watch::channel(false);
+
+    let mut status: Option<ExitStatus> = None;
+    let ending = {
+        let mut pumps = pin!(async {
+            tokio::join!(
+                pump(stdout, &mut out_sink, &stop_rx),
+                pump(stderr, &mut err_sink, &stop_rx)
+            )
+        });
+        let mut pumps_done = false;
+        let mut deadline = pin!(async {
+            match plan.timeout {
+                Some(t) => tokio::time::sleep_until((started + t).into()).await,
+                None => std::future::pending().await,
+            }
+        });
+        let mut cancelled = pin!(async {
+            // A dropped sender means nobody can cancel any more.
+            if cancel.wait_for(|c| *c).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        });
+
+        let mut ending = loop {
+            tokio::select! {
+                st = child.wait() => {
+                    status = st.ok();
+                    break Ending::Exited;
+                }
+                _ = &mut pumps, if !pumps_done => pumps_done = true,
+                _ = &mut deadline => break Ending::TimedOut,
+                _ = &mut cancelled => break Ending::Cancelled,
+            }
+        };
+
+        // The command may have finished just as the deadline or the cancel
+        // came; then it ended on its own and its leftovers are not ours to kill.
+        if ending != Ending::Exited
+            && let Ok(Some(st)) = child.try_wait()
+        {
+            status = Some(st);
+            ending = Ending::Exited;
+        }
+
+        if ending != Ending::Exited {
+            // The child is not reaped yet, so its pid still names its process
+            // group and session while the tree is being killed.
+            let token = token.clone();
+            let mut kill = pin!(tokio::task::spawn_blocking(move || {
+                proctree::terminate(pid, &token)
+            }));
+            // Keep reading meanwhile: a dying process may print, and must not
+            // block on a full pipe.
+            loop {
+                tokio::select! {
+                    _ = &mut kill => break,
+                    _ = &mut pumps, if !pumps_done => pumps_done = true,
+                }
+            }
+            status = match tokio::time::timeout(STUCK, child.wait()).await {
+                Ok(st) => st.ok(),
+                Err(_) => None,
+            };
+        }
+
+        if !pumps_done {
+            let grace = tokio::time::sleep(EOF_GRACE);
+            tokio::select! {
+                _ = &mut pumps => pumps_done = true,
+                _ = grace => {}
+            }
+        }
+        if !pumps_done {
+            let _ = stop_tx.send(true);
+            let _ = tokio::time::timeout(STUCK, &mut pumps).await;
+        }
+        ending
+    };
+    if let Some(feeder) = feeder {
+        feeder.abort();
+    }
+
+    Response::ExecDone(ExecResult {
+        exit_code: status.and_then(|s| s.code()),
+        signal: status.and_then(|s| s.signal()),
+        timed_out: ending == Ending::TimedOut,
+        cancelled: ending == Ending::Cancelled,
+        stdout: out_sink.finish(),
+        stderr: err_sink.finish(),
+        duration_ms: started.elapsed().as_millis() as u64,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_unique_hex() {
+        let a = new_token();
+        let b = new_token();
+        assert_eq!(a.len(), 32);
+        assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+    }
+
+    fn req(command: &str) -> ExecRequest {
+        ExecRequest {
+            command: command.into(),
+            cwd: None,
+            env: vec![],
+            stdin: None,
+            timeout_ms: None,
+            output_limit: 100,
+            stream: false,
+        }
+    }
+
+    #[test]
+    fn bad_requests_are_rejected_before_spawn() {
+        let mut r = req("true");
+        r.stdin = Some(vec![0; MAX_STDIN_LEN + 1]);
+        assert_eq!(plan(r).err().unwrap().kind, ErrorKind::BadRequest);
+        let mut r = req("true");
+        r.env = vec![("A=B".into(), "x".into())];
+        assert_eq!(plan(r).err().unwrap().kind, ErrorKind::BadRequest);
+        assert_eq!(plan(req("a\0b")).err().unwrap().kind, ErrorKind::BadRequest);
+        let mut r = req("true");
+        r.cwd = Some("/no/such/dir/xyz".into());
+        let e = plan(r).err().unwrap();
+        assert_eq!(e.kind, ErrorKind::SpawnFailed);
+        assert_eq!(e.message, "cwd not found: /no/such/dir/xyz");
+    }
+
+    #[test]
+    fn output_limit_is_clamped() {
+        let mut r = req("true");
+        r.output_limit = u64::MAX;
+        assert_eq!(plan(r).ok().unwrap().limit as u64, MAX_EXEC_OUTPUT_LIMIT);
+    }
+}

@@ -1,0 +1,84 @@
+//! The single writer of stdout.
+//!
+//! Every task hands encoded frames to one channel; one task writes them, so
+//! frames never interleave. The channel is bounded, which turns a controller
+//! that stops reading into backpressure on the commands instead of memory
+//! growth in the agent.
+
+use outpost_protocol::{
+    AgentError, AgentMessage, ErrorKind, PREAMBLE, RequestId, Response, encode_frame,
+};
+use tokio::io::{AsyncWriteExt, BufWriter};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+/// Frames queued for stdout. Streamed chunks are at most 64 KiB, so this caps
+/// queued output at a few MiB.
+const QUEUE: usize = 64;
+
+/// A handle for sending responses; clone it freely.
+#[derive(Clone)]
+pub struct Outbox {
+    tx: mpsc::Sender<Vec<u8>>,
+}
+
+impl Outbox {
+    /// Queues one response. Returns false once the writer is gone.
+    pub async fn send(&self, id: RequestId, body: Response) -> bool {
+        let frame = match encode_frame(&AgentMessage::Response { id, body }) {
+            Ok(frame) => frame,
+            // Limits keep every response under the frame cap; if that is ever
+            // wrong, the request still gets a final answer.
+            Err(e) => {
+                let body = Response::Error(AgentError {
+                    kind: ErrorKind::Internal,
+                    message: format!("cannot encode response: {e}"),
+                });
+                match encode_frame(&AgentMessage::Response { id, body }) {
+                    Ok(frame) => frame,
+                    Err(_) => return false,
+                }
+            }
+        };
+        self.tx.send(frame).await.is_ok()
+    }
+}
+
+/// Starts the writer. It writes the preamble and `hello_frame` before anything
+/// else, and returns once every [`Outbox`] is dropped and all is flushed.
+pub fn start(hello_frame: Vec<u8>) -> (Outbox, JoinHandle<()>) {
+    let (tx, rx) = mpsc::channel(QUEUE);
+    let writer = tokio::spawn(write_frames(rx, hello_frame));
+    (Outbox { tx }, writer)
+}
+
+async fn write_frames(mut rx: mpsc::Receiver<Vec<u8>>, hello_frame: Vec<u8>) {
+    let mut out = BufWriter::with_capacity(128 * 1024, tokio::io::stdout());
+    let mut ok = write(&mut out, &PREAMBLE).await
+        && write(&mut out, &hello_frame).await
+        && out.flush().await.is_ok();
+    while let Some(frame) = rx.recv().await {
+        // Once stdout is gone, keep draining so that senders never block.
+        ok = ok && write(&mut out, &frame).await;
+        // Batch whatever is already queued into one flush.
+        while let Ok(frame) = rx.try_recv() {
+            ok = ok && write(&mut out, &frame).await;
+        }
+        if ok && out.flush().await.is_err() {
+            ok = false;
+        }
+        if !ok {
+            report_broken();
+        }
+    }
+    let _ = out.flush().await;
+}
+
+async fn write(out: &mut BufWriter<tokio::io::Stdout>, data: &[u8]) -> bool {
+    out.write_all(data).await.is_ok()
+}
+
+fn report_broken() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| eprintln!("outpost-agent: stdout is closed; dropping responses"));
+}

@@ -1,0 +1,241 @@
+//! Finding and killing every process a command started, via `/proc`.
+//!
+//! A process tree cannot be found from one angle alone: children reparent to
+//! init when their parent dies, `setsid` leaves the session and process group,
+//! and `env -i` drops the marker variable. So the target set is the union of
+//! three views, which together catch everything short of a deliberate escape:
+//!
+//! * processes whose environment holds the exec's `OUTPOST_EXEC_TOKEN`,
+//! * processes in the child's process group or session (the child is a session
+//!   leader, so both ids equal its pid),
+//! * descendants of any of the above, by `ppid` links.
+//!
+//! The functions here block (they read `/proc` and sleep); run them on a
+//! blocking thread.
+
+use std::collections::{HashMap, HashSet};
+use std::fs;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// Name of the environment variable that marks an exec's processes.
+pub const TOKEN_VAR: &str = "OUTPOST_EXEC_TOKEN";
+
+/// How long processes get to exit after SIGTERM before SIGKILL.
+const TERM_GRACE: Duration = Duration::from_millis(500);
+/// How long SIGKILL is repeated against processes that keep appearing.
+const KILL_WINDOW: Duration = Duration::from_secs(1);
+const POLL: Duration = Duration::from_millis(20);
+
+/// The fields of `/proc/<pid>/stat` this module needs.
+#[derive(Debug, Clone, Copy)]
+pub struct Stat {
+    pub pid: i32,
+    pub state: u8,
+    pub ppid: i32,
+    pub pgrp: i32,
+    pub session: i32,
+}
+
+impl Stat {
+    /// Zombies and dead tasks hold no resources worth killing and ignore signals.
+    fn is_gone(&self) -> bool {
+        matches!(self.state, b'Z' | b'X' | b'x')
+    }
+}
+
+/// Parses `/proc/<pid>/stat`. The command name sits in parentheses and may hold
+/// spaces or parentheses itself, so fields are counted from the last `)`.
+pub fn parse_stat(text: &[u8]) -> Option<Stat> {
+    let open = text.iter().position(|&b| b == b'(')?;
+    let close = text.iter().rposition(|&b| b == b')')?;
+    let pid = std::str::from_utf8(&text[..open])
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let rest = std::str::from_utf8(text.get(close + 1..)?).ok()?;
+    let mut fields = rest.split_ascii_whitespace();
+    let state = *fields.next()?.as_bytes().first()?;
+    let ppid = fields.next()?.parse().ok()?;
+    let pgrp = fields.next()?.parse().ok()?;
+    let session = fields.next()?.parse().ok()?;
+    Some(Stat {
+        pid,
+        state,
+        ppid,
+        pgrp,
+        session,
+    })
+}
+
+pub fn read_stat(pid: i32) -> Option<Stat> {
+    parse_stat(&fs::read(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// Every process id currently listed in `/proc`.
+pub fn all_pids() -> Vec<i32> {
+    let Ok(dir) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+/// Whether the process's environment holds exactly `entry` (`NAME=value`).
+/// Processes of other users are unreadable and count as not holding it.
+fn environ_has(pid: i32, entry: &[u8]) -> bool {
+    match fs::read(format!("/proc/{pid}/environ")) {
+        Ok(env) => env.split(|&b| b == 0).any(|e| e == entry),
+        Err(_) => false,
+    }
+}
+
+/// Every live process that belongs to the exec rooted at `root` (see the module
+/// docs), never including the agent itself or init.
+pub fn collect(root: i32, token: &str) -> Vec<i32> {
+    let entry = format!("{TOKEN_VAR}={token}").into_bytes();
+    let me = std::process::id() as i32;
+    let stats: Vec<Stat> = all_pids().into_iter().filter_map(read_stat).collect();
+
+    let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
+    for s in &stats {
+        children.entry(s.ppid).or_default().push(s.pid);
+    }
+    let mut found: HashSet<i32> = HashSet::new();
+    let mut queue: Vec<i32> = vec![root];
+    for s in &stats {
+        if s.pid == root
+            || s.pgrp == root
+            || s.session == root
+            || (!s.is_gone() && environ_has(s.pid, &entry))
+        {
+            queue.push(s.pid);
+        }
+    }
+    while let Some(pid) = queue.pop() {
+        if !found.insert(pid) {
+            continue;
+        }
+        if let Some(kids) = children.get(&pid) {
+            queue.extend(kids.iter().copied());
+        }
+    }
+    let live: HashSet<i32> = stats
+        .iter()
+        .filter(|s| !s.is_gone())
+        .map(|s| s.pid)
+        .collect();
+    let mut out: Vec<i32> = found
+        .into_iter()
+        .filter(|&p| p > 1 && p != me && live.contains(&p))
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+fn alive(pid: i32) -> bool {
+    read_stat(pid).is_some_and(|s| !s.is_gone())
+}
+
+fn signal_all(root: i32, pids: &[i32], sig: libc::c_int) {
+    let me = std::process::id() as i32;
+    // SAFETY: plain syscalls; errors (ESRCH, EPERM) are expected and ignored.
+    unsafe {
+        if root > 1 {
+            libc::killpg(root, sig);
+        }
+        for &pid in pids {
+            if pid > 1 && pid != me {
+                libc::kill(pid, sig);
+            }
+        }
+    }
+}
+
+/// Terminates the whole tree of the exec rooted at `root`: SIGTERM (and
+/// SIGCONT, so stopped processes can act on it), a short grace, then SIGKILL
+/// repeated until nothing is left or [`KILL_WINDOW`] passed.
+///
+/// `root` must not have been reaped yet, so that its pid (and with it the
+/// process group and session id) cannot have been reused.
+pub fn terminate(root: i32, token: &str) {
+    let mut targets = collect(root, token);
+    signal_all(root, &targets, libc::SIGTERM);
+    signal_all(root, &targets, libc::SIGCONT);
+
+    let grace_end = Instant::now() + TERM_GRACE;
+    while Instant::now() < grace_end {
+        std::thread::sleep(POLL);
+        // Cheap check first; a full rescan only once the known ones are gone.
+        if targets.iter().any(|&p| alive(p)) {
+            continue;
+        }
+        let fresh = collect(root, token);
+        if fresh.is_empty() {
+            return;
+        }
+        signal_all(root, &fresh, libc::SIGTERM);
+        signal_all(root, &fresh, libc::SIGCONT);
+        targets = fresh;
+    }
+
+    // A process can fork between a scan and the signal, so scan and kill again
+    // until a scan comes back empty.
+    let kill_end = Instant::now() + KILL_WINDOW;
+    loop {
+        let left = collect(root, token);
+        if left.is_empty() {
+            return;
+        }
+        signal_all(root, &left, libc::SIGKILL);
+        if Instant::now() >= kill_end {
+            eprintln!("outpost-agent: processes survived SIGKILL: {left:?}");
+            return;
+        }
+        std::thread::sleep(POLL);
+    }
+}
+
+/// Executables of all processes we may inspect, for telling which installed
+/// agent versions are in use. Deleted files keep their old path here.
+pub fn running_executables() -> Vec<PathBuf> {
+    all_pids()
+        .into_iter()
+        .filter_map(|pid| fs::read_link(format!("/proc/{pid}/exe")).ok())
+        .map(|p| {
+            // The kernel appends " (deleted)" to unlinked executables.
+            match p.to_str().and_then(|s| s.strip_suffix(" (deleted)")) {
+                Some(s) => PathBuf::from(s),
+                None => p,
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_with_odd_command_name() {
+        let s = parse_stat(b"123 (a) b (c)) S 45 67 89 0 -1 4194560 0 0").unwrap();
+        assert_eq!(
+            (s.pid, s.state, s.ppid, s.pgrp, s.session),
+            (123, b'S', 45, 67, 89)
+        );
+    }
+
+    #[test]
+    fn garbage_stat_is_none() {
+        assert!(parse_stat(b"").is_none());
+        assert!(parse_stat(b"12 (x").is_none());
+        assert!(parse_stat(b"x (y) S a b c").is_none());
+    }
+
+    #[test]
+    fn own_process_is_never_collected() {
+        let me = std::process::id() as i32;
+        assert!(!collect(me, "no-such-token").contains(&me));
+    }
+}

@@ -1,0 +1,352 @@
+//! `outpost-agent serve`: the protocol session on stdin/stdout.
+//!
+//! stdin carries [`ClientMessage`] frames; each request runs on its own task
+//! and answers through the [`Outbox`], the only writer of stdout. The session
+//! ends on stdin EOF or SIGTERM/SIGHUP/SIGINT: running commands are cancelled
+//! (their trees killed), their results flushed, and the agent exits 0. A frame
+//! that cannot be decoded leaves the stream unusable: same teardown, exit 1.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use outpost_protocol::{
+    AgentError, ClientMessage, DecodeEvent, ErrorKind, FrameDecoder, ProtocolError, Request,
+    RequestId, Response, decode, encode_frame,
+};
+use tokio::io::AsyncReadExt;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::metrics::Sampler;
+use crate::outbox::{self, Outbox};
+use crate::{cleanup, exec, identity};
+
+/// How long shutdown waits for cancelled commands to report.
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(2);
+
+/// Runs the session to its end and returns the process exit code.
+pub fn run() -> i32 {
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 4));
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("outpost-agent: cannot start runtime: {e}");
+            return 1;
+        }
+    };
+    let code = runtime.block_on(session());
+    // Dropping the runtime would wait for the blocking stdin read forever;
+    // the caller exits the process instead.
+    std::mem::forget(runtime);
+    code
+}
+
+/// State shared by the read loop and request tasks.
+struct Shared {
+    /// Requests in flight, each with its cancel switch.
+    inflight: Mutex<HashMap<RequestId, watch::Sender<bool>>>,
+    /// Created on first use so the hello is not delayed.
+    sampler: Mutex<Option<Sampler>>,
+}
+
+impl Shared {
+    fn inflight(&self) -> std::sync::MutexGuard<'_, HashMap<RequestId, watch::Sender<bool>>> {
+        // A panic while holding the lock leaves a usable map; keep going.
+        self.inflight.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// What one frame asked for.
+enum Inbound {
+    Message(ClientMessage),
+    /// A request of a kind this agent does not know.
+    Unsupported(RequestId),
+    /// A message kind this agent does not know and cannot answer.
+    Ignored,
+}
+
+async fn session() -> i32 {
+    let hello = match encode_frame(&identity::hello()) {
+        Ok(frame) => frame,
+        Err(e) => {
+            eprintln!("outpost-agent: cannot encode hello: {e}");
+            return 1;
+        }
+    };
+    let (outbox, writer) = outbox::start(hello);
+    tokio::task::spawn_blocking(cleanup::remove_stale_versions);
+
+    let shared = Arc::new(Shared {
+        inflight: Mutex::new(HashMap::new()),
+        sampler: Mutex::new(None),
+    });
+    let mut tasks = JoinSet::new();
+    let code = read_loop(&shared, &outbox, &mut tasks).await;
+
+    // Teardown: cancel everything, give results a bounded time to go out.
+    for cancel in shared.inflight().values() {
+        let _ = cancel.send(true);
+    }
+    let drained = tokio::time::timeout(SHUTDOWN_WAIT, async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        eprintln!("outpost-agent: some requests did not finish during shutdown");
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+    }
+    drop(outbox);
+    let _ = tokio::time::timeout(Duration::from_secs(1), writer).await;
+    code
+}
+
+/// Reads and dispatches frames until the session should end; returns the exit
+/// code.
+async fn read_loop(shared: &Arc<Shared>, outbox: &Outbox, tasks: &mut JoinSet<()>) -> i32 {
+    let mut stdin = tokio::io::stdin();
+    let mut decoder = FrameDecoder::framed();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut term = Signal::new(SignalKind::terminate());
+    let mut hup = Signal::new(SignalKind::hangup());
+    let mut int = Signal::new(SignalKind::interrupt());
+    loop {
+        tokio::select! {
+            read = stdin.read(&mut buf) => match read {
+                Ok(0) => return 0,
+                Ok(n) => {
+                    decoder.push(&buf[..n]);
+                    if let Err(e) = dispatch_frames(&mut decoder, shared, outbox, tasks) {
+                        eprintln!("outpost-agent: unusable input stream: {e}");
+                        return 1;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    eprintln!("outpost-agent: cannot read stdin: {e}");
+                    return 0;
+                }
+            },
+            _ = term.recv() => return 0,
+            _ = hup.recv() => return 0,
+            _ = int.recv() => return 0,
+            // Reap finished tasks so the set does not grow over a long session.
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+        }
+    }
+}
+
+/// A signal stream that never fires if it could not be registered.
+struct Signal(Option<tokio::signal::unix::Signal>);
+
+impl Signal {
+    fn new(kind: SignalKind) -> Signal {
+        Signal(signal(kind).ok())
+    }
+
+    async fn recv(&mut self) {
+        match &mut self.0 {
+            Some(s) => {
+                s.recv().await;
+            }
+            None => std::future::pending().await,
+        }
+    }
+}
+
+fn dispatch_frames(
+    decoder: &mut FrameDecoder,
+    shared: &Arc<Shared>,
+    outbox: &Outbox,
+    tasks: &mut JoinSet<()>,
+) -> Result<(), ProtocolError> {
+    while let Some(event) = decoder.next_event()? {
+        let DecodeEvent::Frame(payload) = event else {
+            continue;
+        };
+        match parse(&payload)? {
+            Inbound::Message(ClientMessage::Request { id, body }) => {
+                start_request(id, body, shared, outbox, tasks)
+            }
+            Inbound::Message(ClientMessage::Cancel { id }) => {
+                // Unknown ids are fine: the request may have just finished.
+                if let Some(cancel) = shared.inflight().get(&id) {
+                    let _ = cancel.send(true);
+                }
+            }
+            Inbound::Unsupported(id) => {
+                let outbox = outbox.clone();
+                tasks.spawn(async move {
+                    let body = error(ErrorKind::Unsupported, "unsupported request");
+                    outbox.send(id, body).await;
+                });
+            }
+            Inbound::Ignored => {
+                eprintln!("outpost-agent: ignoring a message of an unknown kind");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Decodes a frame. Messages from a newer controller that only add enum
+/// variants are recognised by their leading variant indices (postcard writes
+/// them as varints) and answered or skipped instead of ending the session.
+fn parse(payload: &[u8]) -> Result<Inbound, ProtocolError> {
+    let err = match decode::<ClientMessage>(payload) {
+        Ok(msg) => return Ok(Inbound::Message(msg)),
+        Err(e) => e,
+    };
+    let mut rest = payload;
+    match read_varint(&mut rest) {
+        // ClientMessage::Request { id, body }: body's variant comes after id.
+        Some(0) => {
+            if let (Some(id), Some(variant)) = (read_varint(&mut rest), read_varint(&mut rest))
+                && variant >= KNOWN_REQUESTS
+            {
+                return Ok(Inbound::Unsupported(id));
+            }
+            Err(err)
+        }
+        Some(v) if v >= KNOWN_CLIENT_MESSAGES => Ok(Inbound::Ignored),
+        _ => Err(err),
+    }
+}
+
+/// Variants of [`Request`] and [`ClientMessage`] this agent knows.
+const KNOWN_REQUESTS: u64 = 3;
+const KNOWN_CLIENT_MESSAGES: u64 = 2;
+
+fn read_varint(data: &mut &[u8]) -> Option<u64> {
+    let mut value = 0u64;
+    for i in 0..10 {
+        let (&byte, rest) = data.split_first()?;
+        *data = rest;
+        value |= u64::from(byte & 0x7f) << (7 * i);
+        if byte & 0x80 == 0 {
+            return Some(value);
+        }
+    }
+    None
+}
+
+fn error(kind: ErrorKind, message: impl Into<String>) -> Response {
+    Response::Error(AgentError {
+        kind,
+        message: message.into(),
+    })
+}
+
+fn start_request(
+    id: RequestId,
+    body: Request,
+    shared: &Arc<Shared>,
+    outbox: &Outbox,
+    tasks: &mut JoinSet<()>,
+) {
+    let outbox = outbox.clone();
+    let cancel = {
+        let mut inflight = shared.inflight();
+        if inflight.contains_key(&id) {
+            drop(inflight);
+            tasks.spawn(async move {
+                let body = error(
+                    ErrorKind::BadRequest,
+                    format!("request id {id} is already in flight"),
+                );
+                outbox.send(id, body).await;
+            });
+            return;
+        }
+        let (tx, rx) = watch::channel(false);
+        inflight.insert(id, tx);
+        rx
+    };
+    let shared = Arc::clone(shared);
+    tasks.spawn(async move {
+        let response = match body {
+            Request::Exec(req) => exec::run(id, req, &outbox, cancel).await,
+            Request::Ping => Response::Pong,
+            Request::Metrics => metrics(&shared).await,
+        };
+        // Free the id before answering: the controller may reuse it as soon
+        // as it sees the final response.
+        shared.inflight().remove(&id);
+        outbox.send(id, response).await;
+    });
+}
+
+async fn metrics(shared: &Arc<Shared>) -> Response {
+    let shared = Arc::clone(shared);
+    let sampled = tokio::task::spawn_blocking(move || {
+        let mut slot = shared.sampler.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            *slot = Some(Sampler::new()?);
+        }
+        Ok::<_, String>(slot.as_mut().map(Sampler::sample))
+    })
+    .await;
+    match sampled {
+        Ok(Ok(Some(m))) => Response::Metrics(m),
+        Ok(Err(e)) => error(ErrorKind::Internal, e),
+        _ => error(ErrorKind::Internal, "metrics sampling failed"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use outpost_protocol::ExecRequest;
+
+    #[test]
+    fn known_messages_decode() {
+        let frame = postcard_payload(&ClientMessage::Cancel { id: 5 });
+        assert!(matches!(
+            parse(&frame),
+            Ok(Inbound::Message(ClientMessage::Cancel { id: 5 }))
+        ));
+    }
+
+    #[test]
+    fn unknown_request_variant_is_unsupported() {
+        // Request { id: 300, body: <variant 7> }
+        let payload = [0u8, 0xac, 0x02, 7];
+        assert!(matches!(parse(&payload), Ok(Inbound::Unsupported(300))));
+    }
+
+    #[test]
+    fn unknown_message_variant_is_ignored() {
+        assert!(matches!(parse(&[5u8, 1, 2]), Ok(Inbound::Ignored)));
+    }
+
+    #[test]
+    fn garbage_is_an_error() {
+        assert!(parse(&[]).is_err());
+        assert!(parse(&[0xff; 12]).is_err());
+        // A known request with a truncated body.
+        let mut p = postcard_payload(&ClientMessage::Request {
+            id: 1,
+            body: Request::Exec(ExecRequest {
+                command: "true".into(),
+                cwd: None,
+                env: vec![],
+                stdin: None,
+                timeout_ms: None,
+                output_limit: 10,
+                stream: false,
+            }),
+        });
+        p.truncate(5);
+        assert!(parse(&p).is_err());
+    }
+
+    fn postcard_payload(msg: &ClientMessage) -> Vec<u8> {
+        encode_frame(msg).unwrap()[4..].to_vec()
+    }
+}
