@@ -89,6 +89,13 @@ async fn run(cli: Cli) -> Result<ExitCode> {
     let fleet = Arc::new(Fleet::new(config));
     match cli.command {
         Command::Mcp => {
+            if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+                eprintln!(
+                    "outpost mcp: serving MCP on stdin/stdout; sandboxes: {} (active: {}). Register this command in an MCP client (see README); Ctrl-C stops.",
+                    fleet.names().join(", "),
+                    fleet.active_name()
+                );
+            }
             mcp::serve_stdio(fleet).await?;
             Ok(ExitCode::SUCCESS)
         }

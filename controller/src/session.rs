@@ -252,7 +252,7 @@ impl Session {
     /// Drops the connection (the agent sees EOF and stops what it runs).
     pub async fn disconnect(&self) {
         if let Some(conn) = self.current.lock().await.take() {
-            conn.fail("disconnected by the controller".into());
+            conn.close("disconnected by the controller".into());
         }
     }
 }
@@ -371,12 +371,17 @@ impl Connection {
 
     /// Marks the connection dead, fails every call in flight, and tears it down.
     pub fn fail(&self, reason: String) {
+        tracing::warn!("connection lost: {reason}");
+        self.close(reason);
+    }
+
+    /// Like [`Connection::fail`], for a deliberate close.
+    pub fn close(&self, reason: String) {
         {
             let mut closed = self.closed.lock().unwrap();
             if closed.is_some() {
                 return;
             }
-            tracing::warn!("connection closed: {reason}");
             *closed = Some(reason);
         }
         // Dropping the senders wakes every waiting call.

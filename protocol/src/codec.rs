@@ -12,9 +12,14 @@ use crate::limits::{MAX_FRAME_LEN, MAX_NOISE_LEN};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ProtocolError {
     /// A length prefix announced more than [`MAX_FRAME_LEN`].
-    FrameTooLarge { len: u64, max: usize },
+    FrameTooLarge {
+        len: u64,
+        max: usize,
+    },
     /// More than [`MAX_NOISE_LEN`] bytes arrived without a preamble.
-    NoPreamble { noise: Vec<u8> },
+    NoPreamble {
+        noise: Vec<u8>,
+    },
     Decode(String),
     Encode(String),
 }
@@ -41,8 +46,8 @@ impl std::error::Error for ProtocolError {}
 
 /// Encodes `msg` as one frame: u32 little-endian length, then the payload.
 pub fn encode_frame<T: Serialize>(msg: &T) -> Result<Vec<u8>, ProtocolError> {
-    let mut out = postcard::to_extend(msg, vec![0u8; 4])
-        .map_err(|e| ProtocolError::Encode(e.to_string()))?;
+    let mut out =
+        postcard::to_extend(msg, vec![0u8; 4]).map_err(|e| ProtocolError::Encode(e.to_string()))?;
     let len = out.len() - 4;
     if len > MAX_FRAME_LEN {
         return Err(ProtocolError::FrameTooLarge {

@@ -44,9 +44,14 @@ pub struct HelloVersion {
 /// Controller → agent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum ClientMessage {
-    Request { id: RequestId, body: Request },
+    Request {
+        id: RequestId,
+        body: Request,
+    },
     /// Stop the request with this id. Its final response still follows.
-    Cancel { id: RequestId },
+    Cancel {
+        id: RequestId,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -94,7 +99,10 @@ pub enum AgentMessage {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Response {
     /// A chunk of streamed output (not final).
-    Output { stream: OutputStream, data: Vec<u8> },
+    Output {
+        stream: OutputStream,
+        data: Vec<u8>,
+    },
     ExecDone(ExecResult),
     Pong,
     Metrics(HostMetrics),

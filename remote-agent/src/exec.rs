@@ -142,22 +142,20 @@ fn child_setup() -> io::Result<()> {
     Ok(())
 }
 
-/// A random token naming one exec's process tree.
+/// A token naming one exec's process tree. It must be unique among the
+/// processes on the host, not secret: agent pid + per-agent counter + clock.
+/// (No getrandom: the portable build links against glibc 2.17, which lacks it.)
 fn new_token() -> String {
-    let mut bytes = [0u8; 16];
-    // SAFETY: writes at most `bytes.len()` bytes into `bytes`.
-    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
-    if n != bytes.len() as isize {
-        // No getrandom (old kernel): uniqueness is what matters, not secrecy.
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let mut h = blake3::Hasher::new();
-        h.update(&std::process::id().to_le_bytes());
-        h.update(&COUNTER.fetch_add(1, Ordering::Relaxed).to_le_bytes());
-        h.update(format!("{:?}", std::time::SystemTime::now()).as_bytes());
-        bytes.copy_from_slice(&h.finalize().as_bytes()[..16]);
-    }
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!(
+        "{}-{}-{nanos:x}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 fn spawn(plan: &Plan, token: &str) -> Result<Child, AgentError> {
@@ -422,11 +420,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn tokens_are_unique_hex() {
+    fn tokens_are_unique_and_environ_safe() {
         let a = new_token();
         let b = new_token();
-        assert_eq!(a.len(), 32);
-        assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
+        assert!(a.bytes().all(|c| c.is_ascii_hexdigit() || c == b'-'), "{a}");
+        assert!(a.starts_with(&format!("{}-", std::process::id())));
         assert_ne!(a, b);
     }
 

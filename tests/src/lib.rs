@@ -1,1 +1,755 @@
+//! Test harness for Outpost's end-to-end tests.
+//!
+//! The centre piece is [`Sshd`]: a private OpenSSH server on 127.0.0.1 with an
+//! ephemeral port, its own host key, its own config and its own client keys,
+//! so that tests exercise the controller against a real sshd exactly as it
+//! would meet one in the field, without touching the system's sshd or
+//! `~/.ssh`. Each instance also owns a fresh remote state directory that the
+//! controller can be told to install its agent into.
+//!
+//! Requirements: run as root (sshd must switch to the test user) after
+//! `scripts/setup-test-env`, which installs sshd and creates `outpost-test`.
+//!
+//! The free helpers locate workspace binaries ([`target_bin`]), find
+//! processes ([`pids_with_cmdline`]), signal them ([`continue_pids`]) and poll
+//! for conditions ([`wait_until`]).
 
+use std::collections::{HashMap, HashSet};
+use std::fs;
+use std::hash::{BuildHasher, Hasher};
+use std::io::{Read, Seek, SeekFrom};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// The account the tests log in as; created by `scripts/setup-test-env`.
+pub const TEST_USER: &str = "outpost-test";
+/// Its password, also set by `scripts/setup-test-env`.
+pub const TEST_PASSWORD: &str = "outpost-test-pw";
+/// Passphrase of [`Sshd::client_key_with_passphrase`].
+pub const KEY_PASSPHRASE: &str = "secret-pass";
+
+/// sshd insists on being started by absolute path (it re-executes itself).
+const SSHD_BIN: &str = "/usr/sbin/sshd";
+const SETUP_HINT: &str = "run scripts/setup-test-env (as root) first";
+/// How long sshd gets to start answering with its banner.
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Attempts at finding a free port before giving up.
+const PORT_ATTEMPTS: usize = 5;
+/// Process names of OpenSSH's per-connection processes: `sshd` up to 9.7,
+/// `sshd-session` from 9.8, `sshd-auth` from 10.0.
+const CONNECTION_COMMS: &[&str] = &["sshd", "sshd-session", "sshd-auth"];
+
+/// A private OpenSSH server listening on 127.0.0.1.
+///
+/// Dropping it kills the listener, every process below it and every process
+/// started from its remote state directory, then removes its directories.
+pub struct Sshd {
+    dir: PathBuf,
+    remote_root: PathBuf,
+    remote_dir: PathBuf,
+    port: u16,
+    child: Option<Child>,
+    host_key: PathBuf,
+    client_key: PathBuf,
+    client_key_with_passphrase: PathBuf,
+    other_key: PathBuf,
+}
+
+/// Why one launch attempt failed.
+enum LaunchError {
+    /// The port was taken between picking it and sshd binding it.
+    PortTaken,
+    Other(String),
+}
+
+impl Sshd {
+    /// Starts a fresh sshd; panics with a diagnostic on any failure.
+    pub fn start() -> Sshd {
+        check_prerequisites();
+        let dir = make_unique_dir("outpost-sshd");
+        // sshd reads authorized_keys as the logged-in user, so the directory
+        // and that file must be readable by `outpost-test`.
+        set_mode(&dir, 0o755);
+
+        let host_key = dir.join("ssh_host_ed25519_key");
+        let client_key = dir.join("client_ed25519");
+        let client_key_with_passphrase = dir.join("client_ed25519_pass");
+        let other_key = dir.join("other_ed25519");
+        keygen(&host_key, "", "outpost-e2e-host");
+        keygen(&client_key, "", "outpost-e2e-client");
+        keygen(
+            &client_key_with_passphrase,
+            KEY_PASSPHRASE,
+            "outpost-e2e-client-pass",
+        );
+        keygen(&other_key, "", "outpost-e2e-other");
+
+        let authorized = dir.join("authorized_keys");
+        let mut lines = read_to_string(&pub_path(&client_key));
+        lines.push_str(&read_to_string(&pub_path(&client_key_with_passphrase)));
+        fs::write(&authorized, lines).expect("write authorized_keys");
+        set_mode(&authorized, 0o644);
+
+        let (remote_root, remote_dir) = make_remote_dir();
+
+        let mut sshd = Sshd {
+            dir,
+            remote_root,
+            remote_dir,
+            port: 0,
+            child: None,
+            host_key,
+            client_key,
+            client_key_with_passphrase,
+            other_key,
+        };
+
+        // Picking a port and sshd binding it is racy against other tests, so
+        // retry with a new port when sshd reports the address in use.
+        let mut last_error = String::new();
+        for _ in 0..PORT_ATTEMPTS {
+            sshd.port = free_port();
+            match sshd.launch() {
+                Ok(()) => return sshd,
+                Err(LaunchError::PortTaken) => {
+                    last_error = format!("port {} was taken", sshd.port);
+                }
+                Err(LaunchError::Other(msg)) => panic!("{msg}"),
+            }
+        }
+        panic!(
+            "sshd could not bind a port after {PORT_ATTEMPTS} attempts ({last_error}):\n{}",
+            sshd.log()
+        );
+    }
+
+    /// Same as [`Sshd::start`].
+    pub fn new() -> Sshd {
+        Sshd::start()
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn host(&self) -> &'static str {
+        "127.0.0.1"
+    }
+
+    pub fn user(&self) -> &'static str {
+        TEST_USER
+    }
+
+    pub fn password(&self) -> &'static str {
+        TEST_PASSWORD
+    }
+
+    /// Unencrypted ed25519 key, authorized for every user.
+    pub fn client_key(&self) -> &Path {
+        &self.client_key
+    }
+
+    /// ed25519 key encrypted with [`KEY_PASSPHRASE`], authorized too.
+    pub fn client_key_with_passphrase(&self) -> &Path {
+        &self.client_key_with_passphrase
+    }
+
+    /// ed25519 key that the server does NOT accept.
+    pub fn other_key(&self) -> &Path {
+        &self.other_key
+    }
+
+    /// The instance's private directory (config, keys, log).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// A fresh, empty directory owned by `outpost-test` (mode 0700) where the
+    /// controller can be told to install the agent and keep its state.
+    pub fn remote_dir(&self) -> &Path {
+        &self.remote_dir
+    }
+
+    /// Path of sshd's log (its stderr at LogLevel VERBOSE).
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.join("sshd.log")
+    }
+
+    /// The log so far; handy in assertion messages.
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// The current host public key, as in the `.pub` file:
+    /// `ssh-ed25519 AAAA… comment`.
+    pub fn host_public_key_line(&self) -> String {
+        read_to_string(&pub_path(&self.host_key))
+            .trim_end()
+            .to_string()
+    }
+
+    /// A known_hosts line for the current host key:
+    /// `[127.0.0.1]:PORT ssh-ed25519 AAAA…`.
+    pub fn known_hosts_line(&self) -> String {
+        let line = self.host_public_key_line();
+        let mut fields = line.split_whitespace();
+        let (kind, key) = (fields.next().unwrap_or(""), fields.next().unwrap_or(""));
+        format!("[{}]:{} {kind} {key}", self.host(), self.port)
+    }
+
+    /// Pid of the listening sshd.
+    pub fn listener_pid(&self) -> i32 {
+        self.child
+            .as_ref()
+            .map(|c| c.id() as i32)
+            .expect("sshd is not running")
+    }
+
+    /// An `ssh` command that logs in as `outpost-test` with [`Self::client_key`],
+    /// non-interactively and without host key checks; append the remote command.
+    pub fn ssh_command(&self) -> Command {
+        let mut cmd = Command::new("ssh");
+        cmd.arg("-i")
+            .arg(&self.client_key)
+            .arg("-p")
+            .arg(self.port.to_string())
+            .args([
+                "-o",
+                "StrictHostKeyChecking=no",
+                "-o",
+                "UserKnownHostsFile=/dev/null",
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                "IdentitiesOnly=yes",
+                "-o",
+                "LogLevel=ERROR",
+                "-F",
+                "/dev/null",
+            ])
+            .arg(format!("{}@{}", TEST_USER, self.host()))
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    /// Pids of the per-connection sshd processes (pre-auth, privileged and
+    /// user-side), i.e. descendants of the listener named like sshd. Session
+    /// processes such as shells or the agent are not included.
+    pub fn connection_pids(&self) -> Vec<i32> {
+        let Some(listener) = self.child.as_ref().map(|c| c.id() as i32) else {
+            return Vec::new();
+        };
+        let table = process_table();
+        descendants(&table, listener)
+            .into_iter()
+            .filter(|pid| {
+                // Zombies are connections that already ended, awaiting reaping.
+                table.get(pid).is_some_and(|p| {
+                    CONNECTION_COMMS.contains(&p.comm.as_str()) && !matches!(p.state, 'Z' | 'X')
+                })
+            })
+            .collect()
+    }
+
+    /// SIGKILLs every connection process: clients see the connection drop
+    /// abruptly, while session processes (the agent) are left running.
+    pub fn kill_connections(&self) {
+        signal_all(&self.connection_pids(), libc::SIGKILL);
+    }
+
+    /// SIGSTOPs every connection process (a hung server/network) and returns
+    /// their pids for [`continue_pids`] / [`Sshd::continue_pids`].
+    pub fn stop_connections(&self) -> Vec<i32> {
+        let pids = self.connection_pids();
+        signal_all(&pids, libc::SIGSTOP);
+        pids
+    }
+
+    /// SIGCONTs the given pids; see [`continue_pids`].
+    pub fn continue_pids(&self, pids: &[i32]) {
+        continue_pids(pids);
+    }
+
+    /// Replaces the host key with a new one and restarts sshd on the same
+    /// port. The old listener and all its connections are killed, so clients
+    /// must reconnect and then meet the changed key.
+    pub fn regenerate_host_key(&mut self) {
+        self.kill_tree();
+        // ssh-keygen would ask before overwriting, so remove the old pair.
+        let _ = fs::remove_file(&self.host_key);
+        let _ = fs::remove_file(pub_path(&self.host_key));
+        keygen(&self.host_key, "", "outpost-e2e-host");
+        // The port was just released by our own listener, so a bind failure
+        // is transient (a dying process still holding it); retry briefly.
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            match self.launch() {
+                Ok(()) => return,
+                Err(LaunchError::PortTaken) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                Err(LaunchError::PortTaken) => {
+                    panic!("sshd could not rebind port {}:\n{}", self.port, self.log())
+                }
+                Err(LaunchError::Other(msg)) => panic!("{msg}"),
+            }
+        }
+    }
+
+    /// Writes the config for the current port and starts sshd, waiting until
+    /// it answers with its SSH banner.
+    fn launch(&mut self) -> Result<(), LaunchError> {
+        let config = self.dir.join("sshd_config");
+        fs::write(&config, self.config_text()).expect("write sshd_config");
+
+        let log_path = self.log_path();
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .expect("open sshd.log");
+        let log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
+
+        let child = Command::new(SSHD_BIN)
+            .arg("-D")
+            .arg("-e")
+            .arg("-f")
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("dup log fd"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {SSHD_BIN}: {e}; {SETUP_HINT}"));
+        self.child = Some(child);
+
+        // Only what this launch wrote matters for diagnosing it.
+        let new_log = || {
+            let mut text = String::new();
+            if let Ok(mut f) = fs::File::open(&log_path) {
+                let _ = f.seek(SeekFrom::Start(log_start));
+                let _ = f.read_to_string(&mut text);
+            }
+            text
+        };
+
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let exited = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten());
+            if let Some(status) = exited {
+                self.child = None;
+                let text = new_log();
+                if text.contains("Address already in use")
+                    || text.contains("Cannot bind any address")
+                {
+                    return Err(LaunchError::PortTaken);
+                }
+                return Err(LaunchError::Other(format!(
+                    "sshd exited during startup ({status}):\n{}",
+                    text
+                )));
+            }
+            if banner_ok(self.port) {
+                break;
+            }
+            if Instant::now() >= deadline {
+                let text = new_log();
+                self.kill_tree();
+                return Err(LaunchError::Other(format!(
+                    "sshd on port {} did not send an SSH-2.0 banner within {:?}:\n{}",
+                    self.port, READY_TIMEOUT, text
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // The banner probe left a pre-auth connection process behind; let it
+        // go so tests start from zero connections.
+        wait_until(Duration::from_secs(3), || self.connection_pids().is_empty());
+        Ok(())
+    }
+
+    fn config_text(&self) -> String {
+        let dir = self.dir.display();
+        format!(
+            "# Private sshd for Outpost's end-to-end tests.\n\
+             ListenAddress 127.0.0.1\n\
+             Port {port}\n\
+             HostKey {host_key}\n\
+             PidFile {dir}/sshd.pid\n\
+             AuthorizedKeysFile {dir}/authorized_keys\n\
+             StrictModes no\n\
+             PasswordAuthentication yes\n\
+             KbdInteractiveAuthentication no\n\
+             PubkeyAuthentication yes\n\
+             UsePAM no\n\
+             PermitRootLogin yes\n\
+             AllowUsers {user} root\n\
+             Subsystem sftp internal-sftp\n\
+             LogLevel VERBOSE\n\
+             MaxStartups 100:30:200\n\
+             MaxSessions 200\n\
+             UseDNS no\n\
+             PrintMotd no\n\
+             PrintLastLog no\n",
+            port = self.port,
+            host_key = self.host_key.display(),
+            user = TEST_USER,
+        )
+    }
+
+    /// SIGKILLs the listener and everything below it, then reaps it.
+    fn kill_tree(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let listener = child.id() as i32;
+        // Freeze the tree first so nothing forks between listing and killing;
+        // repeat until the listing stops growing.
+        let mut frozen: HashSet<i32> = HashSet::new();
+        for _ in 0..10 {
+            let table = process_table();
+            let mut tree = descendants(&table, listener);
+            tree.push(listener);
+            let new: Vec<i32> = tree.into_iter().filter(|p| !frozen.contains(p)).collect();
+            if new.is_empty() {
+                break;
+            }
+            signal_all(&new, libc::SIGSTOP);
+            frozen.extend(new);
+        }
+        let all: Vec<i32> = frozen.into_iter().collect();
+        signal_all(&all, libc::SIGKILL);
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+impl Default for Sshd {
+    fn default() -> Self {
+        Sshd::start()
+    }
+}
+
+impl Drop for Sshd {
+    fn drop(&mut self) {
+        self.kill_tree();
+        // An agent that daemonized has left the sshd tree; find it by the
+        // unique path it was installed under.
+        let root = self.remote_root.to_string_lossy().into_owned();
+        let strays: Vec<i32> = pids_with_cmdline(&root)
+            .into_iter()
+            .chain(pids_with_exe_under(&self.remote_root))
+            .collect();
+        signal_all(&strays, libc::SIGKILL);
+        let _ = fs::remove_dir_all(&self.remote_root);
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A fresh directory `/tmp/outpost-<label>-<random>` (mode 0755), removed
+/// with its contents on drop; for controller state, homes and the like.
+pub struct TempDir {
+    path: PathBuf,
+}
+
+impl TempDir {
+    pub fn new(label: &str) -> TempDir {
+        let path = make_unique_dir(&format!("outpost-{label}"));
+        set_mode(&path, 0o755);
+        TempDir { path }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl AsRef<Path> for TempDir {
+    fn as_ref(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.path);
+    }
+}
+
+/// Path of a workspace binary (`outpost`, `outpost-agent`, …) in the target
+/// directory of the running test executable.
+pub fn target_bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut dir = exe.parent().expect("exe has a parent").to_path_buf();
+    // Test executables live in target/<profile>/deps; binaries one level up.
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        dir.pop();
+    }
+    let path = dir.join(name);
+    if !path.is_file() {
+        panic!(
+            "{} not found: build the workspace first: cargo build --workspace",
+            path.display()
+        );
+    }
+    path
+}
+
+/// Pids of processes whose command line (arguments joined by spaces)
+/// contains `needle`. The calling process is never included.
+pub fn pids_with_cmdline(needle: &str) -> Vec<i32> {
+    let me = std::process::id() as i32;
+    proc_pids()
+        .into_iter()
+        .filter(|&pid| pid != me)
+        .filter(|pid| {
+            fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|raw| {
+                let text: String = String::from_utf8_lossy(&raw).replace('\0', " ");
+                text.contains(needle)
+            })
+        })
+        .collect()
+}
+
+/// Sends SIGCONT to each pid (undoes [`Sshd::stop_connections`]).
+pub fn continue_pids(pids: &[i32]) {
+    signal_all(pids, libc::SIGCONT);
+}
+
+/// Polls `f` until it returns true or `timeout` passes; returns whether it
+/// succeeded. `f` is always tried at least once and once more at the end.
+pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Internals
+
+fn check_prerequisites() {
+    if !Path::new(SSHD_BIN).exists() {
+        panic!("{SSHD_BIN} not found: {SETUP_HINT}");
+    }
+    if passwd_entry(TEST_USER).is_none() {
+        panic!("user {TEST_USER} does not exist: {SETUP_HINT}");
+    }
+    // Only root's sshd can switch to another user after authentication.
+    if unsafe { libc::geteuid() } != 0 {
+        panic!("the end-to-end tests must run as root: sshd has to log in as {TEST_USER}");
+    }
+    // sshd's privilege-separation directory lives on a tmpfs; recreate it
+    // if the machine rebooted since setup.
+    let _ = fs::create_dir_all("/run/sshd");
+}
+
+/// (uid, gid) of a user from /etc/passwd (avoids non-reentrant getpwnam).
+fn passwd_entry(user: &str) -> Option<(u32, u32)> {
+    let text = fs::read_to_string("/etc/passwd").ok()?;
+    text.lines().find_map(|line| {
+        let f: Vec<&str> = line.split(':').collect();
+        if f.len() >= 4 && f[0] == user {
+            Some((f[2].parse().ok()?, f[3].parse().ok()?))
+        } else {
+            None
+        }
+    })
+}
+
+/// A random-enough hex token: std's `RandomState` is seeded per process, and
+/// mixing in time and a counter keeps tokens distinct within the process.
+fn random_token() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    h.write_u32(std::process::id());
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    format!("{:016x}", h.finish())
+}
+
+/// Creates a new directory `/tmp/<prefix>-<random>`. /tmp rather than
+/// $TMPDIR because the test user must be able to traverse it.
+fn make_unique_dir(prefix: &str) -> PathBuf {
+    for _ in 0..100 {
+        let path = Path::new("/tmp").join(format!("{prefix}-{}", random_token()));
+        match fs::create_dir(&path) {
+            Ok(()) => return path,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => panic!("cannot create {}: {e}", path.display()),
+        }
+    }
+    panic!("cannot find a free name for /tmp/{prefix}-*");
+}
+
+/// Creates `/tmp/outpost-e2e-<random>/state`, both owned by the test user.
+fn make_remote_dir() -> (PathBuf, PathBuf) {
+    let (uid, gid) =
+        passwd_entry(TEST_USER).unwrap_or_else(|| panic!("user {TEST_USER} missing: {SETUP_HINT}"));
+    let root = make_unique_dir("outpost-e2e");
+    set_mode(&root, 0o755);
+    let state = root.join("state");
+    fs::create_dir(&state).expect("create remote state dir");
+    set_mode(&state, 0o700);
+    for p in [&root, &state] {
+        std::os::unix::fs::chown(p, Some(uid), Some(gid))
+            .unwrap_or_else(|e| panic!("chown {}: {e}", p.display()));
+    }
+    (root, state)
+}
+
+fn set_mode(path: &Path, mode: u32) {
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
+        .unwrap_or_else(|e| panic!("chmod {}: {e}", path.display()));
+}
+
+fn read_to_string(path: &Path) -> String {
+    fs::read_to_string(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()))
+}
+
+fn pub_path(key: &Path) -> PathBuf {
+    let mut s = key.as_os_str().to_owned();
+    s.push(".pub");
+    PathBuf::from(s)
+}
+
+/// Generates an ed25519 key pair at `path` / `path.pub`.
+fn keygen(path: &Path, passphrase: &str, comment: &str) {
+    let out = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", passphrase, "-C", comment, "-f"])
+        .arg(path)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run ssh-keygen: {e}; {SETUP_HINT}"));
+    if !out.status.success() {
+        panic!(
+            "ssh-keygen for {} failed: {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// Asks the kernel for a free loopback port. sshd binds it a moment later;
+/// the small race is covered by retrying in [`Sshd::start`].
+fn free_port() -> u16 {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("bind an ephemeral port on 127.0.0.1")
+}
+
+/// Whether the port accepts a connection and greets with `SSH-2.0`.
+fn banner_ok(port: u16) -> bool {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(500)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    let mut buf = Vec::new();
+    let mut byte = [0u8; 1];
+    // The banner is the first line; stop at newline or a sane length.
+    while buf.len() < 256 {
+        match stream.read(&mut byte) {
+            Ok(1) if byte[0] == b'\n' => break,
+            Ok(1) => buf.push(byte[0]),
+            _ => break,
+        }
+    }
+    buf.starts_with(b"SSH-2.0")
+}
+
+struct ProcInfo {
+    ppid: i32,
+    comm: String,
+    /// Single-letter state from /proc/<pid>/stat (`Z` = zombie).
+    state: char,
+}
+
+fn proc_pids() -> Vec<i32> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+/// Snapshot of pid -> (ppid, comm) from /proc/*/stat.
+fn process_table() -> HashMap<i32, ProcInfo> {
+    let mut table = HashMap::new();
+    for pid in proc_pids() {
+        let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // Format: "pid (comm) state ppid …"; comm may itself contain spaces
+        // and parentheses, so split at the last ')'.
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let comm = stat[open + 1..close].to_string();
+        let mut rest = stat[close + 1..].split_whitespace();
+        let state = rest.next().and_then(|s| s.chars().next()).unwrap_or('?');
+        let Some(ppid) = rest.next().and_then(|p| p.parse().ok()) else {
+            continue;
+        };
+        table.insert(pid, ProcInfo { ppid, comm, state });
+    }
+    table
+}
+
+/// All transitive children of `root` in the snapshot (not `root` itself).
+fn descendants(table: &HashMap<i32, ProcInfo>, root: i32) -> Vec<i32> {
+    let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
+    for (&pid, info) in table {
+        children.entry(info.ppid).or_default().push(pid);
+    }
+    let mut out = Vec::new();
+    let mut queue = vec![root];
+    while let Some(p) = queue.pop() {
+        for &c in children.get(&p).map(Vec::as_slice).unwrap_or(&[]) {
+            out.push(c);
+            queue.push(c);
+        }
+    }
+    out
+}
+
+/// Pids whose executable lies under `dir` (agents started from the state dir).
+fn pids_with_exe_under(dir: &Path) -> Vec<i32> {
+    proc_pids()
+        .into_iter()
+        .filter(|pid| {
+            fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|exe| exe.starts_with(dir))
+        })
+        .collect()
+}
+
+fn signal_all(pids: &[i32], signal: libc::c_int) {
+    for &pid in pids {
+        // Never signal "all processes" or a process group by accident.
+        if pid > 1 {
+            // SAFETY: kill(2) has no memory-safety preconditions.
+            unsafe {
+                libc::kill(pid, signal);
+            }
+        }
+    }
+}

@@ -1,1 +1,248 @@
-fn main(){}
+//! `outpost-bench`: Outpost against OpenSSH on the same private sshd, in one run.
+//!
+//! Prints medians and ratios; asserts nothing (timings are never test verdicts).
+//! Run it from a release build: `scripts/bench`.
+//!
+//! * exec_bash('true') through `outpost mcp` (a real MCP client over stdio) vs
+//!   `ssh -o ControlMaster` `true` on a warm master connection;
+//! * 5 MiB of output through exec_bash (20 000 chars come back) vs the same
+//!   command over the ControlMaster connection to /dev/null;
+//! * first connect including the agent upload, and a second controller reusing it;
+//! * the agent's binary size and idle RSS.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use outpost_e2e::{Sshd, TempDir, pids_with_cmdline, target_bin};
+use rmcp::ServiceExt;
+use rmcp::model::CallToolRequestParams;
+use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
+use serde_json::json;
+
+type Client = rmcp::service::RunningService<rmcp::RoleClient, ()>;
+
+const EXEC_ROUNDS: usize = 200;
+const BIG_ROUNDS: usize = 10;
+const BIG_COMMAND: &str = "head -c 5242880 /dev/zero | tr '\\0' a";
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn pct(mut v: Vec<Duration>, p: f64) -> Duration {
+    v.sort();
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1e3)
+}
+
+fn write_config(dir: &Path, sshd: &Sshd, remote_dir: &Path) -> std::path::PathBuf {
+    let path = dir.join("config.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "local = false\n[[sandbox]]\nname = \"bench\"\nhost = \"{}\"\nport = {}\nuser = \"{}\"\nkey_file = \"{}\"\nremote_dir = \"{}\"\n",
+            sshd.host(),
+            sshd.port(),
+            sshd.user(),
+            sshd.client_key().display(),
+            remote_dir.display()
+        ),
+    )
+    .unwrap();
+    path
+}
+
+async fn mcp_client(home: &Path, config: &Path) -> Client {
+    let transport = TokioChildProcess::new(
+        tokio::process::Command::new(target_bin("outpost")).configure(|cmd| {
+            cmd.arg("mcp")
+                .env_clear()
+                .env("HOME", home)
+                .env("PATH", std::env::var("PATH").unwrap_or_default())
+                .env("OUTPOST_CONFIG", config);
+        }),
+    )
+    .expect("spawn outpost mcp");
+    ().serve(transport).await.expect("MCP handshake")
+}
+
+async fn exec_bash(client: &Client, command: &str) -> serde_json::Value {
+    let args = json!({ "command": command });
+    let result = client
+        .call_tool(
+            CallToolRequestParams::new("exec_bash")
+                .with_arguments(args.as_object().unwrap().clone()),
+        )
+        .await
+        .expect("exec_bash");
+    result.structured_content.expect("structured result")
+}
+
+fn ssh_base(sshd: &Sshd, control: &Path) -> Command {
+    let mut cmd = Command::new("ssh");
+    cmd.args(["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no"])
+        .args(["-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR"])
+        .arg("-o")
+        .arg(format!("ControlPath={}", control.display()))
+        .arg("-i")
+        .arg(sshd.client_key())
+        .arg("-p")
+        .arg(sshd.port().to_string())
+        .arg(format!("{}@{}", sshd.user(), sshd.host()))
+        .stdin(Stdio::null());
+    cmd
+}
+
+fn rss_kb(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1).map(|n| n.parse().unwrap_or(0)))
+        })
+        .unwrap_or(0)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let sshd = Sshd::start();
+    let scratch = TempDir::new("bench");
+    let home = scratch.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let config = write_config(scratch.path(), &sshd, sshd.remote_dir());
+
+    // First connect: MCP handshake, SSH, probe, upload, agent start, one exec.
+    let started = Instant::now();
+    let client = mcp_client(&home, &config).await;
+    let handshake = started.elapsed();
+    exec_bash(&client, "true").await;
+    let first_connect = started.elapsed();
+    client.cancel().await.ok();
+
+    // A second controller reuses the installed agent.
+    let started = Instant::now();
+    let client = mcp_client(&home, &config).await;
+    exec_bash(&client, "true").await;
+    let second_connect = started.elapsed();
+
+    let mut outpost_true = Vec::with_capacity(EXEC_ROUNDS);
+    for _ in 0..EXEC_ROUNDS {
+        let t = Instant::now();
+        let r = exec_bash(&client, "true").await;
+        outpost_true.push(t.elapsed());
+        assert_eq!(r["exit_code"], 0);
+    }
+    let mut outpost_big = Vec::with_capacity(BIG_ROUNDS);
+    for _ in 0..BIG_ROUNDS {
+        let t = Instant::now();
+        let r = exec_bash(&client, BIG_COMMAND).await;
+        outpost_big.push(t.elapsed());
+        assert!(r["stdout"].as_str().unwrap().contains("bytes omitted"));
+    }
+    let agent_pids = pids_with_cmdline(&format!("{}/agents/", sshd.remote_dir().display()));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let agent_rss: Vec<u64> = agent_pids.iter().map(|&p| rss_kb(p)).collect();
+
+    // OpenSSH with a warm ControlMaster connection.
+    let control = scratch.path().join("cm.sock");
+    let master = ssh_base(&sshd, &control)
+        .args(["-o", "ControlMaster=yes", "-N"])
+        .spawn()
+        .expect("ssh master");
+    let ready = outpost_e2e::wait_until(Duration::from_secs(10), || control.exists());
+    assert!(ready, "ControlMaster socket never appeared");
+    let mut ssh_true = Vec::with_capacity(EXEC_ROUNDS);
+    for _ in 0..EXEC_ROUNDS {
+        let t = Instant::now();
+        let status = ssh_base(&sshd, &control).arg("true").status().unwrap();
+        ssh_true.push(t.elapsed());
+        assert!(status.success());
+    }
+    let mut ssh_big = Vec::with_capacity(BIG_ROUNDS);
+    for _ in 0..BIG_ROUNDS {
+        let t = Instant::now();
+        let status = ssh_base(&sshd, &control)
+            .arg(BIG_COMMAND)
+            .stdout(Stdio::null())
+            .status()
+            .unwrap();
+        ssh_big.push(t.elapsed());
+        assert!(status.success());
+    }
+    let mut master = master;
+    let _ = master.kill();
+    let _ = master.wait();
+    client.cancel().await.ok();
+
+    let agent_bin = target_bin("outpost-agent");
+    let agent_size = std::fs::metadata(&agent_bin).map(|m| m.len()).unwrap_or(0);
+    let outpost_bin = target_bin("outpost");
+    let release = outpost_bin.to_string_lossy().contains("/release/");
+
+    let (ot, st) = (median(outpost_true.clone()), median(ssh_true.clone()));
+    let (ob, sb) = (median(outpost_big), median(ssh_big));
+    println!(
+        "outpost-bench: {} build, private sshd on 127.0.0.1",
+        if release {
+            "release"
+        } else {
+            "DEBUG (use scripts/bench for real figures)"
+        }
+    );
+    println!();
+    println!("exec 'true' ({EXEC_ROUNDS} calls)");
+    println!(
+        "  outpost mcp exec_bash      median {}  p90 {}",
+        ms(ot),
+        ms(pct(outpost_true, 0.9))
+    );
+    println!(
+        "  ssh ControlMaster          median {}  p90 {}",
+        ms(st),
+        ms(pct(ssh_true, 0.9))
+    );
+    println!(
+        "  ratio outpost/ssh          {:.2}x",
+        ot.as_secs_f64() / st.as_secs_f64()
+    );
+    println!();
+    println!("5 MiB of output ({BIG_ROUNDS} calls)");
+    println!("  outpost exec_bash (capped) median {}", ms(ob));
+    println!("  ssh ControlMaster >/dev/null median {}", ms(sb));
+    println!(
+        "  ratio outpost/ssh          {:.2}x",
+        ob.as_secs_f64() / sb.as_secs_f64()
+    );
+    println!();
+    println!("connect");
+    println!(
+        "  first (MCP start + SSH + probe + upload + exec)  {}",
+        ms(first_connect)
+    );
+    println!(
+        "    of which the MCP handshake                   {}",
+        ms(handshake)
+    );
+    println!(
+        "  second controller (agent reused)                {}",
+        ms(second_connect)
+    );
+    println!();
+    println!("agent");
+    println!(
+        "  binary size  {:.1} MiB ({})",
+        agent_size as f64 / 1048576.0,
+        agent_bin.display()
+    );
+    println!(
+        "  idle RSS     {} KiB (pids {:?})",
+        agent_rss.iter().max().copied().unwrap_or(0),
+        agent_pids
+    );
+}

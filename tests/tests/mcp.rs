@@ -1,0 +1,153 @@
+//! A real MCP client (rmcp) drives `outpost mcp` over stdio: over SSH configured
+//! with remote-sandbox-mcp's environment variables, and with no configuration.
+
+// Tests run on a multi-threaded runtime: the harness blocks (sshd, /proc
+// scans) while the controller's background tasks must keep running.
+
+mod common;
+
+use common::scratch;
+use outpost_e2e::{Sshd, target_bin};
+use rmcp::ServiceExt;
+use rmcp::model::CallToolRequestParams;
+use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
+use serde_json::{Value, json};
+
+type Client = rmcp::service::RunningService<rmcp::RoleClient, ()>;
+
+/// `outpost mcp` with only `env` and an empty home; the home lives as long as
+/// the returned guard.
+async fn start(env: &[(&str, String)]) -> (Client, outpost_e2e::TempDir) {
+    let home = scratch("mcp-home");
+    let transport = TokioChildProcess::new(
+        tokio::process::Command::new(target_bin("outpost")).configure(|cmd| {
+            cmd.arg("mcp")
+                .env_clear()
+                .env("HOME", home.path())
+                .env("PATH", std::env::var("PATH").unwrap());
+            for (k, v) in env {
+                cmd.env(k, v);
+            }
+        }),
+    )
+    .unwrap();
+    (().serve(transport).await.unwrap(), home)
+}
+
+async fn call(client: &Client, tool: &'static str, args: Value) -> (bool, Value) {
+    let result = client
+        .call_tool(
+            CallToolRequestParams::new(tool).with_arguments(args.as_object().unwrap().clone()),
+        )
+        .await
+        .unwrap();
+    let is_error = result.is_error.unwrap_or(false);
+    let value = result.structured_content.clone().unwrap_or_else(|| {
+        json!(
+            result
+                .content
+                .iter()
+                .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+                .collect::<Vec<_>>()
+                .join("\n")
+        )
+    });
+    (is_error, value)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_tools_over_ssh_with_remote_sandbox_env() {
+    let sshd = Sshd::start();
+    let (client, _home) = start(&[
+        ("REMOTE_HOST", sshd.host().to_string()),
+        ("REMOTE_PORT", sshd.port().to_string()),
+        ("REMOTE_USER", sshd.user().to_string()),
+        ("REMOTE_KEY_FILE", sshd.client_key().display().to_string()),
+    ])
+    .await;
+    let tools = client.list_all_tools().await.unwrap();
+    let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
+    for want in [
+        "list_sandboxes",
+        "select_sandbox",
+        "get_active_sandbox",
+        "exec_bash",
+    ] {
+        assert!(names.contains(&want), "missing {want} in {names:?}");
+    }
+    let exec = tools.iter().find(|t| t.name == "exec_bash").unwrap();
+    assert!(
+        exec.output_schema.is_some(),
+        "exec_bash has structured output"
+    );
+
+    let (err, r) = call(
+        &client,
+        "exec_bash",
+        json!({"command": "echo hi; echo oops >&2; exit 4"}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    assert_eq!(r["exit_code"], 4);
+    assert_eq!(r["stdout"], "hi\n");
+    assert_eq!(r["stderr"], "oops\n");
+    assert!(r.get("timed_out").is_none(), "only present when true: {r}");
+
+    let (_, r) = call(
+        &client,
+        "exec_bash",
+        json!({"command": "sleep 5", "timeout_s": 1}),
+    )
+    .await;
+    assert_eq!(r["timed_out"], true);
+    assert_eq!(r["exit_code"], 124);
+
+    let (_, r) = call(&client, "list_sandboxes", json!({"check_resources": true})).await;
+    let host = sshd.host().to_string();
+    assert_eq!(r["active_sandbox"], host.as_str());
+    let rows = r["sandboxes"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{r}");
+    assert_eq!(rows[0]["port"], sshd.port());
+    assert_eq!(rows[0]["is_active"], true);
+    assert_eq!(rows[0]["connection_alive"], true);
+    assert!(rows[0]["resources"]["cpu"]["count"].as_u64().unwrap() >= 1);
+    assert!(rows[0]["resources"]["memory"]["total_mb"].as_u64().unwrap() > 0);
+    assert_eq!(rows[1]["name"], "local");
+
+    let (err, r) = call(&client, "select_sandbox", json!({"sandbox_name": "nope"})).await;
+    assert!(err);
+    assert!(r.to_string().contains("available"), "{r}");
+    let (err, r) = call(&client, "select_sandbox", json!({"sandbox_name": "local"})).await;
+    assert!(!err);
+    assert_eq!(r, json!({"active_sandbox": "local", "status": "selected"}));
+    let (_, r) = call(&client, "get_active_sandbox", json!({})).await;
+    assert_eq!(r["active_sandbox"], "local");
+    assert_eq!(r["connection_alive"], true);
+
+    let (err, r) = call(
+        &client,
+        "exec_bash",
+        json!({"command": "true", "timeout_s": -1}),
+    )
+    .await;
+    assert!(err);
+    assert!(r.to_string().contains("timeout_s"), "{r}");
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_zero_config_local_sandbox() {
+    let (client, _home) = start(&[]).await;
+    let (err, r) = call(&client, "get_active_sandbox", json!({})).await;
+    assert!(!err, "{r}");
+    assert_eq!(r["active_sandbox"], "local");
+    let (_, r) = call(
+        &client,
+        "exec_bash",
+        json!({"command": "echo local-ok", "cwd": "/tmp"}),
+    )
+    .await;
+    assert_eq!(r["stdout"], "local-ok\n");
+    assert_eq!(r["exit_code"], 0);
+    client.cancel().await.unwrap();
+}
