@@ -3,21 +3,44 @@
 //! Hosts are queried concurrently, each under its own deadline, so a dead host
 //! costs its connect timeout once, in parallel, and never looks idle.
 
-use std::sync::{Arc, RwLock};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
 use anyhow::Result;
-use outpost_protocol::HostMetrics;
+use outpost_protocol::{ExecRequest, ExecResult, GpuLease, GpuLeaseRequest};
 use serde::Serialize;
 
 use crate::bootstrap::Artifacts;
 use crate::config::Config;
-use crate::session::{CallError, Session, SessionContext, SessionState};
+use crate::resources::{Requirements, Resources};
+use crate::session::{CallError, Connection, Session, SessionContext, SessionState};
 
 pub struct Fleet {
     sessions: Vec<Arc<Session>>,
     active: RwLock<String>,
+    leases: Mutex<HashMap<String, HeldLease>>,
     pub config: Config,
+}
+
+/// A GPU lease this controller took. It is valid while the connection that
+/// holds it on the host is the session's live one.
+pub struct HeldLease {
+    pub sandbox: String,
+    pub lease: GpuLease,
+    conn: Weak<Connection>,
+}
+
+impl HeldLease {
+    /// `CUDA_VISIBLE_DEVICES` (UUIDs, unambiguous whatever the device order).
+    pub fn cuda_visible_devices(&self) -> String {
+        if self.lease.uuids.iter().all(|u| !u.is_empty()) {
+            self.lease.uuids.join(",")
+        } else {
+            let idx: Vec<String> = self.lease.indices.iter().map(u32::to_string).collect();
+            idx.join(",")
+        }
+    }
 }
 
 /// One row of `list_sandboxes`.
@@ -33,101 +56,6 @@ pub struct SandboxStatus {
     pub connection_error: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub resources: Option<Resources>,
-}
-
-#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
-pub struct Resources {
-    pub cpu: CpuResources,
-    pub memory: MemoryResources,
-    /// Per-GPU usage; empty where the host has no GPU.
-    pub gpu: Vec<GpuResources>,
-    /// 0 = fully busy, 1 = fully idle. See ARCHITECTURE.md for the formula.
-    pub idle_score: f64,
-}
-
-#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
-pub struct CpuResources {
-    pub load_1m: f64,
-    pub load_5m: f64,
-    pub load_15m: f64,
-    pub count: u32,
-}
-
-#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
-pub struct MemoryResources {
-    pub total_mb: u64,
-    pub used_mb: u64,
-    pub free_mb: u64,
-    pub used_pct: f64,
-}
-
-#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
-pub struct GpuResources {
-    pub index: u32,
-    pub util_pct: f64,
-    pub mem_used_mb: u64,
-    pub mem_total_mb: u64,
-    pub mem_used_pct: f64,
-}
-
-impl Resources {
-    pub fn from_metrics(m: &HostMetrics) -> Resources {
-        let mb = |b: u64| b / (1024 * 1024);
-        let used_pct = if m.mem_total_bytes > 0 {
-            round1(m.mem_used_bytes as f64 * 100.0 / m.mem_total_bytes as f64)
-        } else {
-            0.0
-        };
-        let memory = MemoryResources {
-            total_mb: mb(m.mem_total_bytes),
-            used_mb: mb(m.mem_used_bytes),
-            free_mb: mb(m.mem_available_bytes),
-            used_pct,
-        };
-        let cpu = CpuResources {
-            load_1m: round2(m.load_1m),
-            load_5m: round2(m.load_5m),
-            load_15m: round2(m.load_15m),
-            count: m.cpu_count,
-        };
-        let idle_score = idle_score(&cpu, &memory, &[]);
-        Resources {
-            cpu,
-            memory,
-            gpu: Vec::new(),
-            idle_score,
-        }
-    }
-}
-
-/// remote-sandbox-mcp's weights (0.4 CPU, 0.4 memory, 0.2 GPU utilisation), with
-/// GPU memory counted alongside utilisation, and hosts without GPUs scored on CPU
-/// and memory alone (0.5/0.5) instead of being called GPU-idle.
-pub fn idle_score(cpu: &CpuResources, mem: &MemoryResources, gpus: &[GpuResources]) -> f64 {
-    let cpu_idle = if cpu.count > 0 {
-        1.0 - (cpu.load_1m / cpu.count as f64).min(1.0)
-    } else {
-        0.0
-    };
-    let mem_idle = 1.0 - (mem.used_pct / 100.0).clamp(0.0, 1.0);
-    let score = if gpus.is_empty() {
-        0.5 * cpu_idle + 0.5 * mem_idle
-    } else {
-        let n = gpus.len() as f64;
-        let util = gpus.iter().map(|g| g.util_pct).sum::<f64>() / n / 100.0;
-        let gmem = gpus.iter().map(|g| g.mem_used_pct).sum::<f64>() / n / 100.0;
-        let gpu_idle = 1.0 - (0.5 * util + 0.5 * gmem).clamp(0.0, 1.0);
-        0.4 * cpu_idle + 0.4 * mem_idle + 0.2 * gpu_idle
-    };
-    (score * 1000.0).round() / 1000.0
-}
-
-fn round1(x: f64) -> f64 {
-    (x * 10.0).round() / 10.0
-}
-
-fn round2(x: f64) -> f64 {
-    (x * 100.0).round() / 100.0
 }
 
 impl Fleet {
@@ -149,6 +77,7 @@ impl Fleet {
         Fleet {
             sessions,
             active: RwLock::new(active),
+            leases: Mutex::new(HashMap::new()),
             config,
         }
     }
@@ -208,16 +137,12 @@ impl Fleet {
                     resources: None,
                 };
                 if check_resources {
-                    match tokio::time::timeout(deadline, session.metrics()).await {
-                        Ok(Ok(m)) => {
+                    match Self::resources(session, deadline).await {
+                        Ok(r) => {
                             row.connection_alive = true;
-                            row.resources = Some(Resources::from_metrics(&m));
+                            row.resources = Some(r);
                         }
-                        Ok(Err(e)) => row.connection_error = Some(e.to_string()),
-                        Err(_) => {
-                            row.connection_error =
-                                Some(format!("no answer within {:.0} s", deadline.as_secs_f64()))
-                        }
+                        Err(e) => row.connection_error = Some(e),
                     }
                 } else {
                     match session.state() {
@@ -241,36 +166,112 @@ impl Fleet {
         let err = session.connection().await.err();
         Ok((session, err))
     }
-}
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+    /// Resources of one sandbox, connecting if needed, within `deadline`.
+    pub async fn resources(session: &Session, deadline: Duration) -> Result<Resources, String> {
+        match tokio::time::timeout(deadline, session.metrics()).await {
+            Ok(Ok(m)) => Ok(Resources::from_metrics(&m)),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("no answer within {:.0} s", deadline.as_secs_f64())),
+        }
+    }
 
-    #[test]
-    fn idle_score_is_honest_about_gpus() {
-        let cpu = CpuResources {
-            load_1m: 1.0,
-            load_5m: 0.0,
-            load_15m: 0.0,
-            count: 4,
+    /// Measures every sandbox concurrently and makes the idlest one that meets
+    /// `req` active. Returns its name and resources, or why none fits.
+    pub async fn select_auto(
+        &self,
+        req: &Requirements,
+        deadline: Duration,
+    ) -> Result<(String, Resources), String> {
+        let measured =
+            futures::future::join_all(self.sessions.iter().map(|s| async move {
+                (s.name().to_string(), Self::resources(s, deadline).await)
+            }))
+            .await;
+        let mut best: Option<(String, Resources)> = None;
+        let mut rejected = Vec::new();
+        for (name, result) in measured {
+            match result {
+                Err(e) => rejected.push(format!("{name}: unreachable ({e})")),
+                Ok(r) => match req.misfit(&r) {
+                    Some(why) => rejected.push(format!("{name}: {why}")),
+                    None => {
+                        if best
+                            .as_ref()
+                            .is_none_or(|(_, b)| r.idle_score > b.idle_score)
+                        {
+                            best = Some((name, r));
+                        }
+                    }
+                },
+            }
+        }
+        let (name, resources) =
+            best.ok_or_else(|| format!("no sandbox fits: {}", rejected.join("; ")))?;
+        self.select(&name)?;
+        Ok((name, resources))
+    }
+
+    /// Runs `req` on each named sandbox concurrently.
+    pub async fn exec_many(
+        &self,
+        names: &[String],
+        req: &ExecRequest,
+    ) -> Vec<(String, Result<ExecResult, CallError>)> {
+        futures::future::join_all(names.iter().map(|name| async move {
+            let result = match self.get(Some(name)) {
+                Ok(session) => session.exec(req.clone(), |_, _| {}).await,
+                Err(e) => Err(CallError::Connect(e)),
+            };
+            (name.clone(), result)
+        }))
+        .await
+    }
+
+    /// Reserves GPUs on the named (or active) sandbox.
+    pub async fn reserve_gpus(
+        &self,
+        name: Option<&str>,
+        request: GpuLeaseRequest,
+    ) -> Result<String, CallError> {
+        let session = self.get(name).map_err(CallError::Connect)?;
+        let (lease, conn) = session.lease(request).await?;
+        let id = lease.lease_id.clone();
+        self.leases.lock().unwrap().insert(
+            id.clone(),
+            HeldLease {
+                sandbox: session.name().to_string(),
+                lease,
+                conn: Arc::downgrade(&conn),
+            },
+        );
+        Ok(id)
+    }
+
+    /// Runs `f` on a lease this controller holds, if it is still live.
+    pub fn with_lease<T>(&self, id: &str, f: impl FnOnce(&HeldLease) -> T) -> Result<T, String> {
+        let mut leases = self.leases.lock().unwrap();
+        let Some(held) = leases.get(id) else {
+            return Err(format!("no GPU lease {id:?}; reserve_gpus gives one"));
         };
-        let mem = MemoryResources {
-            total_mb: 100,
-            used_mb: 50,
-            free_mb: 50,
-            used_pct: 50.0,
-        };
-        // No GPU: 0.5·0.75 + 0.5·0.5
-        assert_eq!(idle_score(&cpu, &mem, &[]), 0.625);
-        let busy_gpu = GpuResources {
-            index: 0,
-            util_pct: 0.0,
-            mem_used_mb: 80,
-            mem_total_mb: 80,
-            mem_used_pct: 100.0,
-        };
-        // A GPU with full memory is half busy even at 0 % utilisation.
-        assert_eq!(idle_score(&cpu, &mem, &[busy_gpu]), 0.6);
+        let live = held
+            .conn
+            .upgrade()
+            .is_some_and(|c| c.closed_reason().is_none());
+        if !live {
+            leases.remove(id);
+            return Err(format!(
+                "GPU lease {id:?} ended when its connection dropped; reserve again"
+            ));
+        }
+        Ok(f(held))
+    }
+
+    pub async fn release_gpus(&self, id: &str) -> Result<(), String> {
+        let sandbox = self.with_lease(id, |h| h.sandbox.clone())?;
+        let session = self.get(Some(&sandbox))?;
+        session.release(id).await.map_err(|e| e.to_string())?;
+        self.leases.lock().unwrap().remove(id);
+        Ok(())
     }
 }

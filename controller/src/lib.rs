@@ -9,7 +9,8 @@
 //!
 //! * [`config`]: sandboxes from remote-sandbox-mcp's environment variables, a TOML
 //!   file and `~/.ssh/config`; the zero-config `local` sandbox.
-//! * [`fleet`]: the sandboxes, the active one, concurrent queries, idle score.
+//! * [`fleet`]: the sandboxes, the active one, concurrent queries, placement.
+//! * [`resources`]: host metrics as clients see them, idle score, requirements.
 //! * [`session`]: one connection per sandbox, requests multiplexed by id,
 //!   heartbeats, reconnect on the next call, never a re-sent request.
 //! * [`bootstrap`]: probe a host, pick the agent build that fits, install it over
@@ -23,5 +24,6 @@ pub mod config;
 pub mod fleet;
 pub mod link;
 pub mod mcp;
+pub mod resources;
 pub mod session;
 pub mod transport;

@@ -31,8 +31,11 @@ struct Cli {
 enum Command {
     /// Serve the MCP tools on stdin/stdout (for Claude Code, Codex, Cursor…).
     Mcp,
-    /// List the sandboxes, connect to each in parallel, show their load.
+    /// List the sandboxes and check each one, all in parallel.
     Hosts {
+        /// Also show CPU, memory, GPUs and the idle score.
+        #[arg(long)]
+        resources: bool,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -99,7 +102,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             mcp::serve_stdio(fleet).await?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Hosts { json } => hosts(&fleet, json).await,
+        Command::Hosts { resources, json } => hosts(&fleet, resources, json).await,
         Command::Exec {
             host,
             cwd,
@@ -110,44 +113,74 @@ async fn run(cli: Cli) -> Result<ExitCode> {
     }
 }
 
-async fn hosts(fleet: &Fleet, json: bool) -> Result<ExitCode> {
+async fn hosts(fleet: &Fleet, resources: bool, json: bool) -> Result<ExitCode> {
     let deadline = fleet.config.connect_timeout + Duration::from_secs(5);
-    let rows = fleet.list(true, deadline).await;
+    let mut rows = fleet.list(true, deadline).await;
+    if !resources {
+        for r in &mut rows {
+            r.resources = None;
+        }
+    }
     if json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(ExitCode::SUCCESS);
     }
-    println!(
-        "{:<1} {:<16} {:<28} {:<6} {:>5} {:>6} {:>12} {:>5}",
-        "", "NAME", "ADDRESS", "STATE", "CPUS", "LOAD1", "MEM USED", "IDLE"
-    );
+    if resources {
+        println!(
+            "  {:<16} {:<7} {:>4} {:>6} {:>5} {:>6} {:>9} {:>5}  GPUS",
+            "NAME", "STATE", "CPUS", "LOAD1", "CPU%", "MEM%", "MEM FREE", "IDLE"
+        );
+    } else {
+        println!("  {:<16} {:<30} STATE", "NAME", "ADDRESS");
+    }
     for r in &rows {
-        let addr = if r.port == 0 {
-            format!("{}@{}", r.user, r.host)
-        } else {
-            format!("{}@{}:{}", r.user, r.host, r.port)
+        let mark = if r.is_active { "*" } else { " " };
+        let state = if r.connection_alive { "ok" } else { "error" };
+        let problem = r.connection_error.as_deref().unwrap_or("");
+        if !resources {
+            let addr = if r.port == 0 {
+                format!("{}@{}", r.user, r.host)
+            } else {
+                format!("{}@{}:{}", r.user, r.host, r.port)
+            };
+            println!("{mark} {:<16} {:<30} {state} {problem}", r.name, addr);
+            continue;
+        }
+        let Some(res) = &r.resources else {
+            println!("{mark} {:<16} {:<7} {problem}", r.name, state);
+            continue;
         };
-        let mark = if r.is_active { "*" } else { "" };
-        match &r.resources {
-            Some(res) => println!(
-                "{:<1} {:<16} {:<28} {:<6} {:>5} {:>6.2} {:>11.0}% {:>5.2}",
-                mark,
-                r.name,
-                addr,
-                "ok",
-                res.cpu.count,
-                res.cpu.load_1m,
-                res.memory.used_pct,
-                res.idle_score
-            ),
-            None => println!(
-                "{:<1} {:<16} {:<28} {:<6} {}",
-                mark,
-                r.name,
-                addr,
-                "error",
-                r.connection_error.as_deref().unwrap_or("unreachable")
-            ),
+        let gpus = match (&res.gpu_error, res.gpu.len()) {
+            (Some(e), _) => format!("unknown ({e})"),
+            (None, 0) => "-".to_string(),
+            (None, n) => format!("{n} via {}", res.gpu_source),
+        };
+        println!(
+            "{mark} {:<16} {:<7} {:>4} {:>6.2} {:>5} {:>5.0}% {:>7}Mi {:>5.2}  {gpus}",
+            r.name,
+            state,
+            res.cpu.count,
+            res.cpu.load_1m,
+            res.cpu
+                .usage_pct
+                .map_or("-".to_string(), |u| format!("{u:.0}")),
+            res.memory.used_pct,
+            res.memory.free_mb,
+            res.idle_score,
+        );
+        for g in &res.gpu {
+            println!(
+                "      gpu{} {:<24} {:>3.0}% util  {:>6}/{:<6} MiB  {}{}",
+                g.index,
+                g.name,
+                g.util_pct,
+                g.mem_used_mb,
+                g.mem_total_mb,
+                g.temperature_c.map_or(String::new(), |t| format!("{t}°C ")),
+                g.lease
+                    .as_ref()
+                    .map_or(String::new(), |l| format!("leased by {l}"))
+            );
         }
     }
     Ok(ExitCode::SUCCESS)

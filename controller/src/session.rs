@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use outpost_protocol::{
-    AgentError, AgentMessage, ClientMessage, ExecRequest, ExecResult, Hello, HostMetrics,
-    OutputStream, Request, RequestId, Response, decode, encode_frame,
+    AgentError, AgentMessage, ClientMessage, ExecRequest, ExecResult, GpuLease, GpuLeaseRequest,
+    Hello, HostMetrics, OutputStream, Request, RequestId, Response, decode, encode_frame,
 };
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
@@ -247,6 +247,47 @@ impl Session {
                 "unexpected answer to metrics: {other:?}"
             ))),
         }
+    }
+
+    /// Reserves GPUs on the host. The lease lives as long as the returned
+    /// connection (the agent holding it) or until [`Session::release`].
+    pub async fn lease(
+        &self,
+        request: GpuLeaseRequest,
+    ) -> Result<(GpuLease, Arc<Connection>), CallError> {
+        let conn = self.connection().await?;
+        let mut call = conn.start(Request::GpuLease(request))?;
+        match call.next().await? {
+            Response::GpuLease(lease) => Ok((lease, conn)),
+            Response::Error(e) => Err(CallError::Agent(e)),
+            other => Err(CallError::Protocol(format!(
+                "unexpected answer to a GPU lease: {other:?}"
+            ))),
+        }
+    }
+
+    pub async fn release(&self, lease_id: &str) -> Result<(), CallError> {
+        let mut call = self
+            .start(Request::GpuRelease {
+                lease_id: lease_id.to_string(),
+            })
+            .await?;
+        match call.next().await? {
+            Response::Released => Ok(()),
+            Response::Error(e) => Err(CallError::Agent(e)),
+            other => Err(CallError::Protocol(format!(
+                "unexpected answer to a GPU release: {other:?}"
+            ))),
+        }
+    }
+
+    /// The live connection if there is one, without connecting.
+    pub fn current(&self) -> Option<Arc<Connection>> {
+        let guard = self.current.try_lock().ok()?;
+        guard
+            .as_ref()
+            .filter(|c| c.closed_reason().is_none())
+            .cloned()
     }
 
     /// Drops the connection (the agent sees EOF and stops what it runs).

@@ -434,42 +434,15 @@ async fn authenticate(
         .map_err(ssh_err)?
         .flatten();
 
-    let mut key_files: Vec<(PathBuf, bool)> = Vec::new();
     if let Some(key) = &target.key_file {
-        key_files.push((key.clone(), true));
-    }
-    let try_defaults = target.key_file.is_none();
-    if try_defaults {
-        key_files.extend(target.identity_files.iter().map(|p| (p.clone(), false)));
-    }
-
-    for (path, explicit) in &key_files {
-        let passphrase = if *explicit {
-            target.key_passphrase.as_deref()
-        } else {
-            None
-        };
-        match russh::keys::load_secret_key(path, passphrase) {
-            Ok(key) => {
-                let key = PrivateKeyWithHashAlg::new(Arc::new(key), rsa_hash);
-                let result = handle
-                    .authenticate_publickey(&target.user, key)
-                    .await
-                    .map_err(ssh_err)?;
-                if result.success() {
-                    return Ok(());
-                }
-                tried.push(format!("key {} (refused)", path.display()));
-            }
-            Err(e) => tried.push(format!(
-                "key {} ({})",
-                path.display(),
-                key_load_problem(&e, passphrase.is_some())
-            )),
+        let passphrase = target.key_passphrase.as_deref();
+        if try_key(handle, &target.user, key, passphrase, rsa_hash, &mut tried)
+            .await
+            .map_err(ssh_err)?
+        {
+            return Ok(());
         }
-    }
-
-    if try_defaults {
+    } else {
         if let Ok(mut agent) = russh::keys::agent::client::AgentClient::connect_env().await {
             let identities = agent.request_identities().await.unwrap_or_default();
             let count = identities.len();
@@ -490,31 +463,23 @@ async fn authenticate(
             }
             tried.push(format!("ssh-agent ({count} keys)"));
         }
-        if let Some(home) = std::env::var_os("HOME") {
-            let home = PathBuf::from(home);
-            for name in ["id_ed25519", "id_ecdsa", "id_rsa"] {
-                let path = home.join(".ssh").join(name);
-                if !path.exists() || target.identity_files.contains(&path) {
-                    continue;
-                }
-                match russh::keys::load_secret_key(&path, None) {
-                    Ok(key) => {
-                        let key = PrivateKeyWithHashAlg::new(Arc::new(key), rsa_hash);
-                        let result = handle
-                            .authenticate_publickey(&target.user, key)
-                            .await
-                            .map_err(ssh_err)?;
-                        if result.success() {
-                            return Ok(());
-                        }
-                        tried.push(format!("key {} (refused)", path.display()));
-                    }
-                    Err(e) => tried.push(format!(
-                        "key {} ({})",
-                        path.display(),
-                        key_load_problem(&e, false)
-                    )),
-                }
+        let home = std::env::var_os("HOME").map(PathBuf::from);
+        let defaults = ["id_ed25519", "id_ecdsa", "id_rsa"]
+            .iter()
+            .filter_map(|name| home.as_ref().map(|h| h.join(".ssh").join(name)))
+            .filter(|p| p.exists() && !target.identity_files.contains(p));
+        let candidates: Vec<PathBuf> = target
+            .identity_files
+            .iter()
+            .cloned()
+            .chain(defaults)
+            .collect();
+        for path in &candidates {
+            if try_key(handle, &target.user, path, None, rsa_hash, &mut tried)
+                .await
+                .map_err(ssh_err)?
+            {
+                return Ok(());
             }
         }
     }
@@ -537,6 +502,32 @@ async fn authenticate(
         addr: addr.to_string(),
         tried: tried.join(", "),
     })
+}
+
+/// Offers one key file; records why it did not work in `tried`.
+async fn try_key(
+    handle: &mut Handle<Client>,
+    user: &str,
+    path: &Path,
+    passphrase: Option<&str>,
+    rsa_hash: Option<HashAlg>,
+    tried: &mut Vec<String>,
+) -> Result<bool, russh::Error> {
+    match russh::keys::load_secret_key(path, passphrase) {
+        Ok(key) => {
+            let key = PrivateKeyWithHashAlg::new(Arc::new(key), rsa_hash);
+            if handle.authenticate_publickey(user, key).await?.success() {
+                return Ok(true);
+            }
+            tried.push(format!("key {} (refused)", path.display()));
+        }
+        Err(e) => tried.push(format!(
+            "key {} ({})",
+            path.display(),
+            key_load_problem(&e, passphrase.is_some())
+        )),
+    }
+    Ok(false)
 }
 
 fn key_load_problem(e: &russh::keys::Error, had_passphrase: bool) -> String {

@@ -60,8 +60,22 @@ pub enum Request {
     Exec(ExecRequest),
     /// Liveness check. Answered by `Pong`.
     Ping,
-    /// Host resource snapshot. Answered by `Metrics`.
+    /// Host resource snapshot. Answered by `Metrics`. The first request starts
+    /// a sampler (about once a second) that lives as long as this agent.
     Metrics,
+    /// Reserve `count` GPUs for this connection. Answered by `GpuLease`. The
+    /// lease is recorded on the host, so every controller sees it, and ends on
+    /// `GpuRelease` or when this agent (the connection) goes.
+    GpuLease(GpuLeaseRequest),
+    /// End a lease. Answered by `Released`.
+    GpuRelease { lease_id: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuLeaseRequest {
+    pub count: u32,
+    /// Only GPUs with at least this much free memory qualify.
+    pub min_free_mem_bytes: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -107,6 +121,8 @@ pub enum Response {
     Pong,
     Metrics(HostMetrics),
     Error(AgentError),
+    GpuLease(GpuLease),
+    Released,
 }
 
 impl Response {
@@ -163,6 +179,10 @@ impl CapturedOutput {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct HostMetrics {
     pub cpu_count: u32,
+    /// Whole-machine CPU use over the last sampling interval; None until the
+    /// sampler has two samples.
+    pub cpu_usage_pct: Option<f32>,
+    pub per_cpu_pct: Vec<f32>,
     pub load_1m: f64,
     pub load_5m: f64,
     pub load_15m: f64,
@@ -172,7 +192,76 @@ pub struct HostMetrics {
     pub mem_available_bytes: u64,
     pub swap_total_bytes: u64,
     pub swap_used_bytes: u64,
+    /// The filesystems holding the home and the working directory.
+    pub disks: Vec<DiskUsage>,
     pub uptime_s: u64,
+    pub process_count: u32,
+    pub gpu: GpuReport,
+    /// How old the snapshot is.
+    pub age_ms: u32,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskUsage {
+    /// What the disk was measured for: `home` or `cwd`.
+    pub role: String,
+    pub path: String,
+    pub mount_point: String,
+    pub total_bytes: u64,
+    pub available_bytes: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum GpuSource {
+    Nvml,
+    NvidiaSmi,
+}
+
+/// What the host's GPUs look like, and how that was learned.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuReport {
+    /// Where `gpus` came from; None when no source works.
+    pub source: Option<GpuSource>,
+    pub gpus: Vec<GpuInfo>,
+    /// True when an NVIDIA driver is present but no source could read it: the
+    /// GPUs' state is unknown, which must never be taken for idle.
+    pub failed: bool,
+    /// Why a source did not work (NVML not loadable, nvidia-smi crashed…).
+    pub problems: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuInfo {
+    pub index: u32,
+    pub name: String,
+    pub uuid: String,
+    pub util_pct: Option<u32>,
+    pub mem_used_bytes: u64,
+    pub mem_total_bytes: u64,
+    pub temperature_c: Option<u32>,
+    pub power_w: Option<f32>,
+    pub processes: Vec<GpuProcess>,
+    /// Id of the live lease holding this GPU, if any.
+    pub lease: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuProcess {
+    pub pid: u32,
+    pub user: String,
+    pub command: String,
+    pub mem_bytes: Option<u64>,
+}
+
+/// A granted GPU lease.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuLease {
+    pub lease_id: String,
+    /// NVML indices of the leased GPUs.
+    pub indices: Vec<u32>,
+    /// Their UUIDs, for `CUDA_VISIBLE_DEVICES` (unambiguous whatever the
+    /// device order).
+    pub uuids: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -191,4 +280,6 @@ pub enum ErrorKind {
     Unsupported,
     /// A bug or an unexpected host condition.
     Internal,
+    /// The host cannot satisfy the request now (e.g. too few free GPUs).
+    Unavailable,
 }

@@ -35,6 +35,19 @@ fn sample_messages() -> (Hello, Vec<ClientMessage>, Vec<AgentMessage>) {
             id: 3,
             body: Request::Metrics,
         },
+        ClientMessage::Request {
+            id: 4,
+            body: Request::GpuLease(GpuLeaseRequest {
+                count: 2,
+                min_free_mem_bytes: 40 << 30,
+            }),
+        },
+        ClientMessage::Request {
+            id: 5,
+            body: Request::GpuRelease {
+                lease_id: "l-1".into(),
+            },
+        },
         ClientMessage::Cancel { id: 1 },
     ];
     let agent = vec![
@@ -78,7 +91,52 @@ fn sample_messages() -> (Hello, Vec<ClientMessage>, Vec<AgentMessage>) {
                 swap_total_bytes: 0,
                 swap_used_bytes: 0,
                 uptime_s: 99,
+                cpu_usage_pct: Some(12.5),
+                per_cpu_pct: vec![10.0, 15.0],
+                disks: vec![DiskUsage {
+                    role: "home".into(),
+                    path: "/home/u".into(),
+                    mount_point: "/".into(),
+                    total_bytes: 1 << 40,
+                    available_bytes: 1 << 39,
+                }],
+                process_count: 321,
+                gpu: GpuReport {
+                    source: Some(GpuSource::Nvml),
+                    gpus: vec![GpuInfo {
+                        index: 0,
+                        name: "NVIDIA H100".into(),
+                        uuid: "GPU-1234".into(),
+                        util_pct: Some(87),
+                        mem_used_bytes: 70 << 30,
+                        mem_total_bytes: 80 << 30,
+                        temperature_c: Some(61),
+                        power_w: Some(412.5),
+                        processes: vec![GpuProcess {
+                            pid: 77,
+                            user: "alice".into(),
+                            command: "python train.py".into(),
+                            mem_bytes: Some(69 << 30),
+                        }],
+                        lease: Some("l-1".into()),
+                    }],
+                    failed: false,
+                    problems: vec!["nvidia-smi: not found".into()],
+                },
+                age_ms: 420,
             }),
+        },
+        AgentMessage::Response {
+            id: 4,
+            body: Response::GpuLease(GpuLease {
+                lease_id: "l-1".into(),
+                indices: vec![0, 3],
+                uuids: vec!["GPU-a".into(), "GPU-b".into()],
+            }),
+        },
+        AgentMessage::Response {
+            id: 5,
+            body: Response::Released,
         },
         AgentMessage::Response {
             id: 4,

@@ -4,10 +4,10 @@
 //! and never deletes one itself, because another controller may still use it.
 //! A starting agent knows best what is in use on its host: `/proc/*/exe`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, SystemTime};
 
-use crate::proctree;
+use crate::{paths, proctree};
 
 /// Temp upload dirs (`.name`) younger than this may belong to an upload that
 /// is still in progress.
@@ -16,7 +16,7 @@ const TEMP_GRACE: Duration = Duration::from_secs(10 * 60);
 /// Removes sibling version dirs when this executable lives in an `agents` dir.
 /// Best effort: every error just leaves the dir in place.
 pub fn remove_stale_versions() {
-    let Some(exe) = current_exe() else {
+    let Some(exe) = paths::running_exe() else {
         return;
     };
     let Some(own_dir) = exe.parent() else {
@@ -45,17 +45,6 @@ pub fn remove_stale_versions() {
         }
         let _ = std::fs::remove_dir_all(&path);
     }
-}
-
-fn current_exe() -> Option<PathBuf> {
-    let exe = std::env::current_exe().ok()?;
-    // An executable replaced on disk reads back with this suffix.
-    Some(
-        match exe.to_str().and_then(|s| s.strip_suffix(" (deleted)")) {
-            Some(s) => PathBuf::from(s),
-            None => exe,
-        },
-    )
 }
 
 /// Unknown age counts as young: keeping a dir is always safe.

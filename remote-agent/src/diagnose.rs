@@ -9,7 +9,10 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::metrics::Sampler;
-use crate::{identity, paths};
+use crate::{gpu, identity, leases, paths};
+
+/// Between the two CPU reads that give the usage figure.
+const CPU_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// Writes the report to stdout; always succeeds (exit 0).
 pub fn run() -> i32 {
@@ -43,9 +46,24 @@ fn report() -> String {
     field(&mut r, "libc", &identity::libc_description());
     match Sampler::new() {
         Ok(mut sampler) => {
-            let m = sampler.sample();
+            // CPU usage needs two reads of the CPU times.
+            std::thread::sleep(CPU_INTERVAL);
+            let m = sampler.sample_host();
             field(&mut r, "cpu", &sampler.cpu_brand().unwrap_or_else(unknown));
             field(&mut r, "cpu count", &m.cpu_count.to_string());
+            field(
+                &mut r,
+                "cpu usage",
+                &m.cpu_usage_pct.map_or_else(unknown, |u| {
+                    let per: Vec<String> =
+                        m.per_cpu_pct.iter().map(|p| format!("{p:.0}")).collect();
+                    format!(
+                        "{u:.1}% over {} ms (per core: {})",
+                        CPU_INTERVAL.as_millis(),
+                        per.join(" ")
+                    )
+                }),
+            );
             field(
                 &mut r,
                 "load",
@@ -70,6 +88,23 @@ fn report() -> String {
                     bytes(m.swap_used_bytes)
                 ),
             );
+            if m.disks.is_empty() {
+                field(&mut r, "disks", "unknown");
+            }
+            for d in &m.disks {
+                field(
+                    &mut r,
+                    &format!("disk ({})", d.role),
+                    &format!(
+                        "{} available of {} on {} ({})",
+                        bytes(d.available_bytes),
+                        bytes(d.total_bytes),
+                        d.mount_point,
+                        d.path
+                    ),
+                );
+            }
+            field(&mut r, "processes", &m.process_count.to_string());
             field(&mut r, "uptime", &duration(m.uptime_s));
         }
         Err(e) => {
@@ -108,17 +143,8 @@ fn report() -> String {
 
     let _ = writeln!(r);
     let _ = writeln!(r, "GPUs");
-    field(
-        &mut r,
-        "libnvidia-ml.so.1",
-        &find_nvml().map_or_else(|| "not found".into(), |p| p.display().to_string()),
-    );
-    field(
-        &mut r,
-        "nvidia-smi",
-        &paths::which("nvidia-smi")
-            .map_or_else(|| "not on PATH".into(), |p| p.display().to_string()),
-    );
+    gpus(&mut r, &mut problems);
+    leases(&mut r);
 
     let _ = writeln!(r);
     let _ = writeln!(r, "Problems");
@@ -133,6 +159,123 @@ fn report() -> String {
 
 fn field(r: &mut String, name: &str, value: &str) {
     let _ = writeln!(r, "  {:<18} {value}", format!("{name}:"));
+}
+
+/// Each GPU source on its own, then the GPUs from the one `serve` would use.
+fn gpus(r: &mut String, problems: &mut Vec<String>) {
+    let gpus = gpu::gpus();
+    let custom = std::env::var_os(gpu::NVML_LIB_VAR).filter(|v| !v.is_empty());
+    let lib = match &custom {
+        Some(path) => format!("{} (from {})", Path::new(path).display(), gpu::NVML_LIB_VAR),
+        None => find_nvml().map_or_else(
+            || format!("{} not found", gpu::NVML_DEFAULT_LIB),
+            |p| p.display().to_string(),
+        ),
+    };
+    field(r, "NVML library", &lib);
+    let nvml = gpus.read_nvml();
+    field(r, "NVML", &source_status(&nvml));
+    let smi = gpus.read_smi_now();
+    let smi_status = match gpus.smi_path() {
+        Some(path) => format!("{} ({})", source_status(&smi), path.display()),
+        None => source_status(&smi),
+    };
+    field(r, "nvidia-smi", &smi_status);
+
+    // The same preference as `serve`.
+    let (source, reading) = match (nvml, smi) {
+        (Ok(reading), _) => ("NVML", reading),
+        (Err(_), Ok(reading)) => ("nvidia-smi", reading),
+        (Err(nvml_problem), Err(smi_problem)) => {
+            field(r, "source", "none");
+            if gpus.driver_present() {
+                problems.push(format!(
+                    "an NVIDIA driver is installed but no GPU source works \
+                     ({nvml_problem}; {smi_problem}): GPU state is unknown"
+                ));
+            }
+            return;
+        }
+    };
+    field(r, "source", source);
+    problems.extend(reading.1.iter().cloned());
+    let leases = leases::live();
+    let mut list = reading.0;
+    leases::annotate(&mut list, &leases);
+    for g in &list {
+        let opt = |v: Option<String>| v.unwrap_or_else(|| "not supported".into());
+        field(
+            r,
+            &format!("GPU {}", g.index),
+            &format!("{} ({})", g.name, g.uuid),
+        );
+        sub(r, "utilization", &opt(g.util_pct.map(|u| format!("{u}%"))));
+        sub(
+            r,
+            "memory",
+            &format!(
+                "{} used of {}",
+                bytes(g.mem_used_bytes),
+                bytes(g.mem_total_bytes)
+            ),
+        );
+        sub(
+            r,
+            "temperature",
+            &opt(g.temperature_c.map(|t| format!("{t} °C"))),
+        );
+        sub(r, "power", &opt(g.power_w.map(|w| format!("{w:.1} W"))));
+        sub(r, "lease", g.lease.as_deref().unwrap_or("none"));
+        sub(r, "processes", &g.processes.len().to_string());
+        for p in &g.processes {
+            let mem = p.mem_bytes.map_or_else(|| "?".into(), bytes);
+            let user = if p.user.is_empty() { "?" } else { &p.user };
+            let _ = writeln!(r, "        {} {user} {mem} {}", p.pid, p.command);
+        }
+    }
+}
+
+/// `works, N GPUs` or the problem.
+fn source_status(result: &Result<gpu::Reading, String>) -> String {
+    match result {
+        Ok((gpus, _)) => format!(
+            "works, {} GPU{}",
+            gpus.len(),
+            if gpus.len() == 1 { "" } else { "s" }
+        ),
+        Err(problem) => problem
+            .split_once(": ")
+            .map_or(problem.as_str(), |(_, why)| why)
+            .to_string(),
+    }
+}
+
+fn leases(r: &mut String) {
+    let leases = leases::live();
+    if leases.is_empty() {
+        field(r, "leases", "none");
+        return;
+    }
+    field(r, "leases", &leases.len().to_string());
+    for l in &leases {
+        let gpus: Vec<String> = l.indices.iter().map(u32::to_string).collect();
+        let age = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+            .saturating_sub(l.created_unix);
+        let _ = writeln!(
+            r,
+            "    {}: GPU {} held by pid {} for {}",
+            l.id,
+            gpus.join(", "),
+            l.holder_pid,
+            duration(age)
+        );
+    }
+}
+
+fn sub(r: &mut String, name: &str, value: &str) {
+    let _ = writeln!(r, "    {:<16} {value}", format!("{name}:"));
 }
 
 fn state_dir(r: &mut String, problems: &mut Vec<String>, state: &Path) {

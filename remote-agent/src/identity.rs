@@ -12,7 +12,7 @@ use outpost_protocol::{Hello, PROTOCOL_VERSION};
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// Capabilities advertised in [`Hello`].
-pub const CAPABILITIES: &[&str] = &["exec", "metrics", "cancel"];
+pub const CAPABILITIES: &[&str] = &["exec", "metrics", "cancel", "gpu-lease"];
 
 /// Path of the running executable, if the kernel tells us.
 pub fn exe_path() -> Option<PathBuf> {

@@ -71,9 +71,36 @@ pub fn resolve_cwd(cwd: Option<&str>) -> PathBuf {
     }
 }
 
-/// `~/.outpost`, where installed agents and controller state live.
+/// The agent's state dir: `<dir>` when this binary runs from
+/// `<dir>/agents/<version>/outpost-agent` (the controller may install into a
+/// custom remote dir), else `~/.outpost`. Host-wide state such as GPU leases
+/// lives here, so every agent started by any controller finds the same files.
 pub fn state_dir() -> Option<PathBuf> {
-    home_dir().map(|h| h.join(".outpost"))
+    running_exe()
+        .as_deref()
+        .and_then(install_root)
+        .or_else(|| home_dir().map(|h| h.join(".outpost")))
+}
+
+/// `<dir>` of an executable at `<dir>/agents/<version>/<file>`.
+pub fn install_root(exe: &Path) -> Option<PathBuf> {
+    let agents = exe.parent()?.parent()?;
+    if agents.file_name()? != "agents" {
+        return None;
+    }
+    agents.parent().map(Path::to_path_buf)
+}
+
+/// The running executable's path, without the ` (deleted)` suffix the kernel
+/// adds once the file was replaced on disk.
+pub fn running_exe() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    Some(
+        match exe.to_str().and_then(|s| s.strip_suffix(" (deleted)")) {
+            Some(s) => PathBuf::from(s),
+            None => exe,
+        },
+    )
 }
 
 /// Finds an executable called `name` on `$PATH`.
@@ -121,5 +148,17 @@ mod tests {
         assert_eq!(expand_tilde("~other/x", home), PathBuf::from("~other/x"));
         assert_eq!(expand_tilde("/abs/~", home), PathBuf::from("/abs/~"));
         assert_eq!(expand_tilde("~/x", None), PathBuf::from("~/x"));
+    }
+
+    #[test]
+    fn install_root_of_an_installed_agent() {
+        let root = |p: &str| install_root(Path::new(p));
+        assert_eq!(
+            root("/opt/o/agents/0.1.0-abc/outpost-agent"),
+            Some(PathBuf::from("/opt/o"))
+        );
+        assert_eq!(root("/home/u/target/debug/outpost-agent"), None);
+        assert_eq!(root("/agents/v/outpost-agent"), Some(PathBuf::from("/")));
+        assert_eq!(root("outpost-agent"), None);
     }
 }

@@ -3,8 +3,9 @@
 //! stdin carries [`ClientMessage`] frames; each request runs on its own task
 //! and answers through the [`Outbox`], the only writer of stdout. The session
 //! ends on stdin EOF or SIGTERM/SIGHUP/SIGINT: running commands are cancelled
-//! (their trees killed), their results flushed, and the agent exits 0. A frame
-//! that cannot be decoded leaves the stream unusable: same teardown, exit 1.
+//! (their trees killed), their results flushed, this agent's GPU leases
+//! released, and the agent exits 0. A frame that cannot be decoded leaves the
+//! stream unusable: same teardown, exit 1.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -19,9 +20,9 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
-use crate::metrics::Sampler;
+use crate::metrics::Monitor;
 use crate::outbox::{self, Outbox};
-use crate::{cleanup, exec, identity};
+use crate::{cleanup, exec, gpu, identity, leases};
 
 /// How long shutdown waits for cancelled commands to report.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(2);
@@ -51,8 +52,8 @@ pub fn run() -> i32 {
 struct Shared {
     /// Requests in flight, each with its cancel switch.
     inflight: Mutex<HashMap<RequestId, watch::Sender<bool>>>,
-    /// Created on first use so the hello is not delayed.
-    sampler: Mutex<Option<Sampler>>,
+    /// Starts sampling on the first Metrics request.
+    monitor: Arc<Monitor>,
 }
 
 impl Shared {
@@ -84,7 +85,7 @@ async fn session() -> i32 {
 
     let shared = Arc::new(Shared {
         inflight: Mutex::new(HashMap::new()),
-        sampler: Mutex::new(None),
+        monitor: Arc::default(),
     });
     let mut tasks = JoinSet::new();
     let code = read_loop(&shared, &outbox, &mut tasks).await;
@@ -102,6 +103,11 @@ async fn session() -> i32 {
         tasks.abort_all();
         while tasks.join_next().await.is_some() {}
     }
+    let released = tokio::task::spawn_blocking(|| {
+        leases::release_own();
+        gpu::shutdown();
+    });
+    let _ = tokio::time::timeout(SHUTDOWN_WAIT, released).await;
     drop(outbox);
     let _ = tokio::time::timeout(Duration::from_secs(1), writer).await;
     code
@@ -220,7 +226,7 @@ fn parse(payload: &[u8]) -> Result<Inbound, ProtocolError> {
 }
 
 /// Variants of [`Request`] and [`ClientMessage`] this agent knows.
-const KNOWN_REQUESTS: u64 = 3;
+const KNOWN_REQUESTS: u64 = 5;
 const KNOWN_CLIENT_MESSAGES: u64 = 2;
 
 fn read_varint(data: &mut &[u8]) -> Option<u64> {
@@ -274,6 +280,12 @@ fn start_request(
             Request::Exec(req) => exec::run(id, req, &outbox, cancel).await,
             Request::Ping => Response::Pong,
             Request::Metrics => metrics(&shared).await,
+            Request::GpuLease(req) => {
+                blocking(move || leases::lease(&req).map(Response::GpuLease)).await
+            }
+            Request::GpuRelease { lease_id } => {
+                blocking(move || leases::release(&lease_id).map(|()| Response::Released)).await
+            }
         };
         // Free the id before answering: the controller may reuse it as soon
         // as it sees the final response.
@@ -283,19 +295,27 @@ fn start_request(
 }
 
 async fn metrics(shared: &Arc<Shared>) -> Response {
-    let shared = Arc::clone(shared);
-    let sampled = tokio::task::spawn_blocking(move || {
-        let mut slot = shared.sampler.lock().unwrap_or_else(|p| p.into_inner());
-        if slot.is_none() {
-            *slot = Some(Sampler::new()?);
-        }
-        Ok::<_, String>(slot.as_mut().map(Sampler::sample))
+    let monitor = Arc::clone(&shared.monitor);
+    blocking(move || {
+        let mut m = monitor.current().map_err(|e| AgentError {
+            kind: ErrorKind::Internal,
+            message: e,
+        })?;
+        // Leases change between ticks; read them fresh (one small file).
+        leases::annotate(&mut m.gpu.gpus, &leases::live());
+        Ok(Response::Metrics(m))
     })
-    .await;
-    match sampled {
-        Ok(Ok(Some(m))) => Response::Metrics(m),
-        Ok(Err(e)) => error(ErrorKind::Internal, e),
-        _ => error(ErrorKind::Internal, "metrics sampling failed"),
+    .await
+}
+
+/// Runs blocking work (file locks, /proc, NVML) off the async workers.
+async fn blocking(
+    work: impl FnOnce() -> Result<Response, AgentError> + Send + 'static,
+) -> Response {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(Ok(response)) => response,
+        Ok(Err(e)) => Response::Error(e),
+        Err(_) => error(ErrorKind::Internal, "the request's worker panicked"),
     }
 }
 

@@ -1,161 +1,16 @@
 //! End-to-end tests of `outpost-agent serve`: the built binary on pipes, driven
 //! with the protocol crate's codec, as the controller would.
 
-use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+mod common;
+
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::{Agent, BIN, procs_with, spawn_retrying};
 use outpost_protocol::limits::MAX_STDIN_LEN;
 use outpost_protocol::{
-    AgentMessage, ClientMessage, DecodeEvent, ErrorKind, ExecRequest, ExecResult, FrameDecoder,
-    Hello, OutputStream, PROTOCOL_VERSION, Request, Response, decode, encode_frame,
+    ClientMessage, ErrorKind, ExecRequest, OutputStream, PROTOCOL_VERSION, Request, Response,
 };
-
-const BIN: &str = env!("CARGO_BIN_EXE_outpost-agent");
-
-/// A tiny controller: a running agent, its stdin, and responses by request id.
-struct Agent {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    rx: Receiver<Option<AgentMessage>>,
-    hello: Hello,
-    pending: HashMap<u64, Vec<Response>>,
-}
-
-impl Agent {
-    fn start() -> Agent {
-        let mut child = Command::new(BIN)
-            .arg("serve")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn agent");
-        let stdin = child.stdin.take();
-        let mut stdout = child.stdout.take().unwrap();
-        let (hello_tx, hello_rx) = channel();
-        let (tx, rx) = channel();
-        std::thread::spawn(move || {
-            let mut dec = FrameDecoder::after_preamble();
-            let mut buf = vec![0u8; 64 * 1024];
-            let mut hello_tx = Some(hello_tx);
-            loop {
-                let n = stdout.read(&mut buf).unwrap_or(0);
-                if n == 0 {
-                    let _ = tx.send(None);
-                    return;
-                }
-                dec.push(&buf[..n]);
-                while let Some(ev) = dec.next_event().expect("valid stream") {
-                    let DecodeEvent::Frame(payload) = ev else {
-                        panic!("agent printed noise before the preamble");
-                    };
-                    match hello_tx.take() {
-                        Some(h) => h.send(decode::<Hello>(&payload).unwrap()).unwrap(),
-                        None => tx.send(Some(decode(&payload).unwrap())).unwrap(),
-                    }
-                }
-            }
-        });
-        let hello = hello_rx
-            .recv_timeout(Duration::from_secs(10))
-            .expect("hello");
-        Agent {
-            child,
-            stdin,
-            rx,
-            hello,
-            pending: HashMap::new(),
-        }
-    }
-
-    fn send(&mut self, msg: &ClientMessage) {
-        let frame = encode_frame(msg).unwrap();
-        self.send_raw(&frame);
-    }
-
-    fn send_raw(&mut self, bytes: &[u8]) {
-        let stdin = self.stdin.as_mut().expect("stdin open");
-        stdin.write_all(bytes).unwrap();
-        stdin.flush().unwrap();
-    }
-
-    fn request(&mut self, id: u64, body: Request) {
-        self.send(&ClientMessage::Request { id, body });
-    }
-
-    fn exec(&mut self, id: u64, req: ExecRequest) {
-        self.request(id, Request::Exec(req));
-    }
-
-    /// All responses of `id` up to and including the final one.
-    fn responses(&mut self, id: u64, within: Duration) -> Vec<Response> {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(list) = self.pending.get(&id)
-                && list.last().is_some_and(Response::is_final)
-            {
-                return self.pending.remove(&id).unwrap();
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.rx.recv_timeout(left) {
-                Ok(Some(AgentMessage::Response { id: rid, body })) => {
-                    self.pending.entry(rid).or_default().push(body)
-                }
-                Ok(None) => panic!("agent closed stdout while waiting for {id}"),
-                Err(RecvTimeoutError::Timeout) => {
-                    panic!("no final response for {id} in {within:?}")
-                }
-                Err(RecvTimeoutError::Disconnected) => panic!("reader gone"),
-            }
-        }
-    }
-
-    fn last(&mut self, id: u64, within: Duration) -> Response {
-        self.responses(id, within).pop().unwrap()
-    }
-
-    fn done(&mut self, id: u64, within: Duration) -> ExecResult {
-        match self.last(id, within) {
-            Response::ExecDone(r) => r,
-            other => panic!("expected ExecDone for {id}, got {other:?}"),
-        }
-    }
-
-    fn run(&mut self, id: u64, req: ExecRequest) -> ExecResult {
-        self.exec(id, req);
-        self.done(id, Duration::from_secs(10))
-    }
-
-    fn close_stdin(&mut self) {
-        self.stdin = None;
-    }
-
-    /// Waits for the agent to exit; its exit code.
-    fn wait_exit(&mut self, within: Duration) -> Option<i32> {
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status.code();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "agent did not exit in {within:?}"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        self.stdin = None;
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn ex(command: &str) -> ExecRequest {
     ExecRequest {
@@ -178,20 +33,6 @@ fn text(out: &outpost_protocol::CapturedOutput) -> String {
     String::from_utf8(whole(out)).unwrap()
 }
 
-/// Live processes whose command line contains `marker`.
-fn procs_with(marker: &str) -> Vec<i32> {
-    let me = std::process::id() as i32;
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|&pid| pid != me)
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|c| c.windows(marker.len()).any(|w| w == marker.as_bytes()))
-        })
-        .collect()
-}
-
 #[test]
 fn hello_describes_the_agent() {
     let agent = Agent::start();
@@ -209,7 +50,7 @@ fn hello_describes_the_agent() {
         "{}",
         h.libc
     );
-    assert_eq!(h.capabilities, ["exec", "metrics", "cancel"]);
+    assert_eq!(h.capabilities, ["exec", "metrics", "cancel", "gpu-lease"]);
     assert_eq!(h.pid, agent.child.id());
 }
 
@@ -475,14 +316,120 @@ fn ping_and_metrics() {
     let mut agent = Agent::start();
     agent.request(1, Request::Ping);
     assert_eq!(agent.last(1, Duration::from_secs(5)), Response::Pong);
-    agent.request(2, Request::Metrics);
-    let Response::Metrics(m) = agent.last(2, Duration::from_secs(5)) else {
-        panic!("no metrics");
-    };
+    let m = agent.metrics(2);
     assert!(m.cpu_count > 0);
     assert!(m.mem_total_bytes > 0 && m.mem_available_bytes <= m.mem_total_bytes);
     assert_eq!(m.mem_used_bytes, m.mem_total_bytes - m.mem_available_bytes);
     assert!(m.uptime_s > 0);
+}
+
+/// `/proc/meminfo` fields in bytes.
+fn meminfo(field: &str) -> u64 {
+    let text = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let kib: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kib * 1024
+}
+
+#[test]
+fn metrics_agree_with_proc() {
+    let mut agent = Agent::start();
+    let started = Instant::now();
+    let m = agent.metrics(1);
+    // The first answer is a fresh sample: no CPU interval yet.
+    assert_eq!((m.cpu_usage_pct, m.age_ms), (None, 0), "{m:?}");
+
+    assert_eq!(m.mem_total_bytes, meminfo("MemTotal"));
+    let available = meminfo("MemAvailable") as f64;
+    let diff = (m.mem_available_bytes as f64 - available).abs();
+    assert!(
+        diff <= available * 0.05,
+        "{} vs {available}",
+        m.mem_available_bytes
+    );
+    assert_eq!(m.swap_total_bytes, meminfo("SwapTotal"));
+
+    let stat = std::fs::read_to_string("/proc/stat").unwrap();
+    let cpus = stat
+        .lines()
+        .filter(|l| l.starts_with("cpu") && l.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
+        .count();
+    assert_eq!(m.cpu_count as usize, cpus);
+
+    let loadavg = std::fs::read_to_string("/proc/loadavg").unwrap();
+    let load: Vec<f64> = loadavg
+        .split_whitespace()
+        .take(3)
+        .map(|v| v.parse().unwrap())
+        .collect();
+    for (got, want) in [m.load_1m, m.load_5m, m.load_15m].into_iter().zip(load) {
+        assert!(
+            (got - want).abs() <= 0.5 + want * 0.2,
+            "load {got} vs {want}"
+        );
+    }
+
+    let procs = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter(|e| {
+            e.as_ref().is_ok_and(|e| {
+                e.file_name()
+                    .to_str()
+                    .is_some_and(|n| n.parse::<u32>().is_ok())
+            })
+        })
+        .count() as f64;
+    let got = f64::from(m.process_count);
+    assert!(
+        (got - procs).abs() <= 20.0 + procs * 0.2,
+        "{got} processes vs {procs}"
+    );
+
+    let home = std::env::var("HOME").unwrap();
+    let disk = m
+        .disks
+        .iter()
+        .find(|d| d.role == "home")
+        .expect("home disk");
+    assert_eq!(disk.path, home);
+    assert!(disk.total_bytes > 0 && disk.available_bytes <= disk.total_bytes);
+    let resolved = std::fs::canonicalize(&home).unwrap();
+    assert!(resolved.starts_with(&disk.mount_point), "{disk:?}");
+    // The working directory is listed only when it is another filesystem.
+    use std::os::unix::fs::MetadataExt;
+    let dev = |p: &std::path::Path| std::fs::metadata(p).unwrap().dev();
+    let cwd = std::env::current_dir().unwrap();
+    let cwd_listed = m.disks.iter().any(|d| d.role == "cwd");
+    assert_eq!(
+        cwd_listed,
+        dev(&cwd) != dev(resolved.as_path()),
+        "{:?}",
+        m.disks
+    );
+
+    // The sampler refreshes about once a second; later answers come from it.
+    let m = loop {
+        let m = agent.metrics(2);
+        if m.cpu_usage_pct.is_some() || started.elapsed() > Duration::from_secs(4) {
+            break m;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let usage = m.cpu_usage_pct.expect("CPU usage after a sampler tick");
+    assert!((0.0..=100.0).contains(&usage), "{usage}");
+    assert_eq!(m.per_cpu_pct.len(), m.cpu_count as usize);
+    assert!(m.per_cpu_pct.iter().all(|p| (0.0..=100.0).contains(p)));
+    assert!(m.age_ms < 2000, "age {} ms", m.age_ms);
+    let asked = Instant::now();
+    agent.metrics(3);
+    assert!(
+        asked.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        asked.elapsed()
+    );
 }
 
 #[test]
@@ -532,21 +479,6 @@ fn a_gigabyte_of_output_keeps_memory_bounded() {
         .unwrap();
     eprintln!("agent peak RSS {hwm_kib} KiB");
     assert!(hwm_kib < 64 * 1024, "peak RSS {hwm_kib} KiB");
-}
-
-/// Spawns `cmd`, retrying while a concurrent fork in another test still holds
-/// the freshly copied executable open for writing (ETXTBSY).
-fn spawn_retrying(cmd: &mut Command) -> Child {
-    for _ in 0..50 {
-        match cmd.spawn() {
-            Ok(child) => return child,
-            Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => {
-                std::thread::sleep(Duration::from_millis(20))
-            }
-            Err(e) => panic!("spawn: {e}"),
-        }
-    }
-    panic!("executable stayed busy");
 }
 
 #[test]

@@ -57,6 +57,8 @@ pub struct Sshd {
     client_key: PathBuf,
     client_key_with_passphrase: PathBuf,
     other_key: PathBuf,
+    /// Set when sshd runs inside a network namespace of its own.
+    netns: Option<Netns>,
 }
 
 /// Why one launch attempt failed.
@@ -69,6 +71,16 @@ enum LaunchError {
 impl Sshd {
     /// Starts a fresh sshd; panics with a diagnostic on any failure.
     pub fn start() -> Sshd {
+        Sshd::start_with(None)
+    }
+
+    /// Starts sshd inside a network namespace of its own, reached from here
+    /// through a veth pair, so a test can cut the link ([`Netns::cut`]).
+    pub fn start_in_netns() -> Sshd {
+        Sshd::start_with(Some(Netns::new()))
+    }
+
+    fn start_with(netns: Option<Netns>) -> Sshd {
         check_prerequisites();
         let dir = make_unique_dir("outpost-sshd");
         // sshd reads authorized_keys as the logged-in user, so the directory
@@ -106,6 +118,7 @@ impl Sshd {
             client_key,
             client_key_with_passphrase,
             other_key,
+            netns,
         };
 
         // Picking a port and sshd binding it is racy against other tests, so
@@ -136,8 +149,21 @@ impl Sshd {
         self.port
     }
 
-    pub fn host(&self) -> &'static str {
-        "127.0.0.1"
+    /// The address sshd listens on: 127.0.0.1, or its namespace's address.
+    pub fn host(&self) -> &str {
+        match &self.netns {
+            Some(ns) => &ns.ns_addr,
+            None => "127.0.0.1",
+        }
+    }
+
+    /// The namespace sshd runs in, when started with [`Sshd::start_in_netns`].
+    pub fn netns(&self) -> Option<&Netns> {
+        self.netns.as_ref()
+    }
+
+    fn ip(&self) -> Ipv4Addr {
+        self.host().parse().expect("sshd address is IPv4")
     }
 
     pub fn user(&self) -> &'static str {
@@ -314,7 +340,15 @@ impl Sshd {
             .expect("open sshd.log");
         let log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
 
-        let child = Command::new(SSHD_BIN)
+        let mut command = match &self.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", &ns.name, SSHD_BIN]);
+                c
+            }
+            None => Command::new(SSHD_BIN),
+        };
+        let child = command
             .arg("-D")
             .arg("-e")
             .arg("-f")
@@ -355,7 +389,7 @@ impl Sshd {
                     text
                 )));
             }
-            if banner_ok(self.port) {
+            if banner_ok(self.ip(), self.port) {
                 break;
             }
             if Instant::now() >= deadline {
@@ -378,7 +412,7 @@ impl Sshd {
         let dir = self.dir.display();
         format!(
             "# Private sshd for Outpost's end-to-end tests.\n\
-             ListenAddress 127.0.0.1\n\
+             ListenAddress {addr}\n\
              Port {port}\n\
              HostKey {host_key}\n\
              PidFile {dir}/sshd.pid\n\
@@ -397,6 +431,7 @@ impl Sshd {
              UseDNS no\n\
              PrintMotd no\n\
              PrintLastLog no\n",
+            addr = self.host(),
             port = self.port,
             host_key = self.host_key.display(),
             user = TEST_USER,
@@ -657,8 +692,8 @@ fn free_port() -> u16 {
 }
 
 /// Whether the port accepts a connection and greets with `SSH-2.0`.
-fn banner_ok(port: u16) -> bool {
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+fn banner_ok(ip: Ipv4Addr, port: u16) -> bool {
+    let addr = SocketAddr::from((ip, port));
     let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(500)) else {
         return false;
     };
@@ -752,4 +787,114 @@ fn signal_all(pids: &[i32], signal: libc::c_int) {
             }
         }
     }
+}
+
+/// A network namespace joined to this one by a veth pair: a test host with an
+/// address of its own whose link a test can cut. Only link-local addresses
+/// (169.254.0.0/16) on the pair are used; traffic never leaves the machine.
+pub struct Netns {
+    name: String,
+    host_veth: String,
+    ns_veth: String,
+    ns_addr: String,
+}
+
+static NETNS_SEQ: AtomicU64 = AtomicU64::new(0);
+
+impl Netns {
+    /// Creates the namespace, the veth pair and their addresses; panics with
+    /// the failing command's output (creating namespaces needs root).
+    pub fn new() -> Netns {
+        // Interface names are limited to 15 bytes; pid and sequence keep
+        // concurrent test processes apart.
+        let seq = NETNS_SEQ.fetch_add(1, Ordering::Relaxed);
+        let id = (std::process::id() as u64 % 4096) * 16 + seq % 16;
+        let name = format!("outpost-t{id}");
+        let host_veth = format!("opv{id}a");
+        let ns_veth = format!("opv{id}b");
+        // A /30 per namespace inside 169.254.0.0/16, from the id.
+        let block = (id % 16_000) * 4;
+        let (b3, b4) = ((block / 256) % 256, block % 256);
+        let host_addr = format!("169.254.{b3}.{}", b4 + 1);
+        let ns_addr = format!("169.254.{b3}.{}", b4 + 2);
+        let netns = Netns {
+            name: name.clone(),
+            host_veth: host_veth.clone(),
+            ns_veth: ns_veth.clone(),
+            ns_addr: ns_addr.clone(),
+        };
+        // Leftovers from a crashed run with the same id would make `add` fail.
+        let _ = Command::new("ip").args(["netns", "del", &name]).output();
+        let _ = Command::new("ip")
+            .args(["link", "del", &host_veth])
+            .output();
+        run_ip(&["netns", "add", &name]);
+        run_ip(&[
+            "link", "add", &host_veth, "type", "veth", "peer", "name", &ns_veth,
+        ]);
+        run_ip(&["link", "set", &ns_veth, "netns", &name]);
+        run_ip(&["addr", "add", &format!("{host_addr}/30"), "dev", &host_veth]);
+        run_ip(&["link", "set", &host_veth, "up"]);
+        let in_ns = |args: &[&str]| {
+            let mut full = vec!["netns", "exec", &name, "ip"];
+            full.extend_from_slice(args);
+            run_ip(&full);
+        };
+        in_ns(&["addr", "add", &format!("{ns_addr}/30"), "dev", &ns_veth]);
+        in_ns(&["link", "set", &ns_veth, "up"]);
+        in_ns(&["link", "set", "lo", "up"]);
+        netns
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Cuts the link: packets to and from the namespace are dropped silently,
+    /// as when a cable is pulled or a switch dies.
+    pub fn cut(&self) {
+        run_ip(&[
+            "netns", "exec", &self.name, "ip", "link", "set", "lo", "down",
+        ]);
+        run_ip(&[
+            "netns",
+            "exec",
+            &self.name,
+            "ip",
+            "link",
+            "set",
+            &self.ns_veth,
+            "down",
+        ]);
+    }
+}
+
+impl Default for Netns {
+    fn default() -> Self {
+        Netns::new()
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.host_veth])
+            .output();
+    }
+}
+
+fn run_ip(args: &[&str]) {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run ip: {e}; {SETUP_HINT}"));
+    assert!(
+        out.status.success(),
+        "ip {} failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -151,3 +151,87 @@ async fn mcp_zero_config_local_sandbox() {
     assert_eq!(r["exit_code"], 0);
     client.cancel().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_resources_prompts_fan_out_and_auto_selection() {
+    let sshd = Sshd::start();
+    let (client, _home) = start(&[
+        ("REMOTE_HOST", sshd.host().to_string()),
+        ("REMOTE_PORT", sshd.port().to_string()),
+        ("REMOTE_USER", sshd.user().to_string()),
+        ("REMOTE_KEY_FILE", sshd.client_key().display().to_string()),
+    ])
+    .await;
+
+    let resources = client.list_all_resources().await.unwrap();
+    let uris: Vec<&str> = resources.iter().map(|r| r.uri.as_str()).collect();
+    assert!(uris.contains(&"sandbox://list"), "{uris:?}");
+    assert!(uris.contains(&"sandbox://local/status"), "{uris:?}");
+    let read = client
+        .read_resource(rmcp::model::ReadResourceRequestParams::new(
+            "sandbox://local/status",
+        ))
+        .await
+        .unwrap();
+    let text = match &read.contents[0] {
+        rmcp::model::ResourceContents::TextResourceContents { text, .. } => text.clone(),
+        other => panic!("unexpected {other:?}"),
+    };
+    let status: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(status["connection_alive"], true);
+    assert!(status["resources"]["cpu"]["count"].as_u64().unwrap() >= 1);
+
+    let prompts = client.list_all_prompts().await.unwrap();
+    let names: Vec<&str> = prompts.iter().map(|p| p.name.as_str()).collect();
+    for want in ["run_on_idlest_gpu", "test_in_sandbox", "debug_in_sandbox"] {
+        assert!(names.contains(&want), "{names:?}");
+    }
+
+    let (err, r) = call(
+        &client,
+        "exec_bash",
+        json!({"command": "echo $HOME", "sandboxes": ["all"]}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    let groups = r["groups"].as_array().unwrap();
+    assert_eq!(groups.len(), 2, "ssh and local homes differ: {r}");
+    let (_, r) = call(
+        &client,
+        "exec_bash",
+        json!({"command": "echo same", "sandboxes": ["all"]}),
+    )
+    .await;
+    let groups = r["groups"].as_array().unwrap();
+    assert_eq!(groups.len(), 1, "{r}");
+    assert_eq!(groups[0]["sandboxes"].as_array().unwrap().len(), 2);
+    assert_eq!(groups[0]["stdout"], "same\n");
+    let (err, r) = call(
+        &client,
+        "exec_bash",
+        json!({"command": "true", "sandboxes": ["nope"]}),
+    )
+    .await;
+    assert!(err && r.to_string().contains("available"), "{r}");
+
+    let (err, r) = call(
+        &client,
+        "select_sandbox",
+        json!({"sandbox_name": "auto", "min_free_mem_mb": 1_000_000_000}),
+    )
+    .await;
+    assert!(err && r.to_string().contains("no sandbox fits"), "{r}");
+    let (err, r) = call(&client, "select_sandbox", json!({"sandbox_name": "auto"})).await;
+    assert!(!err, "{r}");
+    assert_eq!(r["status"], "selected");
+    assert!(r["idle_score"].as_f64().is_some());
+
+    let (err, r) = call(
+        &client,
+        "exec_bash",
+        json!({"command": "true", "gpu_lease": "gl-nope"}),
+    )
+    .await;
+    assert!(err && r.to_string().contains("reserve_gpus"), "{r}");
+    client.cancel().await.unwrap();
+}

@@ -40,21 +40,64 @@ fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1e3)
 }
 
-fn write_config(dir: &Path, sshd: &Sshd, remote_dir: &Path) -> std::path::PathBuf {
-    let path = dir.join("config.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "local = false\n[[sandbox]]\nname = \"bench\"\nhost = \"{}\"\nport = {}\nuser = \"{}\"\nkey_file = \"{}\"\nremote_dir = \"{}\"\n",
+/// A config file with one sandbox per sshd (and no `local`).
+fn write_config(dir: &Path, name: &str, hosts: &[&Sshd]) -> std::path::PathBuf {
+    let path = dir.join(format!("{name}.toml"));
+    let mut text = String::from("local = false\n");
+    for (i, sshd) in hosts.iter().enumerate() {
+        text.push_str(&format!(
+            "[[sandbox]]\nname = \"{name}{i}\"\nhost = \"{}\"\nport = {}\nuser = \"{}\"\nkey_file = \"{}\"\nremote_dir = \"{}\"\n",
             sshd.host(),
             sshd.port(),
             sshd.user(),
             sshd.client_key().display(),
-            remote_dir.display()
-        ),
-    )
-    .unwrap();
+            sshd.remote_dir().display()
+        ));
+    }
+    std::fs::write(&path, text).unwrap();
     path
+}
+
+/// Median time of `rounds` list_sandboxes(check_resources=true) on a warm client.
+async fn check_resources(client: &Client, hosts: usize, rounds: usize) -> Duration {
+    let args = json!({ "check_resources": true });
+    let mut times = Vec::with_capacity(rounds);
+    for round in 0..=rounds {
+        let t = Instant::now();
+        let result = client
+            .call_tool(
+                CallToolRequestParams::new("list_sandboxes")
+                    .with_arguments(args.as_object().unwrap().clone()),
+            )
+            .await
+            .expect("list_sandboxes");
+        let took = t.elapsed();
+        let value = result.structured_content.expect("structured result");
+        let rows = value["sandboxes"].as_array().unwrap();
+        assert_eq!(rows.len(), hosts);
+        assert!(
+            rows.iter().all(|r| r["connection_alive"] == true),
+            "{value}"
+        );
+        // Round 0 connects and installs; only warm rounds count.
+        if round > 0 {
+            times.push(took);
+        }
+    }
+    median(times)
+}
+
+/// CPU time (user + system) of a process, from /proc/<pid>/stat.
+fn cpu_time(pid: i32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after_comm = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after_comm.split_whitespace().collect();
+    let ticks: u64 = fields
+        .get(11..13)
+        .map_or(0, |f| f.iter().filter_map(|v| v.parse::<u64>().ok()).sum());
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Duration::from_millis(ticks * 1000 / hz)
 }
 
 async fn mcp_client(home: &Path, config: &Path) -> Client {
@@ -115,7 +158,7 @@ async fn main() {
     let scratch = TempDir::new("bench");
     let home = scratch.path().join("home");
     std::fs::create_dir_all(&home).unwrap();
-    let config = write_config(scratch.path(), &sshd, sshd.remote_dir());
+    let config = write_config(scratch.path(), "bench", &[&sshd]);
 
     // First connect: MCP handshake, SSH, probe, upload, agent start, one exec.
     let started = Instant::now();
@@ -148,6 +191,22 @@ async fn main() {
     let agent_pids = pids_with_cmdline(&format!("{}/agents/", sshd.remote_dir().display()));
     tokio::time::sleep(Duration::from_secs(2)).await;
     let agent_rss: Vec<u64> = agent_pids.iter().map(|&p| rss_kb(p)).collect();
+
+    // Metrics: one host, then sixteen, each on a warm client; then the agent's
+    // cost while its sampler runs.
+    let one_host = check_resources(&client, 1, 50).await;
+    let sampled_pid = agent_pids.first().copied().unwrap_or(0);
+    let cpu_before = cpu_time(sampled_pid);
+    let window = Duration::from_secs(10);
+    tokio::time::sleep(window).await;
+    let sampler_cpu = cpu_time(sampled_pid).saturating_sub(cpu_before);
+    let sampler_rss = rss_kb(sampled_pid);
+    let many: Vec<Sshd> = (0..16).map(|_| Sshd::start()).collect();
+    let many_refs: Vec<&Sshd> = many.iter().collect();
+    let many_config = write_config(scratch.path(), "many", &many_refs);
+    let many_client = mcp_client(&home, &many_config).await;
+    let sixteen_hosts = check_resources(&many_client, 16, 20).await;
+    many_client.cancel().await.ok();
 
     // OpenSSH with a warm ControlMaster connection.
     let control = scratch.path().join("cm.sock");
@@ -234,7 +293,21 @@ async fn main() {
         ms(second_connect)
     );
     println!();
+    println!("list_sandboxes(check_resources=true), warm");
+    println!("  1 host     median {}", ms(one_host));
+    println!("  16 hosts   median {}", ms(sixteen_hosts));
+    println!(
+        "  ratio 16/1 {:.2}x",
+        sixteen_hosts.as_secs_f64() / one_host.as_secs_f64()
+    );
+    println!();
     println!("agent");
+    println!(
+        "  while sampling: {:.2}% of one CPU over {} s, RSS {} KiB",
+        sampler_cpu.as_secs_f64() * 100.0 / window.as_secs_f64(),
+        window.as_secs(),
+        sampler_rss
+    );
     println!(
         "  binary size  {:.1} MiB ({})",
         agent_size as f64 / 1048576.0,
