@@ -898,3 +898,30 @@ fn run_ip(args: &[&str]) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Builds the test-double NVML library (`remote-agent/tests/fake_nvml`) once per
+/// test process and returns its path; point `OUTPOST_NVML_LIB` at it. It reports
+/// two GPUs: 0 busy (11 920 MiB free), 1 nearly idle.
+pub fn fake_nvml_lib() -> PathBuf {
+    static LIB: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    LIB.get_or_init(|| {
+        let source = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../remote-agent/tests/fake_nvml/fake_nvml.c");
+        let dir = make_unique_dir("outpost-fake-nvml");
+        set_mode(&dir, 0o755);
+        let lib = dir.join("libnvidia-ml.so.1");
+        let out = Command::new("cc")
+            .args(["-shared", "-fPIC", "-o"])
+            .arg(&lib)
+            .arg(&source)
+            .output()
+            .unwrap_or_else(|e| panic!("these tests need a C compiler (cc): {e}"));
+        assert!(
+            out.status.success(),
+            "building the fake NVML failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        lib
+    })
+    .clone()
+}

@@ -235,3 +235,89 @@ async fn mcp_resources_prompts_fan_out_and_auto_selection() {
     assert!(err && r.to_string().contains("reserve_gpus"), "{r}");
     client.cancel().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_gpu_metrics_placement_and_leases() {
+    // The local sandbox's agent inherits OUTPOST_NVML_LIB: two fake GPUs.
+    let nvml = outpost_e2e::fake_nvml_lib();
+    let (client, _home) = start(&[("OUTPOST_NVML_LIB", nvml.display().to_string())]).await;
+
+    let (_, r) = call(&client, "list_sandboxes", json!({"check_resources": true})).await;
+    let res = &r["sandboxes"][0]["resources"];
+    assert_eq!(res["gpu_source"], "nvml", "{r}");
+    let gpus = res["gpu"].as_array().unwrap();
+    assert_eq!(gpus.len(), 2);
+    assert_eq!(gpus[0]["util_pct"], 87.0);
+    assert_eq!(gpus[0]["mem_total_mb"], 81920);
+    assert!(!gpus[0]["processes"].as_array().unwrap().is_empty());
+    assert!(res.get("gpu_error").is_none());
+
+    let (err, r) = call(
+        &client,
+        "select_sandbox",
+        json!({"sandbox_name": "auto", "min_gpus": 2, "min_gpu_free_mb": 20000}),
+    )
+    .await;
+    assert!(err && r.to_string().contains("1 of 2 GPUs"), "{r}");
+    let (err, r) = call(
+        &client,
+        "select_sandbox",
+        json!({"sandbox_name": "auto", "min_gpus": 1, "min_gpu_free_mb": 20000}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    assert_eq!(r["active_sandbox"], "local");
+
+    let (err, lease) = call(
+        &client,
+        "reserve_gpus",
+        json!({"count": 1, "min_free_mb": 20000}),
+    )
+    .await;
+    assert!(!err, "{lease}");
+    assert_eq!(lease["gpus"], json!([1]));
+    let uuid = "GPU-55555555-6666-7777-8888-999999999999";
+    assert_eq!(lease["cuda_visible_devices"], uuid);
+    let id = lease["lease_id"].as_str().unwrap().to_string();
+
+    let (_, r) = call(
+        &client,
+        "exec_bash",
+        json!({"command": "echo $CUDA_VISIBLE_DEVICES", "gpu_lease": id}),
+    )
+    .await;
+    assert_eq!(r["stdout"], format!("{uuid}\n"));
+    let (_, r) = call(&client, "list_sandboxes", json!({"check_resources": true})).await;
+    assert_eq!(
+        r["sandboxes"][0]["resources"]["gpu"][1]["lease"],
+        id.as_str()
+    );
+
+    // The only GPU with enough free memory is taken now.
+    let (err, r) = call(
+        &client,
+        "reserve_gpus",
+        json!({"count": 1, "min_free_mb": 20000}),
+    )
+    .await;
+    assert!(err && r.to_string().contains("leased by"), "{r}");
+
+    let (err, r) = call(&client, "release_gpus", json!({"lease_id": id})).await;
+    assert!(!err, "{r}");
+    assert_eq!(r["status"], "released");
+    let (err, r) = call(
+        &client,
+        "exec_bash",
+        json!({"command": "true", "gpu_lease": id}),
+    )
+    .await;
+    assert!(err, "{r}");
+    let (err, r) = call(
+        &client,
+        "reserve_gpus",
+        json!({"count": 1, "min_free_mb": 20000}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    client.cancel().await.unwrap();
+}
