@@ -33,6 +33,11 @@ pub struct Config {
     pub agent_bin: Option<PathBuf>,
     /// Where to look for portable agent builds (`$OUTPOST_AGENT_DIR`, `agent_dir`).
     pub agent_dirs: Vec<PathBuf>,
+    /// Syncs larger than this (files or bytes to send) run in the background.
+    pub inline_sync_max_files: u64,
+    pub inline_sync_max_bytes: u64,
+    /// When set, local paths given to sync tools must lie inside one of these.
+    pub local_roots: Option<Vec<PathBuf>>,
     pub source: String,
 }
 
@@ -109,6 +114,7 @@ struct RawFile {
     known_hosts: Option<String>,
     ssh_config: Option<String>,
     agent_dir: Option<String>,
+    local_roots: Option<Vec<String>>,
     #[serde(default)]
     sandbox: Vec<RawSandbox>,
 }
@@ -136,6 +142,23 @@ impl<const N: usize> Env for [(&str, &str); N] {
 }
 
 impl Config {
+    /// A configuration with these sandboxes and defaults for the rest (for
+    /// embedding and tests; users go through [`Config::load`]).
+    pub fn new(sandboxes: Vec<SandboxConfig>, known_hosts: PathBuf) -> Config {
+        Config {
+            sandboxes,
+            known_hosts,
+            user_known_hosts: None,
+            connect_timeout: Duration::from_secs(10),
+            agent_bin: None,
+            agent_dirs: Vec::new(),
+            inline_sync_max_files: 200,
+            inline_sync_max_bytes: 64 << 20,
+            local_roots: None,
+            source: "embedded".into(),
+        }
+    }
+
     /// Loads the configuration from the process environment and the usual files.
     pub fn load() -> Result<Config> {
         Config::load_from(&ProcessEnv)
@@ -251,7 +274,23 @@ impl Config {
             Some(s) => bail!("connect_timeout_s must be a positive number of seconds, got {s}"),
             None => Duration::from_secs(10),
         };
+        let number = |key: &str, default: u64| -> Result<u64> {
+            match env.var(key) {
+                Some(v) => v
+                    .parse()
+                    .with_context(|| format!("{key} must be a whole number, got {v:?}")),
+                None => Ok(default),
+            }
+        };
         Ok(Config {
+            inline_sync_max_files: number("REMOTE_SANDBOX_INLINE_SYNC_MAX_FILES", 200)?,
+            inline_sync_max_bytes: number("REMOTE_SANDBOX_INLINE_SYNC_MAX_BYTES", 64 << 20)?,
+            local_roots: file.local_roots.as_ref().map(|roots| {
+                roots
+                    .iter()
+                    .map(|r| expand_tilde(r, home.as_deref()))
+                    .collect()
+            }),
             sandboxes,
             known_hosts,
             user_known_hosts: home.map(|h| h.join(".ssh/known_hosts")),

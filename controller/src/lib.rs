@@ -15,15 +15,22 @@
 //!   heartbeats, reconnect on the next call, never a re-sent request.
 //! * [`bootstrap`]: probe a host, pick the agent build that fits, install it over
 //!   SFTP when missing or corrupt, verify its hello.
+//! * [`sync`]: tree sync in both directions, remote file reads and writes.
+//! * [`transfers`]: background syncs polled by task id.
 //! * [`transport`]: SSH via russh (host keys, auth, keepalive) or a local child.
 //! * [`link`]: frames off a transport: preamble, hello, messages.
-//! * [`mcp`]: the MCP tools.
+//! * [`files`]: the file tools behind MCP (sync inline or background, list,
+//!   read, write).
+//! * [`mcp`]: the MCP tools, resources and prompts.
 
 pub mod bootstrap;
 pub mod config;
+pub mod files;
 pub mod fleet;
 pub mod link;
 pub mod mcp;
 pub mod resources;
 pub mod session;
+pub mod sync;
+pub mod transfers;
 pub mod transport;

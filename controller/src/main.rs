@@ -55,6 +55,35 @@ enum Command {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
+    /// Sync a tree to or from a sandbox: `outpost sync LOCAL NAME:REMOTE` or
+    /// `outpost sync NAME:REMOTE LOCAL`. Delta and compressed; files land
+    /// atomically; modes, mtimes, symlinks and empty directories are kept.
+    /// Exits 23 when some paths had problems (the rest was synced).
+    Sync {
+        source: String,
+        target: String,
+        /// Remove target paths the source lacks (never excluded ones).
+        #[arg(long)]
+        delete: bool,
+        /// Show what would change; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Exclude paths matching this gitignore-syntax pattern (repeatable).
+        #[arg(long = "exclude", value_name = "PATTERN")]
+        excludes: Vec<String>,
+        /// Read exclude patterns from this file.
+        #[arg(long, value_name = "FILE")]
+        exclude_from: Option<std::path::PathBuf>,
+        /// Also honour the source tree's .gitignore files.
+        #[arg(long)]
+        gitignore: bool,
+        /// Do not add the default excludes (.git/, node_modules/, __pycache__/, …).
+        #[arg(long)]
+        no_default_excludes: bool,
+        /// Allow --delete to remove most of a non-trivial target.
+        #[arg(long)]
+        force: bool,
+    },
     /// Report on this controller, the sandboxes, and (with HOST) the agent's own
     /// report on that host.
     Diagnose { host: Option<String> },
@@ -110,6 +139,28 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             command,
         } => exec(&fleet, host, cwd, timeout, command).await,
         Command::Diagnose { host } => diagnose(&fleet, host).await,
+        Command::Sync {
+            source,
+            target,
+            delete,
+            dry_run,
+            excludes,
+            exclude_from,
+            gitignore,
+            no_default_excludes,
+            force,
+        } => {
+            let options = outpost::sync::SyncOptions {
+                delete_extras: delete,
+                force,
+                dry_run,
+                excludes,
+                exclude_file: exclude_from,
+                default_excludes: !no_default_excludes,
+                use_gitignore: gitignore,
+            };
+            sync(&fleet, &source, &target, options).await
+        }
     }
 }
 
@@ -232,6 +283,104 @@ async fn exec(
             eprintln!("outpost: {}: {e}", session.name());
             Ok(ExitCode::from(255))
         }
+    }
+}
+
+/// `NAME:PATH` when NAME is a configured sandbox.
+fn remote_spec<'a>(fleet: &Fleet, arg: &'a str) -> Option<(String, &'a str)> {
+    let (name, path) = arg.split_once(':')?;
+    fleet.get(Some(name)).ok().map(|_| (name.to_string(), path))
+}
+
+async fn sync(
+    fleet: &Fleet,
+    source: &str,
+    target: &str,
+    options: outpost::sync::SyncOptions,
+) -> Result<ExitCode> {
+    use outpost::sync::Progress;
+    use std::sync::atomic::Ordering;
+    let (push, name, remote, local) = match (remote_spec(fleet, source), remote_spec(fleet, target))
+    {
+        (None, Some((name, remote))) => (true, name, remote, source),
+        (Some((name, remote)), None) => (false, name, remote, target),
+        (Some(_), Some(_)) => anyhow::bail!("both sides are sandboxes; one must be a local path"),
+        (None, None) => anyhow::bail!(
+            "neither side names a sandbox; write one as NAME:PATH (sandboxes: {})",
+            fleet.names().join(", ")
+        ),
+    };
+    let session = fleet.get(Some(&name)).map_err(anyhow::Error::msg)?;
+    let remote = if remote.is_empty() { "~" } else { remote };
+    let local = std::path::PathBuf::from(local);
+    let progress = Arc::new(Progress::default());
+    let bar = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        indicatif::ProgressBar::new(0)
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} {bytes}/{total_bytes} {bytes_per_sec} {msg}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let ticker = {
+        let (bar, progress) = (bar.clone(), progress.clone());
+        tokio::spawn(async move {
+            loop {
+                bar.set_length(progress.bytes_total.load(Ordering::Relaxed));
+                bar.set_position(progress.bytes_done.load(Ordering::Relaxed));
+                bar.set_message(format!(
+                    "{}/{} files",
+                    progress.files_done.load(Ordering::Relaxed),
+                    progress.files_total.load(Ordering::Relaxed)
+                ));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    let result = if push {
+        outpost::sync::push(&session, &local, remote, &options, progress).await
+    } else {
+        outpost::sync::pull(&session, remote, &local, &options, progress).await
+    };
+    ticker.abort();
+    bar.finish_and_clear();
+    let report = result.map_err(|e| anyhow::anyhow!("{e}"))?;
+    println!(
+        "{}{} files sent ({} of content, {} on the wire), {} unchanged, {} dirs created, {} symlinks, {} attribute updates, {} deleted, {:.2} s",
+        if report.dry_run {
+            "dry run: would have "
+        } else {
+            ""
+        },
+        report.files_sent,
+        human_bytes(report.bytes_total),
+        human_bytes(report.bytes_sent),
+        report.files_unchanged,
+        report.dirs_created,
+        report.symlinks,
+        report.attrs_updated,
+        report.deleted,
+        report.duration_s
+    );
+    for problem in &report.problems {
+        eprintln!("outpost: {problem}");
+    }
+    Ok(if report.problems.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(23)
+    })
+}
+
+fn human_bytes(n: u64) -> String {
+    match n {
+        n if n >= 1 << 30 => format!("{:.1} GiB", n as f64 / (1u64 << 30) as f64),
+        n if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / (1u64 << 20) as f64),
+        n if n >= 1 << 10 => format!("{:.1} KiB", n as f64 / 1024.0),
+        n => format!("{n} B"),
     }
 }
 

@@ -69,6 +69,195 @@ pub enum Request {
     GpuLease(GpuLeaseRequest),
     /// End a lease. Answered by `Released`.
     GpuRelease { lease_id: String },
+    /// Describe a tree. Answered by `Entries*` then `ScanDone`.
+    Scan(ScanRequest),
+    /// Write whole files atomically. Answered by `Applied`.
+    PutFiles(PutFiles),
+    /// Stage part of a large file (at an explicit offset, so parts may be
+    /// applied in any order) for a later `PutFiles` with `Staged` content.
+    /// Answered by `Ack`.
+    PutPart(PutPart),
+    /// Directories, symlinks, attributes and removals. Answered by `Applied`.
+    ApplyMeta(ApplyMeta),
+    /// Read files or ranges of them. Answered by `FileData*` then `ReadDone`.
+    ReadFiles(ReadFiles),
+}
+
+/// A path relative to a sync root, as raw bytes (names need not be UTF-8).
+pub type RelPath = Vec<u8>;
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScanRequest {
+    /// The tree's root on the host; `~` is the home.
+    pub root: String,
+    pub filter: FilterSpec,
+    /// Include content hashes (and chunk lists for large files). Listings
+    /// that only show names and sizes leave it off.
+    pub hashes: bool,
+    /// Descend into subdirectories.
+    pub recursive: bool,
+    /// Stop after this many entries (0: no limit); `ScanDone.truncated` says so.
+    pub max_entries: u64,
+}
+
+/// Which paths a scan skips. Patterns use gitignore syntax.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FilterSpec {
+    pub excludes: Vec<String>,
+    /// Also honour `.gitignore` files inside the tree.
+    pub use_gitignore: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EntryKind {
+    File,
+    Dir,
+    Symlink { target: Vec<u8> },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TreeEntry {
+    pub path: RelPath,
+    pub kind: EntryKind,
+    /// Permission bits (`mode & 0o7777`).
+    pub mode: u32,
+    pub size: u64,
+    pub mtime_ns: i64,
+    /// BLAKE3 of the content (files, when hashes were asked for).
+    pub hash: Option<[u8; 32]>,
+    /// Content-defined chunks of large files (when hashes were asked for).
+    pub chunks: Vec<ChunkRef>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkRef {
+    pub offset: u64,
+    pub len: u32,
+    pub hash: [u8; 32],
+}
+
+/// A problem with one path; the rest of the operation goes on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PathProblem {
+    pub path: RelPath,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScanSummary {
+    pub root_exists: bool,
+    pub truncated: bool,
+    pub problems: Vec<PathProblem>,
+}
+
+/// What a replaced path must still look like for the write to go ahead, so a
+/// file changed underneath since the scan is never overwritten.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Expect {
+    /// Write regardless.
+    Any,
+    /// Nothing may exist at the path.
+    Absent,
+    /// The path holds a file with this size and mtime.
+    File { size: u64, mtime_ns: i64 },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FileContent {
+    /// The whole content, zstd-compressed.
+    Inline(Vec<u8>),
+    /// Assembled earlier by `PutPart`s with this transfer id.
+    Staged { xfer: u64 },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FilePut {
+    pub path: RelPath,
+    pub mode: u32,
+    pub mtime_ns: i64,
+    pub size: u64,
+    /// BLAKE3 of the content; the file is committed only if it matches.
+    pub hash: [u8; 32],
+    pub expect: Expect,
+    pub content: FileContent,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PutFiles {
+    pub root: String,
+    /// Create missing parent directories (0755 before umask).
+    pub create_parents: bool,
+    pub files: Vec<FilePut>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PartData {
+    /// Bytes, zstd-compressed.
+    Data(Vec<u8>),
+    /// Bytes already in the current file at `path`, from this offset.
+    Copy { from_offset: u64, len: u64 },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PutPart {
+    pub root: String,
+    pub xfer: u64,
+    /// The file being replaced (source of `Copy` parts) and the staging
+    /// file's directory.
+    pub path: RelPath,
+    /// Where the part goes in the new file.
+    pub offset: u64,
+    pub data: PartData,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MetaOp {
+    Mkdir {
+        path: RelPath,
+        mode: u32,
+    },
+    Symlink {
+        path: RelPath,
+        target: Vec<u8>,
+    },
+    SetAttrs {
+        path: RelPath,
+        mode: u32,
+        mtime_ns: i64,
+    },
+    /// Remove a file, symlink, or directory tree (never following symlinks).
+    Remove {
+        path: RelPath,
+    },
+    /// Drop staging files of a transfer that will not be committed.
+    Abort {
+        xfer: u64,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApplyMeta {
+    pub root: String,
+    pub ops: Vec<MetaOp>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApplyReport {
+    pub done: u32,
+    pub problems: Vec<PathProblem>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadSpec {
+    pub path: RelPath,
+    /// (offset, length) ranges; None: the whole file.
+    pub ranges: Option<Vec<(u64, u64)>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadFiles {
+    pub root: String,
+    pub reads: Vec<ReadSpec>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -123,12 +312,30 @@ pub enum Response {
     Error(AgentError),
     GpuLease(GpuLease),
     Released,
+    /// Part of a scan (not final).
+    Entries(Vec<TreeEntry>),
+    ScanDone(ScanSummary),
+    Applied(ApplyReport),
+    Ack,
+    /// Part of a read (not final): bytes of `reads[index]` at `offset`,
+    /// zstd-compressed.
+    FileData {
+        index: u32,
+        offset: u64,
+        data: Vec<u8>,
+    },
+    ReadDone {
+        problems: Vec<PathProblem>,
+    },
 }
 
 impl Response {
     /// Whether this response ends its request.
     pub fn is_final(&self) -> bool {
-        !matches!(self, Response::Output { .. })
+        !matches!(
+            self,
+            Response::Output { .. } | Response::Entries(_) | Response::FileData { .. }
+        )
     }
 }
 

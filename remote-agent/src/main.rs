@@ -4,7 +4,8 @@
 //! SSH exec channel (or as a local child); the two then speak the framed
 //! protocol of `outpost-protocol` on stdin/stdout. The agent exists so that
 //! commands get real timeouts (whole process trees killed), bounded output
-//! capture, concurrency on one connection, host metrics and GPU leases.
+//! capture, concurrency on one connection, host metrics, GPU leases and the
+//! host side of file sync.
 //!
 //! Arguments are parsed by hand to keep the binary small. Logs and diagnostics
 //! go to stderr only: in `serve` mode stdout carries protocol bytes and nothing
@@ -14,6 +15,7 @@ mod capture;
 mod cleanup;
 mod diagnose;
 mod exec;
+mod files;
 mod gpu;
 mod identity;
 mod leases;

@@ -4,7 +4,8 @@
 //! and answers through the [`Outbox`], the only writer of stdout. The session
 //! ends on stdin EOF or SIGTERM/SIGHUP/SIGINT: running commands are cancelled
 //! (their trees killed), their results flushed, this agent's GPU leases
-//! released, and the agent exits 0. A frame that cannot be decoded leaves the
+//! released, staging files of uncommitted transfers removed, and the agent
+//! exits 0. A frame that cannot be decoded leaves the
 //! stream unusable: same teardown, exit 1.
 
 use std::collections::HashMap;
@@ -20,9 +21,10 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use crate::files::Appliers;
 use crate::metrics::Monitor;
 use crate::outbox::{self, Outbox};
-use crate::{cleanup, exec, gpu, identity, leases};
+use crate::{cleanup, exec, files, gpu, identity, leases};
 
 /// How long shutdown waits for cancelled commands to report.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(2);
@@ -54,6 +56,8 @@ struct Shared {
     inflight: Mutex<HashMap<RequestId, watch::Sender<bool>>>,
     /// Starts sampling on the first Metrics request.
     monitor: Arc<Monitor>,
+    /// Sync roots written through this connection, with their staged parts.
+    appliers: Arc<Appliers>,
 }
 
 impl Shared {
@@ -86,6 +90,7 @@ async fn session() -> i32 {
     let shared = Arc::new(Shared {
         inflight: Mutex::new(HashMap::new()),
         monitor: Arc::default(),
+        appliers: Arc::default(),
     });
     let mut tasks = JoinSet::new();
     let code = read_loop(&shared, &outbox, &mut tasks).await;
@@ -103,9 +108,12 @@ async fn session() -> i32 {
         tasks.abort_all();
         while tasks.join_next().await.is_some() {}
     }
-    let released = tokio::task::spawn_blocking(|| {
+    let appliers = Arc::clone(&shared.appliers);
+    let released = tokio::task::spawn_blocking(move || {
         leases::release_own();
         gpu::shutdown();
+        // Uncommitted staging files of this connection go with it.
+        appliers.close();
     });
     let _ = tokio::time::timeout(SHUTDOWN_WAIT, released).await;
     drop(outbox);
@@ -226,7 +234,7 @@ fn parse(payload: &[u8]) -> Result<Inbound, ProtocolError> {
 }
 
 /// Variants of [`Request`] and [`ClientMessage`] this agent knows.
-const KNOWN_REQUESTS: u64 = 5;
+const KNOWN_REQUESTS: u64 = 10;
 const KNOWN_CLIENT_MESSAGES: u64 = 2;
 
 fn read_varint(data: &mut &[u8]) -> Option<u64> {
@@ -286,6 +294,11 @@ fn start_request(
             Request::GpuRelease { lease_id } => {
                 blocking(move || leases::release(&lease_id).map(|()| Response::Released)).await
             }
+            Request::Scan(req) => files::scan(id, req, &outbox, cancel).await,
+            Request::PutFiles(req) => files::put_files(req, &shared.appliers).await,
+            Request::PutPart(req) => files::put_part(req, &shared.appliers).await,
+            Request::ApplyMeta(req) => files::apply_meta(req, &shared.appliers).await,
+            Request::ReadFiles(req) => files::read_files(id, req, &outbox, cancel).await,
         };
         // Free the id before answering: the controller may reuse it as soon
         // as it sees the final response.
@@ -335,8 +348,8 @@ mod tests {
 
     #[test]
     fn unknown_request_variant_is_unsupported() {
-        // Request { id: 300, body: <variant 7> }
-        let payload = [0u8, 0xac, 0x02, 7];
+        // Request { id: 300, body: <variant 40> }
+        let payload = [0u8, 0xac, 0x02, 40];
         assert!(matches!(parse(&payload), Ok(Inbound::Unsupported(300))));
     }
 

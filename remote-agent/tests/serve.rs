@@ -244,8 +244,8 @@ fn bad_requests_are_answered_not_fatal() {
     ));
     assert_eq!(agent.done(2, Duration::from_secs(5)).exit_code, Some(0));
 
-    // A request kind from a newer controller: Request { id: 3, body: <variant 9> }.
-    let payload = [0u8, 3, 9];
+    // A request kind from a newer controller: Request { id: 3, body: <variant 40> }.
+    let payload = [0u8, 3, 40];
     let mut frame = (payload.len() as u32).to_le_bytes().to_vec();
     frame.extend_from_slice(&payload);
     agent.send_raw(&frame);

@@ -24,15 +24,10 @@ fn fleet_of(hosts: &[&Sshd], state: &TempDir, connect_timeout: Duration) -> Flee
         })
         .collect();
     sandboxes.push(SandboxConfig::local());
-    Fleet::new(Config {
-        sandboxes,
-        known_hosts: state.path().join("known_hosts"),
-        user_known_hosts: None,
-        connect_timeout,
-        agent_bin: Some(target_bin("outpost-agent")),
-        agent_dirs: vec![],
-        source: "test".into(),
-    })
+    let mut config = Config::new(sandboxes, state.path().join("known_hosts"));
+    config.connect_timeout = connect_timeout;
+    config.agent_bin = Some(target_bin("outpost-agent"));
+    Fleet::new(config)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -321,3 +321,173 @@ async fn mcp_gpu_metrics_placement_and_leases() {
     assert!(!err, "{r}");
     client.cancel().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_file_tools_and_transfers() {
+    let sshd = Sshd::start();
+    let env = |max_files: &str| {
+        vec![
+            ("REMOTE_HOST", sshd.host().to_string()),
+            ("REMOTE_PORT", sshd.port().to_string()),
+            ("REMOTE_USER", sshd.user().to_string()),
+            ("REMOTE_KEY_FILE", sshd.client_key().display().to_string()),
+            (
+                "REMOTE_SANDBOX_INLINE_SYNC_MAX_FILES",
+                max_files.to_string(),
+            ),
+        ]
+    };
+    let (client, _home) = start(&env("200")).await;
+    let remote = |rel: &str| sshd.remote_dir().join(rel).display().to_string();
+
+    // write, read (text, offset, binary), list.
+    let (err, r) = call(&client, "write_remote_file", json!({"remote_path": remote("w/deep/hello.txt"), "content": "héllo\nworld\n", "mode": "600"})).await;
+    assert!(!err, "{r}");
+    assert_eq!(r["status"], "written");
+    let meta = std::fs::metadata(sshd.remote_dir().join("w/deep/hello.txt")).unwrap();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777,
+        0o600
+    );
+    let (_, r) = call(
+        &client,
+        "read_remote_file",
+        json!({"remote_path": remote("w/deep/hello.txt")}),
+    )
+    .await;
+    assert_eq!(r["content"], "héllo\nworld\n");
+    assert_eq!(r["truncated"], false);
+    let (_, r) = call(
+        &client,
+        "read_remote_file",
+        json!({"remote_path": remote("w/deep/hello.txt"), "offset": 7, "max_bytes": 3}),
+    )
+    .await;
+    assert_eq!(r["content"], "wor");
+    assert_eq!(r["truncated"], true);
+    assert_eq!(r["size"], 13);
+    std::fs::write(
+        sshd.remote_dir().join("w/blob.bin"),
+        [0u8, 159, 146, 150, 0, 1],
+    )
+    .unwrap();
+    let (_, r) = call(
+        &client,
+        "read_remote_file",
+        json!({"remote_path": remote("w/blob.bin")}),
+    )
+    .await;
+    assert_eq!(r["binary"], true);
+    assert!(r.get("content").is_none());
+    let (err, r) = call(
+        &client,
+        "read_remote_file",
+        json!({"remote_path": remote("w/nope")}),
+    )
+    .await;
+    assert!(err, "{r}");
+    let (_, r) = call(
+        &client,
+        "list_remote_files",
+        json!({"remote_path": remote("w"), "recursive": true}),
+    )
+    .await;
+    let paths: Vec<&str> = r["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["path"].as_str().unwrap())
+        .collect();
+    assert!(
+        paths.contains(&"deep") && paths.contains(&"deep/hello.txt"),
+        "{r}"
+    );
+    assert_eq!(r["truncated"], false);
+    let (_, r) = call(
+        &client,
+        "list_remote_files",
+        json!({"remote_path": remote("w"), "recursive": true, "max_entries": 1}),
+    )
+    .await;
+    assert_eq!(r["truncated"], true);
+
+    // sync inline, then pull it back.
+    let src = outpost_e2e::TempDir::new("mcp-sync-src");
+    for i in 0..5 {
+        std::fs::write(src.path().join(format!("f{i}.txt")), format!("file {i}\n")).unwrap();
+    }
+    let (err, r) = call(
+        &client,
+        "sync_local_to_remote",
+        json!({"local_path": src.path(), "remote_path": remote("s")}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    assert_eq!(r["mode"], "inline");
+    assert_eq!(r["files_sent"], 5);
+    let back = outpost_e2e::TempDir::new("mcp-sync-back");
+    let (err, r) = call(
+        &client,
+        "sync_remote_to_local",
+        json!({"remote_path": remote("s"), "local_path": back.path().join("b")}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    assert_eq!(
+        std::fs::read_to_string(back.path().join("b/f3.txt")).unwrap(),
+        "file 3\n"
+    );
+    let (err, r) = call(
+        &client,
+        "sync_local_to_remote",
+        json!({"local_path": "/definitely/missing", "remote_path": remote("s")}),
+    )
+    .await;
+    assert!(err && r.to_string().contains("/definitely/missing"), "{r}");
+    let (err, r) = call(
+        &client,
+        "check_file_transfer_task",
+        json!({"task_id": "xfer-nope"}),
+    )
+    .await;
+    assert!(err, "{r}");
+    client.cancel().await.unwrap();
+
+    // Past the inline limit the sync continues in the background.
+    let (client, _home) = start(&env("2")).await;
+    let (_, r) = call(
+        &client,
+        "sync_local_to_remote",
+        json!({"local_path": src.path(), "remote_path": remote("bg")}),
+    )
+    .await;
+    assert_eq!(r["mode"], "background", "{r}");
+    assert_eq!(r["auto_switched"], true);
+    let id = r["task_id"].as_str().unwrap().to_string();
+    let mut status = Value::Null;
+    for _ in 0..100 {
+        let (_, r) = call(&client, "check_file_transfer_task", json!({"task_id": id})).await;
+        status = r;
+        if status["status"] != "running" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(status["status"], "completed", "{status}");
+    assert_eq!(status["result"]["files_sent"], 5);
+    assert_eq!(status["progress"]["files_done"], 5);
+    let (_, r) = call(
+        &client,
+        "sync_local_to_remote_background",
+        json!({"local_path": src.path(), "remote_path": remote("bg")}),
+    )
+    .await;
+    let id = r["task_id"].as_str().unwrap().to_string();
+    let (err, r) = call(&client, "cancel_file_transfer_task", json!({"task_id": id})).await;
+    assert!(!err, "{r}");
+    assert!(
+        r["status"] == "cancelled" || r["status"] == "completed",
+        "{r}"
+    );
+    client.cancel().await.unwrap();
+}

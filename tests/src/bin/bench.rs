@@ -8,7 +8,14 @@
 //! * 5 MiB of output through exec_bash (20 000 chars come back) vs the same
 //!   command over the ControlMaster connection to /dev/null;
 //! * first connect including the agent upload, and a second controller reusing it;
-//! * the agent's binary size and idle RSS.
+//! * the agent's binary size and idle RSS;
+//! * check_resources on one and sixteen hosts;
+//! * tree sync (`outpost sync`, cold: connect included) vs rsync over the same
+//!   sshd: remote-sandbox-mcp's scenario of 2,000 files of 1–8 KB plus 5 × 20 MB:
+//!   fresh push, re-push after 10 changed and 100 touched files, no-op push,
+//!   fresh pull, and the bytes sent for a 4 KiB edit in a 20 MB file.
+//!
+//! `outpost-bench sync` runs only the sync part.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -154,6 +161,14 @@ fn rss_kb(pid: i32) -> u64 {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
+    let only_sync = std::env::args().nth(1).as_deref() == Some("sync");
+    if !only_sync {
+        exec_and_metrics().await;
+    }
+    sync_vs_rsync();
+}
+
+async fn exec_and_metrics() {
     let sshd = Sshd::start();
     let scratch = TempDir::new("bench");
     let home = scratch.path().join("home");
@@ -319,4 +334,141 @@ async fn main() {
         agent_rss.iter().max().copied().unwrap_or(0),
         agent_pids
     );
+}
+
+/// Deterministic pseudo-random bytes.
+fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn timed(mut cmd: Command) -> (Duration, String) {
+    let t = Instant::now();
+    let out = cmd.output().expect("run");
+    let took = t.elapsed();
+    assert!(
+        out.status.success(),
+        "{:?} failed: {}",
+        cmd,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (took, String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn sync_vs_rsync() {
+    let sshd = Sshd::start();
+    let scratch = TempDir::new("bench-sync");
+    let home = scratch.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let config = write_config(scratch.path(), "box", &[&sshd]);
+    let src = scratch.path().join("src");
+    for i in 0..2000u64 {
+        let dir = src.join(format!("pkg{:02}", i % 40));
+        std::fs::create_dir_all(&dir).unwrap();
+        let len = 1024 + (i as usize * 7919) % 7168;
+        std::fs::write(dir.join(format!("f{i:04}.txt")), noise(len, i + 1)).unwrap();
+    }
+    for i in 0..5u64 {
+        std::fs::write(
+            src.join(format!("weights{i}.bin")),
+            noise(20 << 20, 1000 + i),
+        )
+        .unwrap();
+    }
+    let remote = |name: &str| sshd.remote_dir().join(name);
+    let outpost = |from: &str, to: &str| {
+        let mut cmd = Command::new(target_bin("outpost"));
+        cmd.args(["sync", "--no-default-excludes", from, to])
+            .env_clear()
+            .env("HOME", &home)
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("OUTPOST_CONFIG", &config);
+        cmd
+    };
+    let rsync = |from: String, to: String| {
+        let mut cmd = Command::new("rsync");
+        cmd.args(["-a", "--delete", "-e"])
+            .arg(format!(
+                "ssh -i {} -p {} -o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR",
+                sshd.client_key().display(),
+                sshd.port()
+            ))
+            .arg(from)
+            .arg(to);
+        cmd
+    };
+    let user_host = format!("{}@{}", sshd.user(), sshd.host());
+    let src_arg = format!("{}/", src.display());
+    let o_remote = format!("box0:{}", remote("o").display());
+    let r_remote = format!("{user_host}:{}/", remote("r").display());
+
+    let (o_fresh, _) = timed(outpost(&src_arg, &o_remote));
+    let (r_fresh, _) = timed(rsync(src_arg.clone(), r_remote.clone()));
+
+    // 10 changed, 100 touched (mtime only).
+    for i in 0..10u64 {
+        let path = src.join(format!("pkg{:02}/f{i:04}.txt", i % 40));
+        std::fs::write(&path, noise(2048, 50_000 + i)).unwrap();
+    }
+    for i in 100..200u64 {
+        let path = src.join(format!("pkg{:02}/f{i:04}.txt", i % 40));
+        let f = std::fs::File::options().write(true).open(&path).unwrap();
+        f.set_modified(std::time::SystemTime::now()).unwrap();
+    }
+    let (o_re, _) = timed(outpost(&src_arg, &o_remote));
+    let (r_re, _) = timed(rsync(src_arg.clone(), r_remote.clone()));
+    let (o_noop, _) = timed(outpost(&src_arg, &o_remote));
+    let (r_noop, _) = timed(rsync(src_arg.clone(), r_remote.clone()));
+
+    let o_back = scratch.path().join("o-back");
+    let r_back = scratch.path().join("r-back");
+    let (o_pull, _) = timed(outpost(&o_remote, &o_back.display().to_string()));
+    let (r_pull, _) = timed(rsync(r_remote.clone(), format!("{}/", r_back.display())));
+
+    // A 4 KiB edit in the middle of a 20 MB file.
+    let weights = src.join("weights0.bin");
+    let mut content = std::fs::read(&weights).unwrap();
+    let mid = content.len() / 2;
+    content[mid..mid + 4096].copy_from_slice(&noise(4096, 77));
+    std::fs::write(&weights, &content).unwrap();
+    let (o_edit, o_edit_out) = timed(outpost(&src_arg, &o_remote));
+    let mut r_cmd = rsync(src_arg.clone(), r_remote.clone());
+    r_cmd.arg("--stats");
+    let (r_edit, r_edit_out) = timed(r_cmd);
+    let rsync_sent = r_edit_out
+        .lines()
+        .find(|l| l.starts_with("Total bytes sent"))
+        .unwrap_or("Total bytes sent: ?")
+        .to_string();
+
+    let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
+    println!();
+    println!("sync: 2,000 files of 1–8 KB + 5 × 20 MB, cold runs (connect included)");
+    println!(
+        "  {:<34} {:>10} {:>10} {:>7}",
+        "", "outpost", "rsync", "ratio"
+    );
+    for (label, o, r) in [
+        ("fresh push", o_fresh, r_fresh),
+        ("re-push (10 changed, 100 touched)", o_re, r_re),
+        ("no-op push", o_noop, r_noop),
+        ("fresh pull", o_pull, r_pull),
+        ("4 KiB edit in a 20 MB file", o_edit, r_edit),
+    ] {
+        println!(
+            "  {label:<34} {:>10} {:>10} {:>6.2}x",
+            ms(o),
+            ms(r),
+            ratio(o, r)
+        );
+    }
+    println!("  bytes for the 4 KiB edit: outpost: {}", o_edit_out.trim());
+    println!("                            rsync:   {rsync_sent}");
 }

@@ -36,21 +36,17 @@ pub fn target(sshd: &Sshd) -> SshTarget {
 }
 
 pub fn config(target: SshTarget, state: &Path) -> Config {
-    Config {
-        sandboxes: vec![
-            SandboxConfig {
-                name: BOX.into(),
-                target: Target::Ssh(target),
-            },
-            SandboxConfig::local(),
-        ],
-        known_hosts: state.join("known_hosts"),
-        user_known_hosts: None,
-        connect_timeout: Duration::from_secs(5),
-        agent_bin: Some(target_bin("outpost-agent")),
-        agent_dirs: vec![],
-        source: "test".into(),
-    }
+    let sandboxes = vec![
+        SandboxConfig {
+            name: BOX.into(),
+            target: Target::Ssh(target),
+        },
+        SandboxConfig::local(),
+    ];
+    let mut config = Config::new(sandboxes, state.join("known_hosts"));
+    config.connect_timeout = Duration::from_secs(5);
+    config.agent_bin = Some(target_bin("outpost-agent"));
+    config
 }
 
 pub fn fleet(sshd: &Sshd, state: &Path) -> Fleet {
@@ -150,4 +146,56 @@ pub async fn timeout_suite(session: &Session) {
         });
         assert!(gone, "{command}: processes survived the timeout");
     }
+}
+
+/// What a tree looks like, for byte-exact comparisons: per relative path, its
+/// kind, permission bits, mtime and content (or symlink target).
+pub fn snapshot(root: &Path) -> std::collections::BTreeMap<Vec<u8>, String> {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::MetadataExt;
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let rel = path
+                .strip_prefix(root)
+                .unwrap()
+                .as_os_str()
+                .as_bytes()
+                .to_vec();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            let mode = meta.mode() & 0o7777;
+            let what = if meta.file_type().is_symlink() {
+                let target = std::fs::read_link(&path).unwrap();
+                format!(
+                    "link -> {}",
+                    String::from_utf8_lossy(target.as_os_str().as_bytes())
+                )
+            } else if meta.is_dir() {
+                stack.push(path.clone());
+                format!("dir {mode:o} {}", meta.mtime())
+            } else {
+                let content = std::fs::read(&path).unwrap();
+                format!(
+                    "file {mode:o} {}.{:09} {} {}",
+                    meta.mtime(),
+                    meta.mtime_nsec(),
+                    content.len(),
+                    blake3::hash(&content).to_hex()
+                )
+            };
+            out.insert(rel, what);
+        }
+    }
+    out
+}
+
+/// Outpost temporary files left anywhere under `root`.
+pub fn leftovers(root: &Path) -> Vec<String> {
+    snapshot(root)
+        .keys()
+        .map(|k| String::from_utf8_lossy(k).into_owned())
+        .filter(|k| k.rsplit('/').next().unwrap_or("").starts_with(".outpost-"))
+        .collect()
 }

@@ -1,0 +1,398 @@
+//! The file tools behind MCP: syncs (inline or background), listing, reading
+//! and writing remote files. Parameters and result fields follow
+//! remote-sandbox-mcp; the work is done by [`crate::sync`].
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use outpost_protocol::{EntryKind, FilterSpec, ScanRequest};
+use outpost_treesync::relpath;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::fleet::Fleet;
+use crate::sync::{self, SyncOptions, SyncReport};
+use crate::transfers::{Direction, ProgressView, Status, Transfers};
+
+/// How long an inline sync may wait for its plan before it is known whether
+/// it fits the inline limits; past that it continues in the background.
+const PLAN_WAIT: Duration = Duration::from_secs(20);
+/// Longest an inline sync blocks a tool call before going to the background.
+const INLINE_WAIT: Duration = Duration::from_secs(100);
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct SyncParams {
+    pub local_path: String,
+    pub remote_path: String,
+    /// Remove target paths the source lacks (never excluded ones).
+    #[serde(default)]
+    pub delete_extras: bool,
+    /// gitignore-syntax patterns, added to the defaults (.git/, node_modules/, …).
+    pub excludes: Option<Vec<String>>,
+    /// A local file of patterns.
+    pub exclude_file: Option<String>,
+    /// Also honour the source tree's .gitignore files.
+    #[serde(default)]
+    pub use_gitignore: bool,
+    /// Return the plan; change nothing.
+    #[serde(default)]
+    pub dry_run: bool,
+    /// Let delete_extras remove most of a non-trivial target.
+    #[serde(default)]
+    pub force: bool,
+    pub sandbox_name: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct TaskParams {
+    pub task_id: String,
+    /// Log lines to return. Default 50.
+    pub last_n_lines: Option<usize>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ListParams {
+    /// Default "." (the home).
+    pub remote_path: Option<String>,
+    #[serde(default)]
+    pub recursive: bool,
+    /// Default 200.
+    pub max_entries: Option<u64>,
+    pub sandbox_name: Option<String>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ListEntry {
+    /// Relative to remote_path.
+    pub path: String,
+    pub is_dir: bool,
+    pub size: u64,
+    /// Seconds since the epoch.
+    pub mtime: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub symlink: Option<String>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ListResult {
+    pub entries: Vec<ListEntry>,
+    pub truncated: bool,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ReadParams {
+    pub remote_path: String,
+    /// Default 200000.
+    pub max_bytes: Option<u64>,
+    /// Byte offset to start at. Default 0.
+    pub offset: Option<u64>,
+    pub sandbox_name: Option<String>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ReadResult {
+    pub size: u64,
+    pub truncated: bool,
+    /// The text; absent for binary files.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub binary: bool,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct WriteParams {
+    pub remote_path: String,
+    pub content: String,
+    /// Octal permission string, e.g. "755". Default "644".
+    pub mode: Option<String>,
+    /// Create missing parent directories. Default true.
+    pub create_parents: Option<bool>,
+    pub sandbox_name: Option<String>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct WriteResult {
+    pub status: String,
+    pub size: u64,
+}
+
+/// A sync's answer: the report when it ran inline, or the task when it went to
+/// the background.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct SyncOutcome {
+    /// "inline" or "background".
+    pub mode: String,
+    #[serde(flatten)]
+    pub report: Option<SyncReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub task_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<Status>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub progress: Option<ProgressView>,
+    /// Set when an inline sync outgrew the inline limits.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub auto_switched: bool,
+}
+
+fn options(fleet: &Fleet, p: &SyncParams) -> Result<(PathBuf, SyncOptions), String> {
+    let local = local_path(fleet, &p.local_path)?;
+    let options = SyncOptions {
+        delete_extras: p.delete_extras,
+        force: p.force,
+        dry_run: p.dry_run,
+        excludes: p.excludes.clone().unwrap_or_default(),
+        exclude_file: p
+            .exclude_file
+            .as_deref()
+            .map(|f| local_path(fleet, f))
+            .transpose()?,
+        default_excludes: true,
+        use_gitignore: p.use_gitignore,
+    };
+    Ok((local, options))
+}
+
+/// Expands `~` and, when `local_roots` is configured, refuses paths outside it.
+fn local_path(fleet: &Fleet, path: &str) -> Result<PathBuf, String> {
+    let home = std::env::var_os("HOME").map(PathBuf::from);
+    let path = crate::config::expand_tilde(path, home.as_deref());
+    let Some(roots) = &fleet.config.local_roots else {
+        return Ok(path);
+    };
+    // Resolve what exists, so `..` and symlinks cannot step outside.
+    let resolved = resolve_existing_prefix(&path);
+    if roots.iter().any(|r| {
+        let r = r.canonicalize().unwrap_or_else(|_| r.clone());
+        resolved.starts_with(&r)
+    }) {
+        Ok(path)
+    } else {
+        Err(format!(
+            "{} is outside the configured local_roots ({})",
+            path.display(),
+            roots
+                .iter()
+                .map(|r| r.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+    }
+}
+
+fn resolve_existing_prefix(path: &Path) -> PathBuf {
+    let mut existing = path.to_path_buf();
+    let mut rest = Vec::new();
+    while !existing.exists() {
+        match (existing.file_name(), existing.parent()) {
+            (Some(name), Some(parent)) => {
+                rest.push(name.to_owned());
+                existing = parent.to_path_buf();
+            }
+            _ => break,
+        }
+    }
+    let mut resolved = existing.canonicalize().unwrap_or(existing);
+    for name in rest.iter().rev() {
+        resolved.push(name);
+    }
+    resolved
+}
+
+pub fn sync_background(
+    fleet: &Fleet,
+    transfers: &Transfers,
+    p: SyncParams,
+) -> Result<SyncOutcome, String> {
+    let (local, options) = options(fleet, &p)?;
+    let session = fleet.get(p.sandbox_name.as_deref())?;
+    let task = transfers.start(session, Direction::Push, local, p.remote_path, options);
+    let view = task.view(0);
+    Ok(SyncOutcome {
+        mode: "background".into(),
+        report: None,
+        task_id: Some(view.task_id),
+        status: Some(view.status),
+        progress: Some(view.progress),
+        auto_switched: false,
+    })
+}
+
+/// Runs inline while the work to send stays within the configured limits;
+/// otherwise leaves it running in the background and says so.
+pub async fn sync_maybe_inline(
+    fleet: &Fleet,
+    transfers: &Transfers,
+    p: SyncParams,
+) -> Result<SyncOutcome, String> {
+    let (local, options) = options(fleet, &p)?;
+    let session = fleet.get(p.sandbox_name.as_deref())?;
+    let task = transfers.start(session, Direction::Push, local, p.remote_path, options);
+    let (max_files, max_bytes) = (
+        fleet.config.inline_sync_max_files,
+        fleet.config.inline_sync_max_bytes,
+    );
+    let started = std::time::Instant::now();
+    let mut switched = false;
+    // The decision follows the plan's size, whatever the timing: a transfer
+    // past the limits is reported as a background task even if it already
+    // finished, so the limits mean the same on fast and slow links.
+    loop {
+        let finished = tokio::time::timeout(Duration::from_millis(50), task.finished())
+            .await
+            .is_ok();
+        let view = task.view(0);
+        let too_big =
+            view.progress.files_total > max_files || view.progress.bytes_total > max_bytes;
+        let planless = view.progress.files_total == 0 && started.elapsed() > PLAN_WAIT;
+        if too_big || (!finished && (planless || started.elapsed() > INLINE_WAIT)) {
+            switched = true;
+            break;
+        }
+        if finished {
+            break;
+        }
+    }
+    let view = task.view(20);
+    if switched {
+        return Ok(SyncOutcome {
+            mode: "background".into(),
+            report: None,
+            task_id: Some(view.task_id),
+            status: Some(view.status),
+            progress: Some(view.progress),
+            auto_switched: true,
+        });
+    }
+    match (view.status, view.result, view.error) {
+        (Status::Completed, Some(report), _) => Ok(SyncOutcome {
+            mode: "inline".into(),
+            report: Some(report),
+            task_id: None,
+            status: None,
+            progress: None,
+            auto_switched: false,
+        }),
+        (_, _, Some(error)) => Err(error),
+        (status, _, _) => Err(format!("sync ended {status:?}")),
+    }
+}
+
+pub async fn pull(fleet: &Fleet, p: SyncParams) -> Result<SyncReport, String> {
+    let (local, options) = options(fleet, &p)?;
+    let session = fleet.get(p.sandbox_name.as_deref())?;
+    sync::pull(
+        &session,
+        &p.remote_path,
+        &local,
+        &options,
+        Default::default(),
+    )
+    .await
+    .map_err(|e| e.to_string())
+}
+
+pub async fn list(fleet: &Fleet, p: ListParams) -> Result<ListResult, String> {
+    let session = fleet.get(p.sandbox_name.as_deref())?;
+    let root = match p.remote_path.as_deref() {
+        None | Some("") | Some(".") => "~".to_string(),
+        Some(path) => path.to_string(),
+    };
+    let request = ScanRequest {
+        root: root.clone(),
+        filter: FilterSpec::default(),
+        hashes: false,
+        recursive: p.recursive,
+        max_entries: p.max_entries.unwrap_or(200),
+    };
+    let (entries, summary) = sync::scan_remote(&session, request)
+        .await
+        .map_err(|e| e.to_string())?;
+    if !summary.root_exists {
+        return Err(format!("remote path not found: {root}"));
+    }
+    Ok(ListResult {
+        entries: entries
+            .into_iter()
+            .map(|e| ListEntry {
+                path: relpath::display(&e.path),
+                is_dir: e.kind == EntryKind::Dir,
+                size: e.size,
+                mtime: e.mtime_ns as f64 / 1e9,
+                symlink: match &e.kind {
+                    EntryKind::Symlink { target } => Some(relpath::display(target)),
+                    _ => None,
+                },
+            })
+            .collect(),
+        truncated: summary.truncated,
+    })
+}
+
+pub async fn read(fleet: &Fleet, p: ReadParams) -> Result<ReadResult, String> {
+    let session = fleet.get(p.sandbox_name.as_deref())?;
+    let max = p.max_bytes.unwrap_or(200_000);
+    let offset = p.offset.unwrap_or(0);
+    let (bytes, size) = sync::read_remote(&session, &p.remote_path, offset, max)
+        .await
+        .map_err(|e| e.to_string())?;
+    let truncated = offset + (bytes.len() as u64) < size;
+    let binary = looks_binary(&bytes, truncated);
+    Ok(ReadResult {
+        size,
+        truncated,
+        content: (!binary).then(|| String::from_utf8_lossy(&bytes).into_owned()),
+        binary,
+    })
+}
+
+/// NUL bytes, or invalid UTF-8 other than a sequence cut at the end of a
+/// truncated read, mean binary.
+fn looks_binary(bytes: &[u8], truncated: bool) -> bool {
+    if bytes.contains(&0) {
+        return true;
+    }
+    match std::str::from_utf8(bytes) {
+        Ok(_) => false,
+        Err(e) => !(truncated && e.error_len().is_none()),
+    }
+}
+
+pub async fn write(fleet: &Fleet, p: WriteParams) -> Result<WriteResult, String> {
+    let session = fleet.get(p.sandbox_name.as_deref())?;
+    let mode = match p.mode.as_deref() {
+        None => 0o644,
+        Some(m) => u32::from_str_radix(m.trim_start_matches("0o"), 8)
+            .ok()
+            .filter(|m| *m <= 0o7777)
+            .ok_or_else(|| format!("mode must be octal like \"644\", got {m:?}"))?,
+    };
+    sync::write_remote(
+        &session,
+        &p.remote_path,
+        p.content.as_bytes(),
+        mode,
+        p.create_parents.unwrap_or(true),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    Ok(WriteResult {
+        status: "written".into(),
+        size: p.content.len() as u64,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn binary_detection() {
+        assert!(!looks_binary(b"plain text\n", false));
+        assert!(looks_binary(b"a\0b", false));
+        assert!(looks_binary(b"\xff\xfe", false));
+        // A multi-byte character cut by max_bytes is still text.
+        assert!(!looks_binary("héllo".as_bytes().split_at(2).0, true));
+    }
+}

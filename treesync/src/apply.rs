@@ -1,0 +1,1024 @@
+//! Carrying a plan out on the receiving side.
+//!
+//! Architecture invariant: nothing is ever written at a final path directly.
+//! Content goes to `.outpost-*.tmp` in the target's directory, is checked
+//! against its BLAKE3 hash, flushed (one `syncfs` per batch rather than an
+//! `fsync` per file), checked against [`outpost_protocol::Expect`], and renamed
+//! into place. Parents are walked without following symlinks, so a symlink in
+//! the tree can never redirect a write outside the root.
+//!
+//! How parents are walked: the root is opened (it may itself be a symlink; it
+//! is the caller's choice of path), then each parent component is opened
+//! relative to the previous one with `O_NOFOLLOW`, and every later operation
+//! (`openat`, `renameat`, `unlinkat`, …) names a single component relative to
+//! that descriptor. A component that is a symlink or not a directory stops the
+//! operation with "parent is not a directory (symlink?)". Because the checks
+//! and the operations use the same descriptors, swapping a directory for a
+//! symlink halfway through changes nothing.
+//!
+//! Durability of [`Applier::put_files`]: all temporary files of a batch are
+//! written first, then one `syncfs` per filesystem flushes them together (a
+//! per-file `fsync` costs a journal commit each, which dominates when
+//! thousands of small files arrive), then each is checked and renamed, and
+//! finally every directory that gained or lost a name is `fsync`ed once. After
+//! a crash a path holds either its old content or its complete new content.
+//! Metadata operations fsync the directories they touched once at the end.
+//!
+//! Problems vs errors: every file and every op succeeds or fails on its own; a
+//! failure is a [`PathProblem`] in the report and never touches what is at the
+//! final path. Only [`Applier::put_part`] returns an error (for its one part).
+
+use std::collections::HashMap;
+use std::ffi::{CStr, CString};
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use outpost_protocol::{
+    ApplyReport, Expect, FileContent, FilePut, MetaOp, PartData, PathProblem, PutFiles, ReadSpec,
+};
+
+use crate::codec;
+use crate::filter::TEMP_PREFIX;
+use crate::relpath;
+use crate::sys::{self, Stat};
+
+/// A part's data decompresses to at most this much.
+pub const MAX_PART_LEN: usize = 16 << 20;
+
+/// Directories created for missing parents get this mode (before umask).
+const PARENT_MODE: u32 = 0o755;
+
+/// The message for an [`Expect`] that no longer holds.
+const CHANGED: &str = "changed underneath since the scan; rerun";
+
+/// Parent directories held open at once while writing a batch.
+const MAX_OPEN_DIRS: usize = 256;
+
+/// Deepest directory tree a `Remove` takes apart.
+const MAX_REMOVE_DEPTH: usize = 1024;
+
+/// The receiving side of one root. Holds staged parts of large files; staging
+/// files it still holds are removed when it is dropped.
+pub struct Applier {
+    root: PathBuf,
+    staged: HashMap<u64, Staged>,
+}
+
+/// A large file being assembled from parts: `.outpost-part-<xfer>.tmp` in the
+/// directory of the file it will replace.
+struct Staged {
+    path: Vec<u8>,
+    dir: Arc<OwnedFd>,
+    name: CString,
+    file: File,
+    dev: u64,
+    ino: u64,
+}
+
+impl Staged {
+    /// Removes the staging file, unless its name now belongs to another file.
+    fn discard(self) {
+        remove_if_ours(self.dir.as_fd(), &self.name, self.dev, self.ino);
+    }
+}
+
+/// Unlinks `name` if it is still the inode we created.
+fn remove_if_ours(dir: BorrowedFd<'_>, name: &CStr, dev: u64, ino: u64) {
+    if let Ok(st) = sys::lstatat(dir, name)
+        && (st.dev, st.ino) == (dev, ino)
+    {
+        let _ = sys::unlinkat(dir, name, false);
+    }
+}
+
+impl Drop for Applier {
+    fn drop(&mut self) {
+        for (_, staged) in self.staged.drain() {
+            staged.discard();
+        }
+    }
+}
+
+/// A verified temporary file waiting for its rename.
+struct Ready {
+    path: Vec<u8>,
+    parent: Vec<u8>,
+    dir: Arc<OwnedFd>,
+    tmp: CString,
+    name: CString,
+    dev: u64,
+    ino: u64,
+    expect: Expect,
+}
+
+/// Files of one `put_files` batch written and waiting to be committed
+/// together. Temporary files are closed once written (a batch may hold
+/// thousands); one open file per filesystem is kept for `syncfs`.
+struct Group<'a> {
+    dirs: Dirs<'a>,
+    ready: Vec<(usize, Ready)>,
+    flush_with: HashMap<u64, File>,
+}
+
+impl<'a> Group<'a> {
+    fn new(root: &'a Path) -> Group<'a> {
+        Group {
+            dirs: Dirs::new(root),
+            ready: Vec::new(),
+            flush_with: HashMap::new(),
+        }
+    }
+
+    /// Flushes the written files (one `syncfs` per filesystem), renames each
+    /// into place if its expectation holds, and fsyncs the directories that
+    /// changed.
+    fn finish(mut self, done: &mut u32, problems: &mut Vec<(usize, PathProblem)>) {
+        let flushed: HashMap<u64, Option<String>> = self
+            .flush_with
+            .iter()
+            .map(|(&dev, file)| (dev, sys::syncfs(file.as_fd()).err().map(|e| e.to_string())))
+            .collect();
+        drop(std::mem::take(&mut self.flush_with));
+        for (index, r) in self.ready.drain(..) {
+            let result = match flushed.get(&r.dev) {
+                Some(Some(err)) => Err(format!("could not flush to disk: {err}")),
+                _ => commit(&r),
+            };
+            match result {
+                Ok(()) => {
+                    *done += 1;
+                    self.dirs.touch(&r.parent, &r.dir);
+                }
+                Err(message) => {
+                    r.discard();
+                    problems.push((
+                        index,
+                        PathProblem {
+                            path: r.path,
+                            message,
+                        },
+                    ));
+                }
+            }
+        }
+        problems.extend(
+            self.dirs
+                .sync_touched()
+                .into_iter()
+                .map(|p| (usize::MAX, p)),
+        );
+    }
+}
+
+impl Ready {
+    fn discard(&self) {
+        remove_if_ours(self.dir.as_fd(), &self.tmp, self.dev, self.ino);
+    }
+}
+
+impl Applier {
+    pub fn new(root: &Path) -> Applier {
+        Applier {
+            root: root.to_path_buf(),
+            staged: HashMap::new(),
+        }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Writes whole files; each file succeeds or becomes a problem on its own.
+    ///
+    /// With `create_parents`, missing parents (and the root itself) are
+    /// created, mode 0755 before umask. `done` counts committed files.
+    pub fn put_files(&mut self, req: &PutFiles) -> ApplyReport {
+        let root = self.root.clone();
+        let mut report = ApplyReport::default();
+        // (index in the request, problem): reported in request order.
+        let mut problems: Vec<(usize, PathProblem)> = Vec::new();
+        let mut group = Group::new(&root);
+        for (index, put) in req.files.iter().enumerate() {
+            match self.prepare(put, &mut group.dirs, req.create_parents) {
+                Ok((ready, file)) => {
+                    group.flush_with.entry(ready.dev).or_insert(file);
+                    group.ready.push((index, ready));
+                }
+                Err(message) => problems.push((
+                    index,
+                    PathProblem {
+                        path: put.path.clone(),
+                        message,
+                    },
+                )),
+            }
+            // Each open parent holds a descriptor; a batch spread over very
+            // many directories is committed in groups to stay far from the
+            // process's descriptor limit.
+            if group.dirs.open.len() >= MAX_OPEN_DIRS {
+                group.finish(&mut report.done, &mut problems);
+                group = Group::new(&root);
+            }
+        }
+        group.finish(&mut report.done, &mut problems);
+        problems.sort_by_key(|(index, _)| *index);
+        report.problems = problems.into_iter().map(|(_, p)| p).collect();
+        report
+    }
+
+    /// Writes a file's content to a temporary file beside it and checks it.
+    fn prepare(
+        &mut self,
+        put: &FilePut,
+        dirs: &mut Dirs,
+        create_parents: bool,
+    ) -> Result<(Ready, File), String> {
+        let comps = relpath::components(&put.path)?;
+        let (leaf, parents) = comps.split_last().expect("components are never empty");
+        let name = sys::cstring(leaf).map_err(|e| e.to_string())?;
+        let parent = relpath::parent(&put.path).to_vec();
+        match &put.content {
+            FileContent::Inline(data) => {
+                let dir = dirs.parent(parents, create_parents)?;
+                let (tmp, file) = create_temp(&dir)
+                    .map_err(|e| format!("cannot create a temporary file: {e}"))?;
+                let st = sys::fstat(file.as_fd()).map_err(|e| e.to_string());
+                let written = st.clone().and_then(|_| write_inline(&file, data, put));
+                if let Err(message) = written {
+                    let _ = sys::unlinkat(dir.as_fd(), &tmp, false);
+                    return Err(message);
+                }
+                let st = st?;
+                let ready = Ready {
+                    path: put.path.clone(),
+                    parent,
+                    dir,
+                    tmp,
+                    name,
+                    dev: st.dev,
+                    ino: st.ino,
+                    expect: put.expect.clone(),
+                };
+                Ok((ready, file))
+            }
+            FileContent::Staged { xfer } => {
+                let staged = self
+                    .staged
+                    .remove(xfer)
+                    .ok_or_else(|| format!("no staged transfer {xfer}"))?;
+                if staged.path != put.path {
+                    let message = format!(
+                        "transfer {xfer} was staged for {}, not for this path",
+                        relpath::display(&staged.path)
+                    );
+                    self.staged.insert(*xfer, staged);
+                    return Err(message);
+                }
+                // The staging directory must still be the one at the path: if
+                // it was removed and recreated, a rename would land nowhere.
+                let current = dirs.parent(parents, false);
+                let id = |fd: &OwnedFd| sys::fstat(fd.as_fd()).ok().map(|st| (st.dev, st.ino));
+                let same_dir = current.as_deref().ok().and_then(id) == id(&staged.dir);
+                let checked = match current {
+                    Err(message) => Err(message.into()),
+                    Ok(_) if !same_dir => {
+                        Err("the directory was replaced while parts were staged".to_string())
+                    }
+                    Ok(_) => verify_staged(&staged.file, put),
+                };
+                if let Err(message) = checked {
+                    staged.discard();
+                    return Err(message);
+                }
+                let ready = Ready {
+                    path: put.path.clone(),
+                    parent,
+                    dir: staged.dir.clone(),
+                    tmp: staged.name.clone(),
+                    name,
+                    dev: staged.dev,
+                    ino: staged.ino,
+                    expect: put.expect.clone(),
+                };
+                Ok((ready, staged.file))
+            }
+        }
+    }
+
+    /// Writes one part of a staged file at `offset`.
+    ///
+    /// The first part of a transfer creates the staging file (and any missing
+    /// parent directories, as a commit with `create_parents` would). A failed
+    /// part leaves the staging file in place for a retry or an `Abort`.
+    pub fn put_part(
+        &mut self,
+        xfer: u64,
+        path: &[u8],
+        offset: u64,
+        data: &PartData,
+    ) -> Result<(), String> {
+        let comps = relpath::components(path)?;
+        let (leaf, parents) = comps.split_last().expect("components are never empty");
+        if !self.staged.contains_key(&xfer) {
+            let root = self.root.clone();
+            let mut dirs = Dirs::new(&root);
+            let dir = dirs.parent(parents, true)?;
+            let name = sys::cstring(format!("{TEMP_PREFIX}part-{xfer}.tmp").as_bytes())
+                .map_err(|e| e.to_string())?;
+            let flags = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
+            let fd = match sys::openat(dir.as_fd(), &name, flags, 0o600) {
+                // A leftover from an agent that died mid-transfer. Removing it
+                // is safe even if it were live: a commit verifies the hash and
+                // that its name still holds its own inode.
+                Err(err) if sys::is_errno(&err, libc::EEXIST) => {
+                    let _ = sys::unlinkat(dir.as_fd(), &name, false);
+                    sys::openat(dir.as_fd(), &name, flags, 0o600)
+                }
+                other => other,
+            }
+            .map_err(|e| format!("cannot create the staging file: {e}"))?;
+            let st = sys::fstat(fd.as_fd()).map_err(|e| e.to_string())?;
+            // Parents created here must outlive a crash as the commit will.
+            if let Some(problem) = dirs.sync_touched().into_iter().next() {
+                let _ = sys::unlinkat(dir.as_fd(), &name, false);
+                return Err(problem.message);
+            }
+            self.staged.insert(
+                xfer,
+                Staged {
+                    path: path.to_vec(),
+                    dir,
+                    name,
+                    file: File::from(fd),
+                    dev: st.dev,
+                    ino: st.ino,
+                },
+            );
+        }
+        let staged = &self.staged[&xfer];
+        if staged.path != path {
+            return Err(format!(
+                "transfer {xfer} is staging {}, not {}",
+                relpath::display(&staged.path),
+                relpath::display(path)
+            ));
+        }
+        match data {
+            PartData::Data(compressed) => {
+                let bytes = codec::decompress(compressed, MAX_PART_LEN)?;
+                offset
+                    .checked_add(bytes.len() as u64)
+                    .ok_or("part offset out of range")?;
+                staged
+                    .file
+                    .write_all_at(&bytes, offset)
+                    .map_err(|e| format!("cannot write the staging file: {e}"))
+            }
+            PartData::Copy { from_offset, len } => {
+                if from_offset.checked_add(*len).is_none() || offset.checked_add(*len).is_none() {
+                    return Err("copy range out of range".to_string());
+                }
+                let leaf = sys::cstring(leaf).map_err(|e| e.to_string())?;
+                let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
+                let source = match sys::openat(staged.dir.as_fd(), &leaf, flags, 0) {
+                    Ok(fd) => File::from(fd),
+                    Err(err) if sys::is_errno(&err, libc::ELOOP) => {
+                        return Err("the file to copy from is a symlink; not followed".to_string());
+                    }
+                    Err(err) => return Err(format!("cannot open the file to copy from: {err}")),
+                };
+                let st = sys::fstat(source.as_fd()).map_err(|e| e.to_string())?;
+                if !st.is_file() {
+                    return Err(format!(
+                        "the path to copy from is {}, not a file",
+                        st.kind_name()
+                    ));
+                }
+                let copied = copy_range(&source, *from_offset, &staged.file, offset, *len)
+                    .map_err(|e| format!("copy failed: {e}"))?;
+                if copied < *len {
+                    return Err(format!(
+                        "the current file ends before {} (copied {copied} of {len} bytes)",
+                        from_offset + len
+                    ));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Applies ops in order; each op succeeds or becomes a problem on its own.
+    ///
+    /// `Mkdir` creates missing parents and the root; the other ops need their
+    /// parent directory to exist. `Remove` of a missing path succeeds.
+    /// A problem about an `Abort` has an empty path.
+    pub fn apply_meta(&mut self, ops: &[MetaOp]) -> ApplyReport {
+        let mut report = ApplyReport::default();
+        let root = self.root.clone();
+        let mut dirs = Dirs::new(&root);
+        for op in ops {
+            let (path, result) = match op {
+                MetaOp::Mkdir { path, mode } => (path.as_slice(), mkdir(&mut dirs, path, *mode)),
+                MetaOp::Symlink { path, target } => {
+                    (path.as_slice(), symlink(&mut dirs, path, target))
+                }
+                MetaOp::SetAttrs {
+                    path,
+                    mode,
+                    mtime_ns,
+                } => (
+                    path.as_slice(),
+                    set_attrs(&mut dirs, path, *mode, *mtime_ns),
+                ),
+                MetaOp::Remove { path } => (path.as_slice(), remove(&mut dirs, path)),
+                MetaOp::Abort { xfer } => {
+                    if let Some(staged) = self.staged.remove(xfer) {
+                        staged.discard();
+                    }
+                    (&[][..], Ok(()))
+                }
+            };
+            match result {
+                Ok(()) => report.done += 1,
+                Err(message) => report.problems.push(PathProblem {
+                    path: path.to_vec(),
+                    message,
+                }),
+            }
+        }
+        report.problems.extend(dirs.sync_touched());
+        report
+    }
+}
+
+/// Creates `.outpost-<random>.tmp` in `dir`, mode 0600, exclusively.
+fn create_temp(dir: &OwnedFd) -> io::Result<(CString, File)> {
+    let flags = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
+    let mut last = None;
+    for _ in 0..8 {
+        let name = sys::cstring(format!("{TEMP_PREFIX}{:016x}.tmp", sys::random_u64()).as_bytes())?;
+        match sys::openat(dir.as_fd(), &name, flags, 0o600) {
+            Ok(fd) => return Ok((name, File::from(fd))),
+            Err(err) if sys::is_errno(&err, libc::EEXIST) => last = Some(err),
+            Err(err) => return Err(err),
+        }
+    }
+    Err(last.unwrap_or_else(|| io::Error::other("no free temporary name")))
+}
+
+/// Decompresses inline content into `file`, checks size and hash, and sets
+/// mode and mtime.
+fn write_inline(file: &File, data: &[u8], put: &FilePut) -> Result<(), String> {
+    let mut hasher = blake3::Hasher::new();
+    let mut out = file;
+    let n = codec::decompress_into(data, put.size, &mut |piece| {
+        hasher.update(piece);
+        out.write_all(piece)
+    })?;
+    if n != put.size {
+        return Err(format!("content is {n} bytes, expected {}", put.size));
+    }
+    if hasher.finalize().as_bytes() != &put.hash {
+        return Err("content does not match its hash".to_string());
+    }
+    finish(file, put)
+}
+
+/// Checks an assembled staging file against the put's size and hash, and sets
+/// mode and mtime.
+fn verify_staged(file: &File, put: &FilePut) -> Result<(), String> {
+    let st = sys::fstat(file.as_fd()).map_err(|e| e.to_string())?;
+    if st.size != put.size {
+        return Err(format!(
+            "staged content is {} bytes, expected {}",
+            st.size, put.size
+        ));
+    }
+    let mut hasher = blake3::Hasher::new();
+    let mut buf = vec![0u8; (1 << 20).min(put.size.max(1) as usize)];
+    let mut pos = 0u64;
+    while pos < put.size {
+        let want = buf.len().min((put.size - pos) as usize);
+        let n = file
+            .read_at(&mut buf[..want], pos)
+            .map_err(|e| format!("cannot read the staged content: {e}"))?;
+        if n == 0 {
+            return Err("staged content ended early".to_string());
+        }
+        hasher.update(&buf[..n]);
+        pos += n as u64;
+    }
+    if hasher.finalize().as_bytes() != &put.hash {
+        return Err("staged content does not match its hash".to_string());
+    }
+    finish(file, put)
+}
+
+fn finish(file: &File, put: &FilePut) -> Result<(), String> {
+    sys::fchmod(file.as_fd(), put.mode).map_err(|e| format!("cannot set the mode: {e}"))?;
+    sys::futimens(file.as_fd(), put.mtime_ns).map_err(|e| format!("cannot set the mtime: {e}"))
+}
+
+/// Renames a verified temporary file into place if the target still looks as
+/// expected.
+fn commit(r: &Ready) -> Result<(), String> {
+    let dir = r.dir.as_fd();
+    match sys::lstatat(dir, &r.tmp) {
+        Ok(st) if (st.dev, st.ino) == (r.dev, r.ino) => {}
+        _ => return Err("the temporary file was removed or replaced; not committed".to_string()),
+    }
+    let rename = |noreplace: bool| sys::renameat(dir, &r.tmp, dir, &r.name, noreplace);
+    let result = match r.expect {
+        Expect::Any => rename(false),
+        Expect::Absent => match rename(true) {
+            Err(err) if sys::is_errno(&err, libc::EEXIST) => return Err(CHANGED.to_string()),
+            // No RENAME_NOREPLACE on this filesystem: check, then rename.
+            Err(err) if sys::is_errno(&err, libc::EINVAL) || sys::is_errno(&err, libc::ENOSYS) => {
+                match sys::lstatat(dir, &r.name) {
+                    Err(e) if sys::is_errno(&e, libc::ENOENT) => rename(false),
+                    _ => return Err(CHANGED.to_string()),
+                }
+            }
+            other => other,
+        },
+        Expect::File { size, mtime_ns } => match sys::lstatat(dir, &r.name) {
+            Ok(st) if st.is_file() && st.size == size && st.mtime_ns == mtime_ns => rename(false),
+            _ => return Err(CHANGED.to_string()),
+        },
+    };
+    result.map_err(|err| match err.raw_os_error() {
+        Some(libc::EISDIR) | Some(libc::ENOTEMPTY) | Some(libc::EEXIST) => {
+            "a directory is in the way".to_string()
+        }
+        _ => format!("cannot rename into place: {err}"),
+    })
+}
+
+/// Copies a byte range between files, in the kernel where it can (which also
+/// shares extents on filesystems that support it).
+fn copy_range(from: &File, from_off: u64, to: &File, to_off: u64, len: u64) -> io::Result<u64> {
+    match sys::copy_file_range(from, from_off, to, to_off, len) {
+        Ok(n) => Ok(n),
+        Err(err)
+            if [
+                libc::EXDEV,
+                libc::EINVAL,
+                libc::ENOSYS,
+                libc::EOPNOTSUPP,
+                libc::EBADF,
+                libc::EPERM,
+            ]
+            .iter()
+            .any(|&e| sys::is_errno(&err, e)) =>
+        {
+            let mut buf = vec![0u8; (1 << 20).min(len.max(1) as usize)];
+            let mut done = 0u64;
+            while done < len {
+                let want = buf.len().min((len - done) as usize);
+                let n = from.read_at(&mut buf[..want], from_off + done)?;
+                if n == 0 {
+                    break;
+                }
+                to.write_all_at(&buf[..n], to_off + done)?;
+                done += n as u64;
+            }
+            Ok(done)
+        }
+        Err(err) => Err(err),
+    }
+}
+
+fn mkdir(dirs: &mut Dirs, path: &[u8], mode: u32) -> Result<(), String> {
+    let comps = relpath::components(path)?;
+    let (leaf, parents) = comps.split_last().expect("components are never empty");
+    let dir = dirs.parent(parents, true)?;
+    let name = sys::cstring(leaf).map_err(|e| e.to_string())?;
+    match sys::mkdirat(dir.as_fd(), &name, mode & 0o7777) {
+        Ok(()) => dirs.touch(relpath::parent(path), &dir),
+        Err(err) if sys::is_errno(&err, libc::EEXIST) => {
+            let st = sys::lstatat(dir.as_fd(), &name).map_err(|e| e.to_string())?;
+            if !st.is_dir() {
+                return Err(format!("exists and is {}, not a directory", st.kind_name()));
+            }
+        }
+        Err(err) => return Err(format!("cannot create the directory: {err}")),
+    }
+    // mkdir applies the umask; the mode asked for is the mode wanted.
+    chmod_nofollow(dir.as_fd(), &name, mode)
+}
+
+fn symlink(dirs: &mut Dirs, path: &[u8], target: &[u8]) -> Result<(), String> {
+    let comps = relpath::components(path)?;
+    let (leaf, parents) = comps.split_last().expect("components are never empty");
+    if target.is_empty() {
+        return Err("empty symlink target".to_string());
+    }
+    let target =
+        sys::cstring(target).map_err(|_| "symlink target contains a NUL byte".to_string())?;
+    let dir = dirs.parent(parents, false)?;
+    let name = sys::cstring(leaf).map_err(|e| e.to_string())?;
+    if let Ok(st) = sys::lstatat(dir.as_fd(), &name)
+        && st.is_dir()
+    {
+        return Err("a directory is in the way".to_string());
+    }
+    let mut tmp = None;
+    for _ in 0..8 {
+        let candidate =
+            sys::cstring(format!("{TEMP_PREFIX}{:016x}.tmp", sys::random_u64()).as_bytes())
+                .map_err(|e| e.to_string())?;
+        match sys::symlinkat(&target, dir.as_fd(), &candidate) {
+            Ok(()) => {
+                tmp = Some(candidate);
+                break;
+            }
+            Err(err) if sys::is_errno(&err, libc::EEXIST) => {}
+            Err(err) => return Err(format!("cannot create the symlink: {err}")),
+        }
+    }
+    let tmp = tmp.ok_or("no free temporary name")?;
+    if let Err(err) = sys::renameat(dir.as_fd(), &tmp, dir.as_fd(), &name, false) {
+        let _ = sys::unlinkat(dir.as_fd(), &tmp, false);
+        return Err(match err.raw_os_error() {
+            Some(libc::EISDIR) | Some(libc::ENOTEMPTY) | Some(libc::EEXIST) => {
+                "a directory is in the way".to_string()
+            }
+            _ => format!("cannot rename into place: {err}"),
+        });
+    }
+    dirs.touch(relpath::parent(path), &dir);
+    Ok(())
+}
+
+fn set_attrs(dirs: &mut Dirs, path: &[u8], mode: u32, mtime_ns: i64) -> Result<(), String> {
+    let comps = relpath::components(path)?;
+    let (leaf, parents) = comps.split_last().expect("components are never empty");
+    let dir = dirs.parent(parents, false)?;
+    let name = sys::cstring(leaf).map_err(|e| e.to_string())?;
+    let st = sys::lstatat(dir.as_fd(), &name).map_err(|e| match e.raw_os_error() {
+        Some(libc::ENOENT) => "does not exist".to_string(),
+        _ => e.to_string(),
+    })?;
+    // Linux symlinks have no mode of their own; only their mtime is set.
+    if !st.is_symlink() {
+        chmod_nofollow(dir.as_fd(), &name, mode)?;
+    }
+    sys::lutimensat(dir.as_fd(), &name, mtime_ns).map_err(|e| format!("cannot set the mtime: {e}"))
+}
+
+/// chmod without following a symlink: through a descriptor opened with
+/// `O_NOFOLLOW` where possible (files and directories we may read), else by
+/// name after checking it is not a symlink.
+fn chmod_nofollow(dir: BorrowedFd<'_>, name: &CStr, mode: u32) -> Result<(), String> {
+    let st = sys::lstatat(dir, name).map_err(|e| e.to_string())?;
+    if st.is_symlink() {
+        return Err("is a symlink; mode not changed".to_string());
+    }
+    let err = |e: io::Error| format!("cannot set the mode: {e}");
+    // Opening devices or fifos can have side effects; only these two kinds.
+    if st.is_file() || st.is_dir() {
+        let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
+        if let Ok(fd) = sys::openat(dir, name, flags, 0) {
+            let now = sys::fstat(fd.as_fd()).map_err(err)?;
+            if (now.dev, now.ino) != (st.dev, st.ino) {
+                return Err("replaced while its mode was being set".to_string());
+            }
+            return sys::fchmod(fd.as_fd(), mode).map_err(err);
+        }
+    }
+    sys::fchmodat(dir, name, mode).map_err(err)
+}
+
+fn remove(dirs: &mut Dirs, path: &[u8]) -> Result<(), String> {
+    let comps = relpath::components(path)?;
+    let (leaf, parents) = comps.split_last().expect("components are never empty");
+    let dir = match dirs.parent(parents, false) {
+        Ok(dir) => dir,
+        // Nothing there: already removed.
+        Err(DirError { missing: true, .. }) => return Ok(()),
+        Err(err) => return Err(err.message),
+    };
+    let name = sys::cstring(leaf).map_err(|e| e.to_string())?;
+    let result = match sys::lstatat(dir.as_fd(), &name) {
+        Err(err) if sys::is_errno(&err, libc::ENOENT) => return Ok(()),
+        Err(err) => Err(err),
+        Ok(st) if st.is_dir() => remove_tree(dir.as_fd(), &name, 0),
+        Ok(_) => sys::unlinkat(dir.as_fd(), &name, false),
+    };
+    dirs.forget(path);
+    match result {
+        Ok(()) => {
+            dirs.touch(relpath::parent(path), &dir);
+            Ok(())
+        }
+        Err(err) if sys::is_errno(&err, libc::ENOENT) => Ok(()),
+        Err(err) => Err(format!("cannot remove: {err}")),
+    }
+}
+
+/// Removes the directory `name` in `parent` and everything below it, never
+/// following a symlink (each level is opened with `O_NOFOLLOW`, and symlinks
+/// inside are unlinked as names).
+fn remove_tree(parent: BorrowedFd<'_>, name: &CStr, depth: usize) -> io::Result<()> {
+    if depth > MAX_REMOVE_DEPTH {
+        return Err(io::Error::other("directory tree too deep to remove"));
+    }
+    let flags = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_NONBLOCK;
+    let mut stream = sys::DirStream::new(sys::openat(parent, name, flags, 0)?)?;
+    // Names first, removals after: no reliance on how readdir behaves while
+    // the directory changes under it.
+    let mut children = Vec::new();
+    while let Some(entry) = stream.next_entry() {
+        children.push(entry?);
+    }
+    let fd = stream.fd();
+    for (child, d_type) in children {
+        let is_dir = match d_type {
+            libc::DT_DIR => true,
+            libc::DT_UNKNOWN => sys::lstatat(fd, &child)
+                .map(|st| st.is_dir())
+                .unwrap_or(false),
+            _ => false,
+        };
+        let result = if is_dir {
+            remove_tree(fd, &child, depth + 1)
+        } else {
+            match sys::unlinkat(fd, &child, false) {
+                Err(err) if sys::is_errno(&err, libc::EISDIR) => remove_tree(fd, &child, depth + 1),
+                other => other,
+            }
+        };
+        match result {
+            Err(err) if !sys::is_errno(&err, libc::ENOENT) => return Err(err),
+            _ => {}
+        }
+    }
+    drop(stream);
+    sys::unlinkat(parent, name, true)
+}
+
+/// Why a parent directory could not be opened.
+struct DirError {
+    /// The root or a parent does not exist (as opposed to being a symlink,
+    /// a file, or unreadable).
+    missing: bool,
+    message: String,
+}
+
+impl From<DirError> for String {
+    fn from(err: DirError) -> String {
+        err.message
+    }
+}
+
+/// Parent directories opened during one request, by relative path, and the
+/// directories whose names changed (to fsync once at the end).
+struct Dirs<'a> {
+    root: &'a Path,
+    open: HashMap<Vec<u8>, Arc<OwnedFd>>,
+    touched: HashMap<Vec<u8>, Arc<OwnedFd>>,
+}
+
+impl<'a> Dirs<'a> {
+    fn new(root: &'a Path) -> Dirs<'a> {
+        Dirs {
+            root,
+            open: HashMap::new(),
+            touched: HashMap::new(),
+        }
+    }
+
+    fn open_root(&mut self, create: bool) -> Result<Arc<OwnedFd>, DirError> {
+        if let Some(fd) = self.open.get(&b""[..]) {
+            return Ok(fd.clone());
+        }
+        let flags = libc::O_PATH | libc::O_DIRECTORY;
+        let opened = match sys::open_path(self.root, flags, 0) {
+            Err(err) if create && sys::is_errno(&err, libc::ENOENT) => {
+                std::fs::create_dir_all(self.root)
+                    .and_then(|()| sys::open_path(self.root, flags, 0))
+                    .map_err(|e| DirError {
+                        missing: false,
+                        message: format!("cannot create the root {}: {e}", self.root.display()),
+                    })?
+            }
+            Ok(fd) => fd,
+            Err(err) => {
+                let missing = sys::is_errno(&err, libc::ENOENT);
+                let message = if missing {
+                    format!("the root {} does not exist", self.root.display())
+                } else if sys::is_errno(&err, libc::ENOTDIR) {
+                    format!("the root {} is not a directory", self.root.display())
+                } else {
+                    format!("cannot open the root {}: {err}", self.root.display())
+                };
+                return Err(DirError { missing, message });
+            }
+        };
+        let fd = Arc::new(opened);
+        self.open.insert(Vec::new(), fd.clone());
+        Ok(fd)
+    }
+
+    /// Opens the directory made of `comps` (relative to the root), one
+    /// component at a time without following symlinks; with `create`,
+    /// missing ones (and the root) are created.
+    fn parent(&mut self, comps: &[&[u8]], create: bool) -> Result<Arc<OwnedFd>, DirError> {
+        let mut cur = self.open_root(create)?;
+        let mut prefix: Vec<u8> = Vec::new();
+        for comp in comps {
+            let parent_len = prefix.len();
+            if !prefix.is_empty() {
+                prefix.push(b'/');
+            }
+            prefix.extend_from_slice(comp);
+            if let Some(fd) = self.open.get(&prefix) {
+                cur = fd.clone();
+                continue;
+            }
+            let name = sys::cstring(comp).map_err(|e| DirError {
+                missing: false,
+                message: e.to_string(),
+            })?;
+            let flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW;
+            let mut opened = sys::openat(cur.as_fd(), &name, flags, 0);
+            if create
+                && let Err(err) = &opened
+                && sys::is_errno(err, libc::ENOENT)
+            {
+                match sys::mkdirat(cur.as_fd(), &name, PARENT_MODE) {
+                    Ok(()) => {
+                        let parent = prefix[..parent_len].to_vec();
+                        self.touched.insert(parent, cur.clone());
+                    }
+                    Err(err) if sys::is_errno(&err, libc::EEXIST) => {}
+                    Err(err) => {
+                        return Err(DirError {
+                            missing: false,
+                            message: format!(
+                                "cannot create the parent {}: {err}",
+                                relpath::display(&prefix)
+                            ),
+                        });
+                    }
+                }
+                opened = sys::openat(cur.as_fd(), &name, flags, 0);
+            }
+            let not_dir = || DirError {
+                missing: false,
+                message: format!(
+                    "parent is not a directory (symlink?): {}",
+                    relpath::display(&prefix)
+                ),
+            };
+            let fd = match opened {
+                Ok(fd) => fd,
+                Err(err)
+                    if sys::is_errno(&err, libc::ELOOP) || sys::is_errno(&err, libc::ENOTDIR) =>
+                {
+                    return Err(not_dir());
+                }
+                Err(err) if sys::is_errno(&err, libc::ENOENT) => {
+                    return Err(DirError {
+                        missing: true,
+                        message: format!("parent {} does not exist", relpath::display(&prefix)),
+                    });
+                }
+                Err(err) => {
+                    return Err(DirError {
+                        missing: false,
+                        message: format!(
+                            "cannot open the parent {}: {err}",
+                            relpath::display(&prefix)
+                        ),
+                    });
+                }
+            };
+            // Belt and braces: O_PATH|O_NOFOLLOW may hand back the link itself.
+            match sys::fstat(fd.as_fd()) {
+                Ok(st) if st.is_dir() => {}
+                _ => return Err(not_dir()),
+            }
+            cur = Arc::new(fd);
+            self.open.insert(prefix.clone(), cur.clone());
+        }
+        Ok(cur)
+    }
+
+    /// Forgets open directories at or below `path` (it was removed).
+    fn forget(&mut self, path: &[u8]) {
+        self.open.retain(|k, _| {
+            !(k == path || (k.starts_with(path) && k.get(path.len()) == Some(&b'/')))
+        });
+        self.touched.retain(|k, _| {
+            !(k == path || (k.starts_with(path) && k.get(path.len()) == Some(&b'/')))
+        });
+    }
+
+    /// Notes that a name in directory `rel` was added, replaced or removed.
+    fn touch(&mut self, rel: &[u8], fd: &Arc<OwnedFd>) {
+        if !self.touched.contains_key(rel) {
+            self.touched.insert(rel.to_vec(), fd.clone());
+        }
+    }
+
+    /// fsyncs every touched directory once, so new names survive a crash.
+    fn sync_touched(&mut self) -> Vec<PathProblem> {
+        let mut problems = Vec::new();
+        let dot = c".";
+        for (rel, fd) in self.touched.drain() {
+            // fsync needs a real descriptor; ours are O_PATH.
+            let flags = libc::O_RDONLY | libc::O_DIRECTORY;
+            let result = sys::openat(fd.as_fd(), dot, flags, 0).and_then(|d| sys::fsync(d.as_fd()));
+            match result {
+                Ok(()) => {}
+                // A directory we may not read cannot be opened to fsync; its
+                // names still reach the disk with the next journal commit.
+                Err(err) if sys::is_errno(&err, libc::EACCES) => {}
+                Err(err) => problems.push(PathProblem {
+                    path: rel,
+                    message: format!("could not flush the directory: {err}"),
+                }),
+            }
+        }
+        problems
+    }
+}
+
+/// Reads the file (or ranges) named by `spec` under `root`, in pieces of at
+/// most `piece` bytes, calling `emit(offset, bytes)` for each.
+///
+/// A final symlink is not followed (a problem), nor is one among the parents.
+/// A whole empty file emits one empty piece at offset 0, so the reader learns
+/// it exists; a range past the end of the file emits only what exists.
+#[allow(clippy::type_complexity)]
+pub fn read_file(
+    root: &Path,
+    spec: &ReadSpec,
+    piece: usize,
+    emit: &mut dyn FnMut(u64, &[u8]) -> Result<(), String>,
+) -> Result<(), PathProblem> {
+    let problem = |message: String| PathProblem {
+        path: spec.path.clone(),
+        message,
+    };
+    let comps = relpath::components(&spec.path).map_err(problem)?;
+    let (leaf, parents) = comps.split_last().expect("components are never empty");
+    let mut dirs = Dirs::new(root);
+    let dir = dirs
+        .parent(parents, false)
+        .map_err(|e| problem(e.message))?;
+    let name = sys::cstring(leaf).map_err(|e| problem(e.to_string()))?;
+    let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
+    let fd = sys::openat(dir.as_fd(), &name, flags, 0).map_err(|err| {
+        problem(match err.raw_os_error() {
+            Some(libc::ELOOP) => "is a symlink; not followed".to_string(),
+            Some(libc::ENOENT) => "does not exist".to_string(),
+            Some(libc::EACCES) | Some(libc::EPERM) => "permission denied".to_string(),
+            _ => format!("cannot open: {err}"),
+        })
+    })?;
+    let st: Stat = sys::fstat(fd.as_fd()).map_err(|e| problem(e.to_string()))?;
+    if !st.is_file() {
+        return Err(problem(format!("is {}, not a file", st.kind_name())));
+    }
+    let file = File::from(fd);
+    let piece = if piece == 0 {
+        64 << 10
+    } else {
+        piece.min(16 << 20)
+    };
+    let whole = [(0u64, u64::MAX)];
+    let ranges: &[(u64, u64)] = spec.ranges.as_deref().unwrap_or(&whole);
+    let mut buf = vec![0u8; piece.min(st.size.max(1) as usize).max(1)];
+    let mut emitted = false;
+    for &(offset, len) in ranges {
+        let end = offset.saturating_add(len);
+        let mut pos = offset;
+        while pos < end {
+            let want = buf.len().min((end - pos).min(usize::MAX as u64) as usize);
+            let n = match file.read_at(&mut buf[..want], pos) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
+                Err(err) => return Err(problem(format!("read failed: {err}"))),
+            };
+            emit(pos, &buf[..n]).map_err(problem)?;
+            emitted = true;
+            pos += n as u64;
+            // A file that grew since it was opened may outrun the buffer
+            // sized from its stat; grow it up to the piece size.
+            if n == buf.len() && buf.len() < piece {
+                buf.resize(piece, 0);
+            }
+        }
+    }
+    if spec.ranges.is_none() && !emitted {
+        emit(0, &[]).map_err(problem)?;
+    }
+    Ok(())
+}

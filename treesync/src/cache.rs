@@ -1,0 +1,340 @@
+//! A stat cache: (dev, inode, size, mtime_ns, ctime_ns) → hash and chunks, so a
+//! rescan hashes only what changed.
+//!
+//! The ctime is part of the key because nothing but the kernel can set it: a
+//! tool that rewrites a file and puts its old mtime back still changes it.
+//! A file whose ctime is too recent when it is hashed is not cached at all
+//! (the "racy" case git also guards against): a write landing in the same
+//! timestamp tick after our read would leave every field of the key unchanged.
+//!
+//! File format (all integers little-endian):
+//!
+//! ```text
+//! magic "OPSTATC1" | u64 count | records | BLAKE3 of everything before it
+//! record: dev u64, ino u64, size u64, mtime i64, ctime i64, hash [32],
+//!         u32 n, n × (offset u64, len u32, hash [32])
+//! ```
+//!
+//! The trailing checksum makes a torn or corrupt file load as an empty cache
+//! (the cost is one full rehash), so saving needs no fsync.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+use outpost_protocol::ChunkRef;
+
+use crate::sys::{self, Stat};
+
+const MAGIC: &[u8; 8] = b"OPSTATC1";
+
+/// Files whose ctime is less than this old when hashing starts are not
+/// cached. Generous, because network filesystems stamp times with the
+/// server's clock.
+const RACY_WINDOW_NS: i64 = 1_000_000_000;
+
+#[derive(Debug, Clone)]
+pub(crate) struct Record {
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+    pub hash: [u8; 32],
+    pub chunks: Vec<ChunkRef>,
+    /// Looked up or stored during the current scan.
+    pub seen: bool,
+}
+
+#[derive(Debug)]
+pub struct StatCache {
+    records: HashMap<(u64, u64), Record>,
+    pub(crate) racy_window_ns: i64,
+}
+
+impl Default for StatCache {
+    fn default() -> StatCache {
+        StatCache {
+            records: HashMap::new(),
+            racy_window_ns: RACY_WINDOW_NS,
+        }
+    }
+}
+
+impl StatCache {
+    /// Loads a cache file; a missing or unreadable one gives an empty cache.
+    pub fn load(path: &Path) -> StatCache {
+        let mut cache = StatCache::default();
+        if let Ok(bytes) = std::fs::read(path)
+            && let Some(records) = decode(&bytes)
+        {
+            cache.records = records;
+        }
+        cache
+    }
+
+    /// Saves atomically (temp file + rename), mode 0600.
+    pub fn save(&self, path: &Path) -> std::io::Result<()> {
+        let bytes = self.encode();
+        let dir = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        let name = path.file_name().ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "cache path has no file name",
+            )
+        })?;
+        let mut tmp_name = std::ffi::OsString::from(".");
+        tmp_name.push(name);
+        tmp_name.push(format!(".{:016x}.tmp", sys::random_u64()));
+        let tmp = dir.join(tmp_name);
+        let result = (|| {
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&tmp)?;
+            file.write_all(&bytes)?;
+            std::fs::rename(&tmp, path)
+        })();
+        if result.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        result
+    }
+
+    /// Number of files the cache knows.
+    pub fn len(&self) -> usize {
+        self.records.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.records.is_empty()
+    }
+
+    /// The cached hash and chunks of a file with this stat, marking it seen.
+    pub(crate) fn lookup(&mut self, st: &Stat) -> Option<([u8; 32], Vec<ChunkRef>)> {
+        let rec = self.records.get_mut(&(st.dev, st.ino))?;
+        if rec.size != st.size || rec.mtime_ns != st.mtime_ns || rec.ctime_ns != st.ctime_ns {
+            return None;
+        }
+        // A record from before chunking applied to this size is useless.
+        if st.size >= crate::chunk::CHUNKED_MIN_SIZE && rec.chunks.is_empty() {
+            return None;
+        }
+        rec.seen = true;
+        Some((rec.hash, rec.chunks.clone()))
+    }
+
+    /// Records a hash computed from a file with stat `st`, read starting at
+    /// `read_start_ns` (wall clock), unless the stat is too fresh to trust.
+    pub(crate) fn store(
+        &mut self,
+        st: &Stat,
+        read_start_ns: i64,
+        hash: [u8; 32],
+        chunks: Vec<ChunkRef>,
+    ) {
+        if read_start_ns.saturating_sub(st.ctime_ns) < self.racy_window_ns
+            || read_start_ns.saturating_sub(st.mtime_ns) < self.racy_window_ns
+        {
+            self.records.remove(&(st.dev, st.ino));
+            return;
+        }
+        self.records.insert(
+            (st.dev, st.ino),
+            Record {
+                size: st.size,
+                mtime_ns: st.mtime_ns,
+                ctime_ns: st.ctime_ns,
+                hash,
+                chunks,
+                seen: true,
+            },
+        );
+    }
+
+    /// Drops what the last scan did not see, and resets the marks.
+    pub(crate) fn prune_unseen(&mut self) {
+        self.records.retain(|_, rec| std::mem::take(&mut rec.seen));
+    }
+
+    /// Resets the marks without dropping anything (after a partial scan).
+    pub(crate) fn clear_seen(&mut self) {
+        for rec in self.records.values_mut() {
+            rec.seen = false;
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn records_mut(&mut self) -> &mut HashMap<(u64, u64), Record> {
+        &mut self.records
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(16 + self.records.len() * 100);
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&(self.records.len() as u64).to_le_bytes());
+        for (&(dev, ino), rec) in &self.records {
+            out.extend_from_slice(&dev.to_le_bytes());
+            out.extend_from_slice(&ino.to_le_bytes());
+            out.extend_from_slice(&rec.size.to_le_bytes());
+            out.extend_from_slice(&rec.mtime_ns.to_le_bytes());
+            out.extend_from_slice(&rec.ctime_ns.to_le_bytes());
+            out.extend_from_slice(&rec.hash);
+            out.extend_from_slice(&(rec.chunks.len() as u32).to_le_bytes());
+            for c in &rec.chunks {
+                out.extend_from_slice(&c.offset.to_le_bytes());
+                out.extend_from_slice(&c.len.to_le_bytes());
+                out.extend_from_slice(&c.hash);
+            }
+        }
+        let sum = blake3::hash(&out);
+        out.extend_from_slice(sum.as_bytes());
+        out
+    }
+}
+
+/// Parses a cache file; None when it is not one of ours or is damaged.
+fn decode(bytes: &[u8]) -> Option<HashMap<(u64, u64), Record>> {
+    let body_len = bytes.len().checked_sub(32)?;
+    let (body, sum) = bytes.split_at(body_len);
+    if blake3::hash(body).as_bytes() != sum {
+        return None;
+    }
+    let mut r = Reader { bytes: body };
+    if r.take(8)? != MAGIC {
+        return None;
+    }
+    let count = r.u64()?;
+    let mut records = HashMap::with_capacity(count.min(1 << 20) as usize);
+    for _ in 0..count {
+        let dev = r.u64()?;
+        let ino = r.u64()?;
+        let size = r.u64()?;
+        let mtime_ns = r.u64()? as i64;
+        let ctime_ns = r.u64()? as i64;
+        let hash = r.hash()?;
+        let n = r.u32()?;
+        // Each chunk takes 44 bytes; a count the rest cannot hold is damage.
+        if (n as usize).checked_mul(44)? > r.bytes.len() {
+            return None;
+        }
+        let mut chunks = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            chunks.push(ChunkRef {
+                offset: r.u64()?,
+                len: r.u32()?,
+                hash: r.hash()?,
+            });
+        }
+        records.insert(
+            (dev, ino),
+            Record {
+                size,
+                mtime_ns,
+                ctime_ns,
+                hash,
+                chunks,
+                seen: false,
+            },
+        );
+    }
+    r.bytes.is_empty().then_some(records)
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if self.bytes.len() < n {
+            return None;
+        }
+        let (head, rest) = self.bytes.split_at(n);
+        self.bytes = rest;
+        Some(head)
+    }
+
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_le_bytes(self.take(8)?.try_into().ok()?))
+    }
+
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_le_bytes(self.take(4)?.try_into().ok()?))
+    }
+
+    fn hash(&mut self) -> Option<[u8; 32]> {
+        self.take(32)?.try_into().ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::TempDir;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn stat(ino: u64, size: u64) -> Stat {
+        Stat {
+            dev: 1,
+            ino,
+            mode: 0o100644,
+            size,
+            mtime_ns: 1_000,
+            ctime_ns: 2_000,
+        }
+    }
+
+    #[test]
+    fn save_load_round_trip() {
+        let t = TempDir::new();
+        let path = t.path().join("cache");
+        let mut c = StatCache::default();
+        let chunks = vec![ChunkRef {
+            offset: 0,
+            len: 5,
+            hash: [9; 32],
+        }];
+        c.store(&stat(1, 5), 10_000_000_000, [1; 32], vec![]);
+        c.store(&stat(2, 2 << 20), 10_000_000_000, [2; 32], chunks.clone());
+        c.save(&path).unwrap();
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        let mut d = StatCache::load(&path);
+        assert_eq!(d.len(), 2);
+        assert_eq!(d.lookup(&stat(1, 5)), Some(([1; 32], vec![])));
+        assert_eq!(d.lookup(&stat(2, 2 << 20)), Some(([2; 32], chunks)));
+        assert_eq!(d.lookup(&stat(1, 6)), None, "size is part of the key");
+        // No temp files left beside it.
+        assert_eq!(std::fs::read_dir(t.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn missing_or_corrupt_loads_empty() {
+        let t = TempDir::new();
+        let path = t.path().join("cache");
+        assert!(StatCache::load(&path).is_empty());
+        let mut c = StatCache::default();
+        c.store(&stat(1, 5), 10_000_000_000, [1; 32], vec![]);
+        c.save(&path).unwrap();
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[20] ^= 1;
+        std::fs::write(&path, &bytes).unwrap();
+        assert!(StatCache::load(&path).is_empty());
+        std::fs::write(&path, &bytes[..10]).unwrap();
+        assert!(StatCache::load(&path).is_empty());
+    }
+
+    #[test]
+    fn racy_entries_are_not_cached() {
+        let mut c = StatCache::default();
+        // Hashed 0.5 s after its last change: a later write could keep the key.
+        c.store(&stat(1, 5), 2_000 + 500_000_000, [1; 32], vec![]);
+        assert!(c.is_empty());
+    }
+}

@@ -1,0 +1,419 @@
+//! Thin wrappers over the `*at` system calls the engine is built on.
+//!
+//! Everything that touches a path inside a sync root goes through a directory
+//! file descriptor and a single name, with `O_NOFOLLOW` / `AT_SYMLINK_NOFOLLOW`,
+//! so a symlink (or one swapped in while we work) can never redirect an
+//! operation outside the root.
+//!
+//! Calls that glibc added late (`renameat2`, `getrandom`, `copy_file_range`)
+//! go through `syscall(2)`: the portable agent build targets glibc 2.17, and a
+//! direct reference to a newer symbol would keep it from loading there.
+
+use std::ffi::{CStr, CString, OsStr};
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+/// The fields of `struct stat` the engine uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Stat {
+    pub dev: u64,
+    pub ino: u64,
+    /// The whole `st_mode`, type bits included.
+    pub mode: u32,
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+}
+
+// The casts are no-ops on 64-bit targets but not on every libc/arch pair.
+#[allow(clippy::unnecessary_cast)]
+impl Stat {
+    fn from_raw(st: &libc::stat) -> Stat {
+        Stat {
+            dev: st.st_dev as u64,
+            ino: st.st_ino as u64,
+            mode: st.st_mode as u32,
+            size: st.st_size as u64,
+            mtime_ns: to_ns(st.st_mtime as i64, st.st_mtime_nsec as i64),
+            ctime_ns: to_ns(st.st_ctime as i64, st.st_ctime_nsec as i64),
+        }
+    }
+
+    pub fn file_type(&self) -> u32 {
+        self.mode & libc::S_IFMT as u32
+    }
+
+    pub fn is_dir(&self) -> bool {
+        self.file_type() == libc::S_IFDIR as u32
+    }
+
+    pub fn is_file(&self) -> bool {
+        self.file_type() == libc::S_IFREG as u32
+    }
+
+    pub fn is_symlink(&self) -> bool {
+        self.file_type() == libc::S_IFLNK as u32
+    }
+
+    /// Permission bits, as listed in a [`outpost_protocol::TreeEntry`].
+    pub fn perm(&self) -> u32 {
+        self.mode & 0o7777
+    }
+
+    /// A word for the kinds a tree entry cannot describe.
+    pub fn kind_name(&self) -> &'static str {
+        match self.file_type() as libc::mode_t {
+            libc::S_IFIFO => "a fifo",
+            libc::S_IFSOCK => "a socket",
+            libc::S_IFCHR => "a character device",
+            libc::S_IFBLK => "a block device",
+            libc::S_IFDIR => "a directory",
+            libc::S_IFLNK => "a symlink",
+            libc::S_IFREG => "a file",
+            _ => "of an unknown kind",
+        }
+    }
+}
+
+fn to_ns(sec: i64, nsec: i64) -> i64 {
+    sec.saturating_mul(1_000_000_000).saturating_add(nsec)
+}
+
+fn timespec(ns: i64) -> libc::timespec {
+    libc::timespec {
+        tv_sec: ns.div_euclid(1_000_000_000) as libc::time_t,
+        tv_nsec: ns.rem_euclid(1_000_000_000) as _,
+    }
+}
+
+fn cvt(ret: libc::c_int) -> io::Result<libc::c_int> {
+    if ret == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+fn cvt_long(ret: libc::c_long) -> io::Result<libc::c_long> {
+    if ret == -1 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// A name or path as a C string; an embedded NUL is an invalid-input error.
+pub(crate) fn cstring(bytes: &[u8]) -> io::Result<CString> {
+    CString::new(bytes)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "name contains NUL"))
+}
+
+pub(crate) fn path_of(bytes: &[u8]) -> &Path {
+    Path::new(OsStr::from_bytes(bytes))
+}
+
+pub(crate) fn open_path(
+    path: &Path,
+    flags: libc::c_int,
+    mode: libc::mode_t,
+) -> io::Result<OwnedFd> {
+    let c = cstring(path.as_os_str().as_bytes())?;
+    let fd = cvt(unsafe { libc::open(c.as_ptr(), flags | libc::O_CLOEXEC, mode as libc::c_uint) })?;
+    // SAFETY: `open` returned a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+pub(crate) fn openat(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+    flags: libc::c_int,
+    mode: libc::mode_t,
+) -> io::Result<OwnedFd> {
+    let fd = cvt(unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            flags | libc::O_CLOEXEC,
+            mode as libc::c_uint,
+        )
+    })?;
+    // SAFETY: `openat` returned a fresh descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+pub(crate) fn fstat(fd: BorrowedFd<'_>) -> io::Result<Stat> {
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    cvt(unsafe { libc::fstat(fd.as_raw_fd(), &mut st) })?;
+    Ok(Stat::from_raw(&st))
+}
+
+/// `lstat` of `name` in `dir`.
+pub(crate) fn lstatat(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Stat> {
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    cvt(unsafe {
+        libc::fstatat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            &mut st,
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })?;
+    Ok(Stat::from_raw(&st))
+}
+
+pub(crate) fn readlinkat(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; 256];
+    loop {
+        let n = unsafe {
+            libc::readlinkat(
+                dir.as_raw_fd(),
+                name.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let n = n as usize;
+        if n < buf.len() {
+            buf.truncate(n);
+            return Ok(buf);
+        }
+        // Possibly truncated: grow and ask again.
+        let len = buf.len() * 2;
+        buf.resize(len, 0);
+    }
+}
+
+pub(crate) fn mkdirat(dir: BorrowedFd<'_>, name: &CStr, mode: u32) -> io::Result<()> {
+    cvt(unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), mode as libc::mode_t) })?;
+    Ok(())
+}
+
+pub(crate) fn unlinkat(dir: BorrowedFd<'_>, name: &CStr, is_dir: bool) -> io::Result<()> {
+    let flags = if is_dir { libc::AT_REMOVEDIR } else { 0 };
+    cvt(unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), flags) })?;
+    Ok(())
+}
+
+/// `renameat`, or `renameat2(RENAME_NOREPLACE)` when `noreplace`. A
+/// filesystem without `RENAME_NOREPLACE` answers `EINVAL`; the caller decides
+/// how to fall back.
+pub(crate) fn renameat(
+    from_dir: BorrowedFd<'_>,
+    from: &CStr,
+    to_dir: BorrowedFd<'_>,
+    to: &CStr,
+    noreplace: bool,
+) -> io::Result<()> {
+    if noreplace {
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_renameat2,
+                from_dir.as_raw_fd(),
+                from.as_ptr(),
+                to_dir.as_raw_fd(),
+                to.as_ptr(),
+                libc::RENAME_NOREPLACE,
+            )
+        };
+        cvt_long(ret)?;
+    } else {
+        cvt(unsafe {
+            libc::renameat(
+                from_dir.as_raw_fd(),
+                from.as_ptr(),
+                to_dir.as_raw_fd(),
+                to.as_ptr(),
+            )
+        })?;
+    }
+    Ok(())
+}
+
+pub(crate) fn symlinkat(target: &CStr, dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+    cvt(unsafe { libc::symlinkat(target.as_ptr(), dir.as_raw_fd(), name.as_ptr()) })?;
+    Ok(())
+}
+
+pub(crate) fn fchmod(fd: BorrowedFd<'_>, mode: u32) -> io::Result<()> {
+    cvt(unsafe { libc::fchmod(fd.as_raw_fd(), (mode & 0o7777) as libc::mode_t) })?;
+    Ok(())
+}
+
+/// `fchmodat` follows a final symlink on Linux; callers check the kind first.
+pub(crate) fn fchmodat(dir: BorrowedFd<'_>, name: &CStr, mode: u32) -> io::Result<()> {
+    cvt(unsafe {
+        libc::fchmodat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            (mode & 0o7777) as libc::mode_t,
+            0,
+        )
+    })?;
+    Ok(())
+}
+
+fn times(mtime_ns: i64) -> [libc::timespec; 2] {
+    let omit = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: libc::UTIME_OMIT,
+    };
+    [omit, timespec(mtime_ns)]
+}
+
+/// Sets the mtime of an open file (the atime is left alone).
+pub(crate) fn futimens(fd: BorrowedFd<'_>, mtime_ns: i64) -> io::Result<()> {
+    let ts = times(mtime_ns);
+    cvt(unsafe { libc::futimens(fd.as_raw_fd(), ts.as_ptr()) })?;
+    Ok(())
+}
+
+/// Sets the mtime of `name` in `dir` without following a symlink.
+pub(crate) fn lutimensat(dir: BorrowedFd<'_>, name: &CStr, mtime_ns: i64) -> io::Result<()> {
+    let ts = times(mtime_ns);
+    cvt(unsafe {
+        libc::utimensat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            ts.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })?;
+    Ok(())
+}
+
+pub(crate) fn syncfs(fd: BorrowedFd<'_>) -> io::Result<()> {
+    cvt(unsafe { libc::syncfs(fd.as_raw_fd()) })?;
+    Ok(())
+}
+
+pub(crate) fn fsync(fd: BorrowedFd<'_>) -> io::Result<()> {
+    cvt(unsafe { libc::fsync(fd.as_raw_fd()) })?;
+    Ok(())
+}
+
+/// Copies `len` bytes between explicit offsets in the kernel. Returns how many
+/// were copied, which is short only at the source's end of file.
+pub(crate) fn copy_file_range(
+    from: &File,
+    mut from_off: u64,
+    to: &File,
+    mut to_off: u64,
+    len: u64,
+) -> io::Result<u64> {
+    let mut done = 0u64;
+    while done < len {
+        let want = (len - done).min(1 << 30) as usize;
+        let mut off_in = from_off as libc::loff_t;
+        let mut off_out = to_off as libc::loff_t;
+        let ret = unsafe {
+            libc::syscall(
+                libc::SYS_copy_file_range,
+                from.as_raw_fd(),
+                &mut off_in as *mut libc::loff_t,
+                to.as_raw_fd(),
+                &mut off_out as *mut libc::loff_t,
+                want,
+                0u32,
+            )
+        };
+        let n = cvt_long(ret)? as u64;
+        if n == 0 {
+            break;
+        }
+        done += n;
+        from_off += n;
+        to_off += n;
+    }
+    Ok(done)
+}
+
+/// Random bits for temporary names. Falls back to the clock and pid if the
+/// kernel's generator is unavailable: names are also created with `O_EXCL`,
+/// so uniqueness, not secrecy, is what matters.
+pub(crate) fn random_u64() -> u64 {
+    let mut buf = [0u8; 8];
+    let ret = unsafe { libc::syscall(libc::SYS_getrandom, buf.as_mut_ptr(), buf.len(), 0u32) };
+    if ret == 8 {
+        return u64::from_ne_bytes(buf);
+    }
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    now ^ ((std::process::id() as u64) << 32)
+        ^ COUNTER
+            .fetch_add(1, Ordering::Relaxed)
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// An open directory stream over a descriptor we own.
+pub(crate) struct DirStream {
+    dir: *mut libc::DIR,
+}
+
+// SAFETY: the stream is owned by exactly one `DirStream` and only used through
+// `&mut self`; libc's DIR has no thread affinity.
+unsafe impl Send for DirStream {}
+
+impl DirStream {
+    /// Takes ownership of `fd`, which must be a directory opened for reading.
+    pub fn new(fd: OwnedFd) -> io::Result<DirStream> {
+        use std::os::fd::IntoRawFd;
+        let raw = fd.into_raw_fd();
+        let dir = unsafe { libc::fdopendir(raw) };
+        if dir.is_null() {
+            let err = io::Error::last_os_error();
+            // SAFETY: fdopendir failed, so the descriptor is still ours to close.
+            drop(unsafe { OwnedFd::from_raw_fd(raw) });
+            return Err(err);
+        }
+        Ok(DirStream { dir })
+    }
+
+    /// The directory's descriptor, for `*at` calls on its entries.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the descriptor lives as long as the stream.
+        unsafe { BorrowedFd::borrow_raw(libc::dirfd(self.dir)) }
+    }
+
+    /// The next name (never `.` or `..`) and its `d_type`.
+    pub fn next_entry(&mut self) -> Option<io::Result<(CString, u8)>> {
+        loop {
+            // readdir reports errors only through errno, so clear it first.
+            unsafe { *libc::__errno_location() = 0 };
+            let ent = unsafe { libc::readdir(self.dir) };
+            if ent.is_null() {
+                let err = io::Error::last_os_error();
+                return match err.raw_os_error() {
+                    Some(0) | None => None,
+                    _ => Some(Err(err)),
+                };
+            }
+            // SAFETY: readdir returned a valid entry that lives until the next call.
+            let (name, d_type) = unsafe { (CStr::from_ptr((*ent).d_name.as_ptr()), (*ent).d_type) };
+            let bytes = name.to_bytes();
+            if bytes == b"." || bytes == b".." {
+                continue;
+            }
+            return Some(Ok((name.to_owned(), d_type)));
+        }
+    }
+}
+
+impl Drop for DirStream {
+    fn drop(&mut self) {
+        unsafe { libc::closedir(self.dir) };
+    }
+}
+
+pub(crate) fn is_errno(err: &io::Error, errno: libc::c_int) -> bool {
+    err.raw_os_error() == Some(errno)
+}
