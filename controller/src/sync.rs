@@ -108,7 +108,17 @@ pub struct SyncReport {
     pub duration_s: f64,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub dry_run: bool,
+    /// With dry_run: the paths that would be sent (new or changed files,
+    /// symlinks), at most [`PLAN_LISTING`] of them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub would_send: Vec<String>,
+    /// With dry_run: the paths that would be deleted, likewise capped.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub would_delete: Vec<String>,
 }
+
+/// Paths a dry run lists per kind; the counts cover the rest.
+pub const PLAN_LISTING: usize = 200;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SyncError {
@@ -594,6 +604,20 @@ fn diff_options(options: &SyncOptions) -> DiffOptions {
 }
 
 fn dry_run_report(mut report: SyncReport, plan: &Plan, started: Instant) -> SyncReport {
+    report.would_send = plan
+        .files
+        .iter()
+        .map(|f| &f.src.path)
+        .chain(plan.symlinks.iter().map(|l| &l.path))
+        .take(PLAN_LISTING)
+        .map(|p| relpath::display(p))
+        .collect();
+    report.would_delete = plan
+        .removes
+        .iter()
+        .take(PLAN_LISTING)
+        .map(|p| relpath::display(p))
+        .collect();
     report.files_sent = plan.files.len() as u64;
     report.files_unchanged = plan.unchanged;
     report.dirs_created = plan.mkdirs.len() as u64;

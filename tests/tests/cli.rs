@@ -90,3 +90,82 @@ fn hosts_and_diagnose_over_ssh() {
         assert!(report.contains(want), "missing {want:?} in:\n{report}");
     }
 }
+
+#[test]
+fn sync_both_ways_from_the_command_line() {
+    let sshd = Sshd::start();
+    let home = TempDir::new("cli-home");
+    let config = home.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[sandbox]]\nname = \"box\"\nhost = \"{}\"\nport = {}\nuser = \"{}\"\nkey_file = \"{}\"\nremote_dir = \"{}\"\n",
+            sshd.host(),
+            sshd.port(),
+            sshd.user(),
+            sshd.client_key().display(),
+            sshd.remote_dir().display()
+        ),
+    )
+    .unwrap();
+    let env = [
+        ("OUTPOST_CONFIG", config.display().to_string()),
+        (
+            "OUTPOST_AGENT_BIN",
+            target_bin("outpost-agent").display().to_string(),
+        ),
+    ];
+    let src = TempDir::new("cli-sync-src");
+    std::fs::write(src.path().join("a.txt"), "a\n").unwrap();
+    std::fs::create_dir_all(src.path().join("sub")).unwrap();
+    std::fs::write(src.path().join("sub/b.txt"), "b\n").unwrap();
+    std::fs::write(src.path().join("skip.log"), "x\n").unwrap();
+    let remote = format!("box:{}/t", sshd.remote_dir().display());
+    let src_arg = src.path().display().to_string();
+
+    let out = outpost(&home, &env, &["sync", "--dry-run", &src_arg, &remote]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("dry run"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(!sshd.remote_dir().join("t").exists());
+
+    let out = outpost(
+        &home,
+        &env,
+        &["sync", "--exclude", "*.log", &src_arg, &remote],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("2 files sent"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(
+        std::fs::read_to_string(sshd.remote_dir().join("t/sub/b.txt")).unwrap(),
+        "b\n"
+    );
+    assert!(!sshd.remote_dir().join("t/skip.log").exists());
+
+    let back = TempDir::new("cli-sync-back");
+    let out = outpost(
+        &home,
+        &env,
+        &["sync", &remote, &back.path().display().to_string()],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        std::fs::read_to_string(back.path().join("a.txt")).unwrap(),
+        "a\n"
+    );
+
+    let out = outpost(&home, &env, &["sync", &src_arg, "/tmp/elsewhere"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("NAME:PATH"),
+        "{}",
+        text(&out.stderr)
+    );
+}

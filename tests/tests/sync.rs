@@ -443,5 +443,56 @@ async fn delete_extras_stays_inside_the_target_and_spares_excluded_paths() {
     };
     let report = s.push(empty.path(), "t", &dry).await;
     assert!(report.dry_run && report.deleted >= 20, "{report:?}");
+    assert!(report.would_delete.iter().any(|p| p == "f0"), "{report:?}");
     assert!(s.remote("t/f0").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_calls_stay_fast_during_a_large_push() {
+    let s = setup("sync-busy");
+    let src = TempDir::new("sync-busy-src");
+    for i in 0..4u64 {
+        write(
+            src.path(),
+            format!("big{i}.bin").as_bytes(),
+            &noise(16 << 20, 40 + i),
+            0o644,
+        );
+    }
+    let session = s.session();
+    run(&session, "true").await.unwrap();
+    let push = {
+        let session = session.clone();
+        let (local, remote) = (
+            src.path().to_path_buf(),
+            s.remote("busy").display().to_string(),
+        );
+        tokio::spawn(async move {
+            sync::push(
+                &session,
+                &local,
+                &remote,
+                &SyncOptions::default(),
+                Default::default(),
+            )
+            .await
+        })
+    };
+    let mut slowest = Duration::ZERO;
+    let mut calls = 0;
+    while !push.is_finished() {
+        let started = std::time::Instant::now();
+        run(&session, "true").await.unwrap();
+        slowest = slowest.max(started.elapsed());
+        calls += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let report = push.await.unwrap().unwrap();
+    assert_eq!(report.files_sent, 4);
+    assert!(calls > 0);
+    // Generous: a call behind the whole 64 MiB push would take seconds.
+    assert!(
+        slowest < Duration::from_secs(2),
+        "a call took {slowest:?} during the push"
+    );
 }
