@@ -31,6 +31,7 @@ type Client = rmcp::service::RunningService<rmcp::RoleClient, ()>;
 
 const EXEC_ROUNDS: usize = 200;
 const BIG_ROUNDS: usize = 10;
+const FRESH_ROUNDS: usize = 3;
 const BIG_COMMAND: &str = "head -c 5242880 /dev/zero | tr '\\0' a";
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -406,11 +407,26 @@ fn sync_vs_rsync() {
     };
     let user_host = format!("{}@{}", sshd.user(), sshd.host());
     let src_arg = format!("{}/", src.display());
-    let o_remote = format!("box0:{}", remote("o").display());
-    let r_remote = format!("{user_host}:{}/", remote("r").display());
 
-    let (o_fresh, _) = timed(outpost(&src_arg, &o_remote));
-    let (r_fresh, _) = timed(rsync(src_arg.clone(), r_remote.clone()));
+    // Fresh transfers are repeated into new directories, alternating tools, and
+    // the medians compared; dirty pages are flushed before each run so neither
+    // tool pays for the other's writeback.
+    let flush = || {
+        let _ = Command::new("sync").status();
+    };
+    let mut fresh_o = Vec::new();
+    let mut fresh_r = Vec::new();
+    for round in 0..FRESH_ROUNDS {
+        flush();
+        let dst = format!("box0:{}", remote(&format!("o{round}")).display());
+        fresh_o.push(timed(outpost(&src_arg, &dst)).0);
+        flush();
+        let dst = format!("{user_host}:{}/", remote(&format!("r{round}")).display());
+        fresh_r.push(timed(rsync(src_arg.clone(), dst)).0);
+    }
+    let (o_fresh, r_fresh) = (median(fresh_o), median(fresh_r));
+    let o_remote = format!("box0:{}", remote("o0").display());
+    let r_remote = format!("{user_host}:{}/", remote("r0").display());
 
     // 10 changed, 100 touched (mtime only).
     for i in 0..10u64 {
@@ -427,10 +443,17 @@ fn sync_vs_rsync() {
     let (o_noop, _) = timed(outpost(&src_arg, &o_remote));
     let (r_noop, _) = timed(rsync(src_arg.clone(), r_remote.clone()));
 
-    let o_back = scratch.path().join("o-back");
-    let r_back = scratch.path().join("r-back");
-    let (o_pull, _) = timed(outpost(&o_remote, &o_back.display().to_string()));
-    let (r_pull, _) = timed(rsync(r_remote.clone(), format!("{}/", r_back.display())));
+    let mut pull_o = Vec::new();
+    let mut pull_r = Vec::new();
+    for round in 0..FRESH_ROUNDS {
+        flush();
+        let back = scratch.path().join(format!("o-back{round}"));
+        pull_o.push(timed(outpost(&o_remote, &back.display().to_string())).0);
+        flush();
+        let back = scratch.path().join(format!("r-back{round}"));
+        pull_r.push(timed(rsync(r_remote.clone(), format!("{}/", back.display()))).0);
+    }
+    let (o_pull, r_pull) = (median(pull_o), median(pull_r));
 
     // A 4 KiB edit in the middle of a 20 MB file.
     let weights = src.join("weights0.bin");
@@ -450,7 +473,9 @@ fn sync_vs_rsync() {
 
     let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
     println!();
-    println!("sync: 2,000 files of 1–8 KB + 5 × 20 MB, cold runs (connect included)");
+    println!(
+        "sync: 2,000 files of 1–8 KB + 5 × 20 MB, cold runs (connect included); fresh runs: median of {FRESH_ROUNDS}"
+    );
     println!(
         "  {:<34} {:>10} {:>10} {:>7}",
         "", "outpost", "rsync", "ratio"
