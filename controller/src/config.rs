@@ -38,7 +38,36 @@ pub struct Config {
     pub inline_sync_max_bytes: u64,
     /// When set, local paths given to sync tools must lie inside one of these.
     pub local_roots: Option<Vec<PathBuf>>,
+    /// `$OUTPOST_HOME` (default `~/.outpost`): known hosts, event positions.
+    pub home: PathBuf,
+    /// What runs on this machine when a job event arrives.
+    pub hooks: Hooks,
+    /// List the watch tools too (`REMOTE_SANDBOX_EXPOSE_ADVANCED_TOOLS=1`).
+    pub expose_advanced_tools: bool,
     pub source: String,
+}
+
+/// The `[hooks]` section. Only the config file sets these: a tool call that
+/// could name a URL or a command would let whoever drives the MCP client run
+/// commands on this machine.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Hooks {
+    /// POSTed each event as JSON (http:// only).
+    pub webhook_url: Option<crate::watch::HttpUrl>,
+    /// Run by `sh -c` with the event in its environment.
+    pub event_command: Option<String>,
+    /// Failed reachability checks in a row before `host_unreachable`.
+    pub alert_after_failures: u32,
+}
+
+impl Default for Hooks {
+    fn default() -> Self {
+        Hooks {
+            webhook_url: None,
+            event_command: None,
+            alert_after_failures: 2,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -115,8 +144,38 @@ struct RawFile {
     ssh_config: Option<String>,
     agent_dir: Option<String>,
     local_roots: Option<Vec<String>>,
+    hooks: Option<RawHooks>,
     #[serde(default)]
     sandbox: Vec<RawSandbox>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHooks {
+    webhook_url: Option<String>,
+    event_command: Option<String>,
+    alert_after_failures: Option<u32>,
+}
+
+impl RawHooks {
+    fn resolve(self) -> Result<Hooks> {
+        let webhook_url = match self.webhook_url.filter(|u| !u.trim().is_empty()) {
+            Some(url) => Some(
+                crate::watch::HttpUrl::parse(url.trim())
+                    .map_err(|e| anyhow::anyhow!("[hooks] webhook_url: {e}"))?,
+            ),
+            None => None,
+        };
+        let alert_after_failures = self.alert_after_failures.unwrap_or(2);
+        if alert_after_failures == 0 {
+            bail!("[hooks] alert_after_failures must be 1 or more");
+        }
+        Ok(Hooks {
+            webhook_url,
+            event_command: self.event_command.filter(|c| !c.trim().is_empty()),
+            alert_after_failures,
+        })
+    }
 }
 
 /// Reads of the process environment, abstracted so tests can pass their own.
@@ -145,6 +204,9 @@ impl Config {
     /// A configuration with these sandboxes and defaults for the rest (for
     /// embedding and tests; users go through [`Config::load`]).
     pub fn new(sandboxes: Vec<SandboxConfig>, known_hosts: PathBuf) -> Config {
+        let home = known_hosts
+            .parent()
+            .map_or_else(|| PathBuf::from(".outpost"), Path::to_path_buf);
         Config {
             sandboxes,
             known_hosts,
@@ -155,6 +217,9 @@ impl Config {
             inline_sync_max_files: 200,
             inline_sync_max_bytes: 64 << 20,
             local_roots: None,
+            home,
+            hooks: Hooks::default(),
+            expose_advanced_tools: false,
             source: "embedded".into(),
         }
     }
@@ -162,6 +227,21 @@ impl Config {
     /// Loads the configuration from the process environment and the usual files.
     pub fn load() -> Result<Config> {
         Config::load_from(&ProcessEnv)
+    }
+
+    /// Where a sandbox's event follower keeps its position and lock.
+    pub fn events_path(&self, sandbox: &str, ext: &str) -> PathBuf {
+        let name: String = sandbox
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        self.home.join(format!("events-{name}.{ext}"))
     }
 
     pub fn load_from(env: &dyn Env) -> Result<Config> {
@@ -291,8 +371,18 @@ impl Config {
                     .map(|r| expand_tilde(r, home.as_deref()))
                     .collect()
             }),
+            hooks: file.hooks.unwrap_or_default().resolve()?,
+            expose_advanced_tools: env.var("REMOTE_SANDBOX_EXPOSE_ADVANCED_TOOLS").is_some_and(
+                |v| {
+                    matches!(
+                        v.trim().to_ascii_lowercase().as_str(),
+                        "1" | "true" | "yes" | "on"
+                    )
+                },
+            ),
             sandboxes,
             known_hosts,
+            home: outpost_home,
             user_known_hosts: home.map(|h| h.join(".ssh/known_hosts")),
             connect_timeout,
             agent_bin: env.var("OUTPOST_AGENT_BIN").map(PathBuf::from),
@@ -511,5 +601,62 @@ mod tests {
         let err = Config::load_from(&env).unwrap_err().to_string();
         assert!(err.contains("two sandboxes"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn hooks_come_from_the_file_only() {
+        let dir = std::env::temp_dir().join(format!("outpost-hooks-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("c.toml");
+        let p = path.to_string_lossy().to_string();
+        let load = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            Config::load_from(&[("HOME", "/h"), ("OUTPOST_CONFIG", p.as_str())])
+        };
+        let cfg = load("").unwrap();
+        assert_eq!(cfg.hooks, Hooks::default());
+        assert_eq!(cfg.hooks.alert_after_failures, 2);
+        let cfg = load(
+            "[hooks]\nwebhook_url = \"http://relay:8080/e\"\nevent_command = \"notify-send x\"\nalert_after_failures = 3\n",
+        )
+        .unwrap();
+        let url = cfg.hooks.webhook_url.unwrap();
+        assert_eq!((url.host.as_str(), url.port), ("relay", 8080));
+        assert_eq!(cfg.hooks.event_command.as_deref(), Some("notify-send x"));
+        assert_eq!(cfg.hooks.alert_after_failures, 3);
+        let err = format!(
+            "{:#}",
+            load("[hooks]\nwebhook_url = \"https://x/\"\n").unwrap_err()
+        );
+        assert!(
+            err.contains("webhook_url") && err.contains("https"),
+            "{err}"
+        );
+        let err = format!(
+            "{:#}",
+            load("[hooks]\nalert_after_failures = 0\n").unwrap_err()
+        );
+        assert!(err.contains("alert_after_failures"), "{err}");
+        let err = format!("{:#}", load("[hooks]\nurl = \"http://x/\"\n").unwrap_err());
+        assert!(err.contains("url"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn outpost_home_and_advanced_tools_flag() {
+        let env = [
+            ("HOME", "/h"),
+            ("OUTPOST_HOME", "/state"),
+            ("REMOTE_SANDBOX_EXPOSE_ADVANCED_TOOLS", "1"),
+        ];
+        let cfg = Config::load_from(&env).unwrap();
+        assert!(cfg.expose_advanced_tools);
+        assert_eq!(
+            cfg.events_path("gpu/1", "seq"),
+            Path::new("/state/events-gpu_1.seq")
+        );
+        let cfg = Config::load_from(&[("HOME", "/h")]).unwrap();
+        assert!(!cfg.expose_advanced_tools);
+        assert_eq!(cfg.home, Path::new("/h/.outpost"));
     }
 }

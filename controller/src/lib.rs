@@ -17,6 +17,9 @@
 //!   SFTP when missing or corrupt, verify its hello.
 //! * [`sync`]: tree sync in both directions, remote file reads and writes.
 //! * [`transfers`]: background syncs polled by task id.
+//! * [`jobs`]: background jobs on a host (start, status, wait, logs, events).
+//! * [`watch`]: job event followers, the config file's hooks, reachability
+//!   alerts (`outpost watch`, and `outpost mcp` for the sandboxes it uses).
 //! * [`transport`]: SSH via russh (host keys, auth, keepalive) or a local child.
 //! * [`link`]: frames off a transport: preamble, hello, messages.
 //! * [`files`]: the file tools behind MCP (sync inline or background, list,
@@ -27,6 +30,7 @@ pub mod bootstrap;
 pub mod config;
 pub mod files;
 pub mod fleet;
+pub mod jobs;
 pub mod link;
 pub mod mcp;
 pub mod resources;
@@ -34,3 +38,4 @@ pub mod session;
 pub mod sync;
 pub mod transfers;
 pub mod transport;
+pub mod watch;

@@ -7,10 +7,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use outpost::config::Config;
+use outpost::config::{Config, Target};
 use outpost::fleet::Fleet;
-use outpost::mcp;
-use outpost_protocol::{ExecRequest, OutputStream};
+use outpost::session::Session;
+use outpost::{jobs, mcp, watch};
+use outpost_protocol::{
+    ExecRequest, JobInfo, JobRead, JobState, JobWait, OutputStream, WaitReason,
+};
 
 /// Outpost turns your own Linux machines into sandboxes for AI agents, over plain
 /// SSH. With no configuration, the `local` sandbox runs commands on this machine.
@@ -87,6 +90,78 @@ enum Command {
     /// Report on this controller, the sandboxes, and (with HOST) the agent's own
     /// report on that host.
     Diagnose { host: Option<String> },
+    /// Background jobs on a sandbox (started by exec_bash_background): list
+    /// them (the default), show or follow a log, wait for one, cancel one.
+    /// Jobs survive disconnects and controller restarts.
+    #[command(args_conflicts_with_subcommands = true)]
+    Jobs {
+        /// Sandbox (default: the active one).
+        host: Option<String>,
+        /// Only jobs in this state: running, exited, cancelled, lost.
+        #[arg(long)]
+        state: Option<String>,
+        #[command(subcommand)]
+        action: Option<JobsAction>,
+    },
+    /// Follow the job events of sandboxes until SIGTERM or SIGINT: log each to
+    /// stderr and run the config file's [hooks] (webhook_url, event_command);
+    /// raise host_unreachable after [hooks] alert_after_failures failed checks
+    /// in a row. Runs well under systemd --user or launchd.
+    Watch {
+        /// Sandboxes to follow (default: every SSH sandbox, or `local` when
+        /// there is none).
+        sandboxes: Vec<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum JobsAction {
+    /// NAME STATE EXIT STARTED COMMAND, oldest first.
+    List {
+        /// Sandbox (default: the active one).
+        host: Option<String>,
+        /// Only jobs in this state: running, exited, cancelled, lost.
+        #[arg(long)]
+        state: Option<String>,
+    },
+    /// Print a job's log (all of it, or the last --tail lines); --follow
+    /// keeps printing until the job ends, then exits like `wait`.
+    Logs {
+        /// Job name.
+        name: String,
+        /// Sandbox (default: the active one).
+        #[arg(long)]
+        host: Option<String>,
+        /// Keep printing new output until the job ends.
+        #[arg(long, short)]
+        follow: bool,
+        /// Start with the last N lines.
+        #[arg(long, value_name = "N")]
+        tail: Option<u32>,
+    },
+    /// Wait for a job to end; exit with its exit code, 128+N when signal N
+    /// killed it, 124 on timeout.
+    Wait {
+        /// Job name.
+        name: String,
+        /// Sandbox (default: the active one).
+        #[arg(long)]
+        host: Option<String>,
+        /// Give up after this many seconds (default: wait as long as it runs).
+        #[arg(long, value_name = "S")]
+        timeout: Option<f64>,
+    },
+    /// Stop a job: TERM to its whole process tree, KILL after --grace.
+    Cancel {
+        /// Job name.
+        name: String,
+        /// Sandbox (default: the active one).
+        #[arg(long)]
+        host: Option<String>,
+        /// Seconds between TERM and KILL.
+        #[arg(long, value_name = "S", default_value_t = 3.0)]
+        grace: f64,
+    },
 }
 
 fn main() -> ExitCode {
@@ -139,6 +214,15 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             command,
         } => exec(&fleet, host, cwd, timeout, command).await,
         Command::Diagnose { host } => diagnose(&fleet, host).await,
+        Command::Jobs {
+            host,
+            state,
+            action,
+        } => {
+            let action = action.unwrap_or(JobsAction::List { host, state });
+            jobs_cli(&fleet, action).await
+        }
+        Command::Watch { sandboxes } => watch(fleet, sandboxes).await,
         Command::Sync {
             source,
             target,
@@ -466,5 +550,266 @@ async fn diagnose(fleet: &Fleet, host: Option<String>) -> Result<ExitCode> {
     let result = session.exec(req, |_, _| {}).await?;
     print!("{}", result.stdout.to_text());
     eprint!("{}", result.stderr.to_text());
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn jobs_cli(fleet: &Fleet, action: JobsAction) -> Result<ExitCode> {
+    let session = |host: &Option<String>| fleet.get(host.as_deref()).map_err(anyhow::Error::msg);
+    match action {
+        JobsAction::List { host, state } => {
+            let session = session(&host)?;
+            let state = state
+                .as_deref()
+                .map(jobs::parse_state)
+                .transpose()
+                .map_err(anyhow::Error::msg)?;
+            let mut list = jobs::list(&session, state).await?;
+            list.sort_by_key(|j| j.started_unix);
+            println!(
+                "{:<24} {:<9} {:<9} {:<20} COMMAND",
+                "NAME", "STATE", "EXIT", "STARTED"
+            );
+            for j in &list {
+                let exit = jobs::exit_summary(j);
+                println!(
+                    "{:<24} {:<9} {:<9} {:<20} {}",
+                    j.name,
+                    jobs::state_name(j.state),
+                    if exit.is_empty() { "-" } else { exit.as_str() },
+                    jobs::utc_time(j.started_unix),
+                    jobs::short_command(&j.command, 60)
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        JobsAction::Logs {
+            name,
+            host,
+            follow,
+            tail,
+        } => job_logs(&*session(&host)?, &name, follow, tail).await,
+        JobsAction::Wait {
+            name,
+            host,
+            timeout,
+        } => {
+            let deadline = match timeout {
+                Some(t) if t >= 0.0 && t.is_finite() => {
+                    Some(Instant::now() + Duration::from_secs_f64(t))
+                }
+                Some(t) => anyhow::bail!("--timeout must be 0 or more seconds, got {t}"),
+                None => None,
+            };
+            job_wait(&*session(&host)?, &name, deadline).await
+        }
+        JobsAction::Cancel { name, host, grace } => {
+            if !(0.0..=600.0).contains(&grace) {
+                anyhow::bail!("--grace must be between 0 and 600 seconds, got {grace}");
+            }
+            let job =
+                jobs::cancel(&*session(&host)?, &name, Duration::from_secs_f64(grace)).await?;
+            let exit = jobs::exit_summary(&job);
+            println!("{} {} {exit}", job.name, jobs::state_name(job.state));
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// Bytes per log request from the CLI.
+const CLI_PAGE: u64 = 1 << 20;
+/// One `JobWait` of the CLI; a long wait is a series of these.
+const CLI_WAIT_SLICE: Duration = Duration::from_secs(30);
+
+/// Prints the log from `offset` up to its current end; returns where it stopped.
+async fn print_log(
+    session: &Session,
+    name: &str,
+    mut offset: u64,
+    until: Option<u64>,
+) -> Result<u64> {
+    loop {
+        let log = jobs::read(
+            session,
+            JobRead {
+                name: name.to_string(),
+                offset: Some(offset),
+                tail_lines: None,
+                grep: None,
+                max_bytes: CLI_PAGE,
+            },
+        )
+        .await?;
+        std::io::stdout().write_all(&log.data)?;
+        let done = log.data.is_empty()
+            || log.next_offset <= offset
+            || log.next_offset >= until.unwrap_or(log.log_size);
+        offset = log.next_offset.max(offset);
+        if done {
+            std::io::stdout().flush()?;
+            return Ok(offset);
+        }
+    }
+}
+
+async fn job_logs(
+    session: &Session,
+    name: &str,
+    follow: bool,
+    tail: Option<u32>,
+) -> Result<ExitCode> {
+    let mut cursor = match tail {
+        Some(n) => {
+            let log = jobs::read(
+                session,
+                JobRead {
+                    name: name.to_string(),
+                    offset: None,
+                    tail_lines: Some(n),
+                    grep: None,
+                    max_bytes: CLI_PAGE,
+                },
+            )
+            .await?;
+            std::io::stdout().write_all(&log.data)?;
+            log.next_offset
+        }
+        None => print_log(session, name, 0, None).await?,
+    };
+    if !follow {
+        std::io::stdout().flush()?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    loop {
+        let waited = jobs::wait(
+            session,
+            JobWait {
+                name: name.to_string(),
+                cursor,
+                timeout_ms: CLI_WAIT_SLICE.as_millis() as u64,
+                pattern: None,
+                // Return as soon as output pauses briefly, so lines appear
+                // as they come rather than when the slice ends.
+                silence_ms: Some(200),
+                max_bytes: CLI_PAGE,
+            },
+        )
+        .await?;
+        if waited.omitted == 0 {
+            let mut out = std::io::stdout().lock();
+            out.write_all(&waited.output)?;
+            out.flush()?;
+            cursor = waited.cursor_after;
+        } else {
+            // More than a page arrived at once: page through it instead.
+            cursor = print_log(session, name, cursor, Some(waited.cursor_after)).await?;
+        }
+        if waited.reason == WaitReason::Ended {
+            print_log(session, name, cursor, None).await?;
+            return Ok(job_exit(&waited.job));
+        }
+    }
+}
+
+async fn job_wait(session: &Session, name: &str, deadline: Option<Instant>) -> Result<ExitCode> {
+    let mut job = jobs::status(session, name).await?;
+    loop {
+        if job.state != JobState::Running {
+            return Ok(job_exit(&job));
+        }
+        let slice = match deadline {
+            Some(d) => CLI_WAIT_SLICE.min(d.saturating_duration_since(Instant::now())),
+            None => CLI_WAIT_SLICE,
+        };
+        if slice.is_zero() {
+            eprintln!("outpost: job {name} is still running");
+            return Ok(ExitCode::from(124));
+        }
+        let request = JobWait {
+            name: name.to_string(),
+            cursor: job.log_size,
+            timeout_ms: slice.as_millis() as u64,
+            pattern: None,
+            silence_ms: None,
+            max_bytes: 1,
+        };
+        match jobs::wait(session, request).await {
+            Ok(waited) => job = waited.job,
+            // The job runs on regardless: wait on through a new connection.
+            Err(e) if e.is_connection() => {
+                eprintln!("outpost: {}: {e}; retrying", session.name());
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                if let Ok(j) = jobs::status(session, name).await {
+                    job = j;
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// The exit status for an ended job: its code, 128+N for signal N, 255 when
+/// unknown (lost).
+fn job_exit(job: &JobInfo) -> ExitCode {
+    if let Some(sig) = job.signal
+        && job.exit_code.is_none()
+    {
+        eprintln!("outpost: job {} killed by signal {sig}", job.name);
+    }
+    if job.state == JobState::Lost {
+        eprintln!(
+            "outpost: job {} was lost (its host rebooted or its supervisor died)",
+            job.name
+        );
+    }
+    ExitCode::from(jobs::shell_status(job).unwrap_or(255).clamp(0, 255) as u8)
+}
+
+async fn watch(fleet: Arc<Fleet>, names: Vec<String>) -> Result<ExitCode> {
+    let names = if names.is_empty() {
+        let ssh: Vec<String> = fleet
+            .sessions()
+            .iter()
+            .filter(|s| matches!(s.config.target, Target::Ssh(_)))
+            .map(|s| s.name().to_string())
+            .collect();
+        if ssh.is_empty() { fleet.names() } else { ssh }
+    } else {
+        for n in &names {
+            fleet.get(Some(n)).map_err(anyhow::Error::msg)?;
+        }
+        names
+    };
+    let sink: watch::Sink = Arc::new(|e: &watch::HookEvent| {
+        eprintln!("{} {}", jobs::utc_time(e.at_unix), e.summary());
+    });
+    let watcher = watch::Watcher::new(fleet.clone(), sink);
+    for n in &names {
+        watcher.follow(n);
+    }
+    let hooks = &fleet.config.hooks;
+    let mut configured = Vec::new();
+    if let Some(url) = &hooks.webhook_url {
+        configured.push(format!("webhook {url}"));
+    }
+    if hooks.event_command.is_some() {
+        configured.push("event_command".to_string());
+    }
+    eprintln!(
+        "outpost watch: following job events of {}; hooks: {}",
+        names.join(", "),
+        if configured.is_empty() {
+            "none ([hooks] in the config file)".to_string()
+        } else {
+            configured.join(", ")
+        }
+    );
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    for session in fleet.sessions() {
+        session.disconnect().await;
+    }
     Ok(ExitCode::SUCCESS)
 }

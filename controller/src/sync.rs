@@ -2012,6 +2012,11 @@ fn unexpected(what: &str, response: &Response) -> CallError {
         Response::Ack => "Ack",
         Response::FileData { .. } => "FileData",
         Response::ReadDone { .. } => "ReadDone",
+        Response::Job(_) => "Job",
+        Response::Jobs(_) => "Jobs",
+        Response::JobWaited(_) => "JobWaited",
+        Response::JobLog(_) => "JobLog",
+        Response::JobEvents(_) => "JobEvents",
     };
     CallError::Protocol(format!("unexpected answer to {what}: {name}"))
 }

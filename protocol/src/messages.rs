@@ -42,6 +42,9 @@ pub struct HelloVersion {
 }
 
 /// Controller → agent.
+// Messages are built once and moved once; boxing the large variants would only
+// add allocations.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum ClientMessage {
     Request {
@@ -54,6 +57,7 @@ pub enum ClientMessage {
     },
 }
 
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Request {
     /// Run a bash command. Answered by `Output*` (when `stream`) then `ExecDone`.
@@ -81,6 +85,152 @@ pub enum Request {
     ApplyMeta(ApplyMeta),
     /// Read files or ranges of them. Answered by `FileData*` then `ReadDone`.
     ReadFiles(ReadFiles),
+    /// Start a background job under the per-user daemon. Answered by `Job`.
+    JobStart(JobSpec),
+    /// One job's state. Answered by `Job`.
+    JobStatus { name: String },
+    /// Jobs, optionally only those in one state. Answered by `Jobs`.
+    JobList { state: Option<JobState> },
+    /// TERM to the job's whole tree, KILL after `grace_ms`. Answered by `Job`.
+    JobCancel { name: String, grace_ms: u64 },
+    /// Block until the job ends, its new output matches, or it is silent.
+    /// Answered by `JobWaited`.
+    JobWait(JobWait),
+    /// Page through a job's log. Answered by `JobLog`.
+    JobRead(JobRead),
+    /// Job events after a sequence number. Answered by `JobEvents`.
+    JobEvents {
+        name: Option<String>,
+        after_seq: u64,
+        limit: u32,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JobState {
+    Running,
+    /// Ended by itself: exit_code or signal says how.
+    Exited,
+    /// Ended by `JobCancel`.
+    Cancelled,
+    /// No exit record and no live process (reboot, killed shim); a resume
+    /// may follow.
+    Lost,
+}
+
+/// How to resume a job found lost, as remote-sandbox-mcp's watch parameters
+/// describe it. All optional.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatchSpec {
+    pub run_id: Option<String>,
+    pub watch_name: Option<String>,
+    pub resume_command: Option<String>,
+    pub resume_plan_json: Option<String>,
+    pub checkpoint_path: Option<String>,
+    /// "text" or "json".
+    pub checkpoint_format: Option<String>,
+    pub checkpoint_command: Option<String>,
+    pub auto_resume: bool,
+    pub max_resume_attempts: u32,
+    pub resume_delay_s: u64,
+    pub alert_after_failures: u32,
+    pub interval_s: u64,
+    pub metadata_json: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobSpec {
+    /// Unique among live and recorded jobs; None: the agent picks one.
+    pub name: Option<String>,
+    pub command: String,
+    /// `~` is the home. None: the home.
+    pub cwd: Option<String>,
+    pub env: Vec<(String, String)>,
+    /// Where the output goes; None: the job's own directory.
+    pub log_file: Option<String>,
+    pub watch: WatchSpec,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobInfo {
+    pub name: String,
+    pub command: String,
+    pub state: JobState,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub pid: Option<u32>,
+    pub started_unix: u64,
+    pub ended_unix: Option<u64>,
+    pub log_file: String,
+    pub log_size: u64,
+    pub resume_attempts: u32,
+    pub watch: WatchSpec,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobWait {
+    pub name: String,
+    /// Log offset the caller has read up to; output after it is returned.
+    pub cursor: u64,
+    pub timeout_ms: u64,
+    /// Return when new output matches this regex.
+    pub pattern: Option<String>,
+    /// Return when no new output arrived for this long.
+    pub silence_ms: Option<u64>,
+    /// Most output bytes to return (the tail is kept).
+    pub max_bytes: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WaitReason {
+    Ended,
+    Matched,
+    Silent,
+    TimedOut,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobWaited {
+    pub job: JobInfo,
+    pub reason: WaitReason,
+    /// Output between the cursor and `cursor_after` (its tail, if longer than
+    /// max_bytes; `omitted` says how much was skipped).
+    pub output: Vec<u8>,
+    pub omitted: u64,
+    pub cursor_after: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobRead {
+    pub name: String,
+    /// Start here; None with `tail_lines`: that many last lines.
+    pub offset: Option<u64>,
+    pub tail_lines: Option<u32>,
+    /// Only lines matching this regex (searched on the host).
+    pub grep: Option<String>,
+    pub max_bytes: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobLog {
+    pub data: Vec<u8>,
+    /// Where `data` starts in the log (for grep: where the scan started).
+    pub offset: u64,
+    /// Where the next page starts.
+    pub next_offset: u64,
+    pub log_size: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobEvent {
+    /// Increasing across all jobs of the host.
+    pub seq: u64,
+    pub job: String,
+    /// started, completed, failed, cancelled, interrupted, resume_started,
+    /// resume_failed.
+    pub kind: String,
+    pub at_unix: u64,
+    pub detail: String,
 }
 
 /// A path relative to a sync root, as raw bytes (names need not be UTF-8).
@@ -327,6 +477,16 @@ pub enum Response {
     ReadDone {
         problems: Vec<PathProblem>,
     },
+    /// Answer to `JobStart`, `JobStatus` and `JobCancel`.
+    Job(JobInfo),
+    /// Answer to `JobList`.
+    Jobs(Vec<JobInfo>),
+    /// Answer to `JobWait`.
+    JobWaited(JobWaited),
+    /// Answer to `JobRead`.
+    JobLog(JobLog),
+    /// Answer to `JobEvents`, oldest first.
+    JobEvents(Vec<JobEvent>),
 }
 
 impl Response {

@@ -48,8 +48,177 @@ fn sample_messages() -> (Hello, Vec<ClientMessage>, Vec<AgentMessage>) {
                 lease_id: "l-1".into(),
             },
         },
+        ClientMessage::Request {
+            id: 6,
+            body: Request::Scan(ScanRequest {
+                root: "~/proj".into(),
+                filter: FilterSpec {
+                    excludes: vec!["*.pyc".into(), "node_modules/".into()],
+                    use_gitignore: true,
+                },
+                hashes: true,
+                recursive: true,
+                max_entries: 200,
+            }),
+        },
+        ClientMessage::Request {
+            id: 7,
+            body: Request::PutFiles(PutFiles {
+                root: "/srv/x".into(),
+                create_parents: true,
+                files: vec![
+                    FilePut {
+                        path: b"a\xffb/c d".to_vec(),
+                        mode: 0o755,
+                        mtime_ns: -5,
+                        size: 3,
+                        hash: [7; 32],
+                        expect: Expect::File {
+                            size: 9,
+                            mtime_ns: 1_700_000_000_000_000_000,
+                        },
+                        content: FileContent::Inline(vec![1, 2, 3]),
+                    },
+                    FilePut {
+                        path: b"big".to_vec(),
+                        mode: 0o644,
+                        mtime_ns: 0,
+                        size: 1 << 30,
+                        hash: [9; 32],
+                        expect: Expect::Absent,
+                        content: FileContent::Staged { xfer: 42 },
+                    },
+                ],
+            }),
+        },
+        ClientMessage::Request {
+            id: 8,
+            body: Request::PutPart(PutPart {
+                root: "/srv/x".into(),
+                xfer: 42,
+                path: b"big".to_vec(),
+                offset: 65536,
+                data: PartData::Copy {
+                    from_offset: 0,
+                    len: 65536,
+                },
+            }),
+        },
+        ClientMessage::Request {
+            id: 9,
+            body: Request::ApplyMeta(ApplyMeta {
+                root: "/srv/x".into(),
+                ops: vec![
+                    MetaOp::Mkdir {
+                        path: b"d".to_vec(),
+                        mode: 0o700,
+                    },
+                    MetaOp::Symlink {
+                        path: b"l".to_vec(),
+                        target: b"../t".to_vec(),
+                    },
+                    MetaOp::SetAttrs {
+                        path: b"d".to_vec(),
+                        mode: 0o755,
+                        mtime_ns: 1,
+                    },
+                    MetaOp::Remove {
+                        path: b"old".to_vec(),
+                    },
+                    MetaOp::Abort { xfer: 42 },
+                ],
+            }),
+        },
+        ClientMessage::Request {
+            id: 10,
+            body: Request::ReadFiles(ReadFiles {
+                root: "/srv/x".into(),
+                reads: vec![ReadSpec {
+                    path: b"big".to_vec(),
+                    ranges: Some(vec![(0, 10), (100, 5)]),
+                }],
+            }),
+        },
+        ClientMessage::Request {
+            id: 11,
+            body: Request::JobStart(JobSpec {
+                name: Some("train-1".into()),
+                command: "python train.py".into(),
+                cwd: Some("~/proj".into()),
+                env: vec![("A".into(), "1".into())],
+                log_file: None,
+                watch: WatchSpec {
+                    resume_command: Some("python train.py --resume".into()),
+                    auto_resume: true,
+                    max_resume_attempts: 2,
+                    ..Default::default()
+                },
+            }),
+        },
+        ClientMessage::Request {
+            id: 12,
+            body: Request::JobWait(JobWait {
+                name: "train-1".into(),
+                cursor: 10,
+                timeout_ms: 60_000,
+                pattern: Some("loss=".into()),
+                silence_ms: Some(5_000),
+                max_bytes: 20_000,
+            }),
+        },
+        ClientMessage::Request {
+            id: 13,
+            body: Request::JobRead(JobRead {
+                name: "train-1".into(),
+                offset: None,
+                tail_lines: Some(50),
+                grep: Some("ERROR".into()),
+                max_bytes: 20_000,
+            }),
+        },
+        ClientMessage::Request {
+            id: 14,
+            body: Request::JobList {
+                state: Some(JobState::Lost),
+            },
+        },
+        ClientMessage::Request {
+            id: 15,
+            body: Request::JobCancel {
+                name: "train-1".into(),
+                grace_ms: 3000,
+            },
+        },
+        ClientMessage::Request {
+            id: 16,
+            body: Request::JobEvents {
+                name: None,
+                after_seq: 3,
+                limit: 100,
+            },
+        },
+        ClientMessage::Request {
+            id: 17,
+            body: Request::JobStatus {
+                name: "train-1".into(),
+            },
+        },
         ClientMessage::Cancel { id: 1 },
     ];
+    let job = JobInfo {
+        name: "train-1".into(),
+        command: "python train.py".into(),
+        state: JobState::Exited,
+        exit_code: None,
+        signal: Some(9),
+        pid: Some(1234),
+        started_unix: 1_700_000_000,
+        ended_unix: Some(1_700_000_100),
+        log_file: "/home/u/.outpost/jobs/train-1/log".into(),
+        log_size: 1 << 30,
+        resume_attempts: 1,
+        watch: WatchSpec::default(),
+    };
     let agent = vec![
         AgentMessage::Response {
             id: 1,
@@ -137,6 +306,95 @@ fn sample_messages() -> (Hello, Vec<ClientMessage>, Vec<AgentMessage>) {
         AgentMessage::Response {
             id: 5,
             body: Response::Released,
+        },
+        AgentMessage::Response {
+            id: 6,
+            body: Response::Entries(vec![TreeEntry {
+                path: b"dir/file".to_vec(),
+                kind: EntryKind::Symlink {
+                    target: b"/etc".to_vec(),
+                },
+                mode: 0o777,
+                size: 4,
+                mtime_ns: 12,
+                hash: Some([1; 32]),
+                chunks: vec![ChunkRef {
+                    offset: 0,
+                    len: 65536,
+                    hash: [2; 32],
+                }],
+            }]),
+        },
+        AgentMessage::Response {
+            id: 6,
+            body: Response::ScanDone(ScanSummary {
+                root_exists: true,
+                truncated: true,
+                problems: vec![PathProblem {
+                    path: b"x".to_vec(),
+                    message: "Permission denied".into(),
+                }],
+            }),
+        },
+        AgentMessage::Response {
+            id: 7,
+            body: Response::Applied(ApplyReport {
+                done: 3,
+                problems: vec![],
+            }),
+        },
+        AgentMessage::Response {
+            id: 8,
+            body: Response::Ack,
+        },
+        AgentMessage::Response {
+            id: 10,
+            body: Response::FileData {
+                index: 0,
+                offset: 100,
+                data: vec![5; 10],
+            },
+        },
+        AgentMessage::Response {
+            id: 10,
+            body: Response::ReadDone { problems: vec![] },
+        },
+        AgentMessage::Response {
+            id: 11,
+            body: Response::Job(job.clone()),
+        },
+        AgentMessage::Response {
+            id: 14,
+            body: Response::Jobs(vec![job.clone()]),
+        },
+        AgentMessage::Response {
+            id: 12,
+            body: Response::JobWaited(JobWaited {
+                job: job.clone(),
+                reason: WaitReason::Matched,
+                output: b"epoch 3 loss=0.2\n".to_vec(),
+                omitted: 7,
+                cursor_after: 99,
+            }),
+        },
+        AgentMessage::Response {
+            id: 13,
+            body: Response::JobLog(JobLog {
+                data: b"ERROR x\n".to_vec(),
+                offset: 0,
+                next_offset: 8,
+                log_size: 8,
+            }),
+        },
+        AgentMessage::Response {
+            id: 16,
+            body: Response::JobEvents(vec![JobEvent {
+                seq: 4,
+                job: "train-1".into(),
+                kind: "interrupted".into(),
+                at_unix: 1_700_000_050,
+                detail: "shim gone".into(),
+            }]),
         },
         AgentMessage::Response {
             id: 4,

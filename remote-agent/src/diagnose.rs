@@ -142,6 +142,10 @@ fn report() -> String {
     }
 
     let _ = writeln!(r);
+    let _ = writeln!(r, "Jobs");
+    jobs(&mut r);
+
+    let _ = writeln!(r);
     let _ = writeln!(r, "GPUs");
     gpus(&mut r, &mut problems);
     leases(&mut r);
@@ -272,6 +276,68 @@ fn leases(r: &mut String) {
             duration(age)
         );
     }
+}
+
+/// The job daemon: running or not, how it was (or would be) started, and
+/// whether jobs survive this user's logout.
+fn jobs(r: &mut String) {
+    use crate::jobs::{client, daemon, store};
+    let Some(state) = paths::state_dir() else {
+        field(r, "daemon", "unknown (no state directory)");
+        return;
+    };
+    let info: Option<daemon::DaemonInfo> = store::read_json(&daemon::info_path(&state));
+    match info.filter(|i| i.process.alive()) {
+        Some(i) => field(
+            r,
+            "daemon",
+            &format!(
+                "running, pid {}, started by {}, socket {}",
+                i.process.pid,
+                i.started_by,
+                i.socket.display()
+            ),
+        ),
+        None => field(
+            r,
+            "daemon",
+            &format!(
+                "not running; would be started by {}, socket {}",
+                client::start_method(),
+                daemon::socket_path(&state).display()
+            ),
+        ),
+    }
+    let linger = client::lingering();
+    field(
+        r,
+        "lingering",
+        match linger {
+            Some(true) => "on",
+            Some(false) => "off",
+            None => "unknown (no loginctl or no logind)",
+        },
+    );
+    if linger == Some(false) {
+        let _ = writeln!(
+            r,
+            "    note: with lingering off, systemd may stop this user's processes, \
+             jobs included, after the last login ends; `loginctl enable-linger` keeps them"
+        );
+    }
+    let all = store::all(&state.join("jobs"));
+    let count = |st: outpost_protocol::JobState| all.iter().filter(|j| j.state == st).count();
+    field(
+        r,
+        "jobs",
+        &format!(
+            "{} running, {} exited, {} cancelled, {} lost",
+            count(outpost_protocol::JobState::Running),
+            count(outpost_protocol::JobState::Exited),
+            count(outpost_protocol::JobState::Cancelled),
+            count(outpost_protocol::JobState::Lost)
+        ),
+    );
 }
 
 fn sub(r: &mut String, name: &str, value: &str) {

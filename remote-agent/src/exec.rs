@@ -120,7 +120,7 @@ fn plan(req: ExecRequest) -> Result<Plan, AgentError> {
 }
 
 /// Runs in the child between fork and exec: only async-signal-safe calls.
-fn child_setup() -> io::Result<()> {
+pub fn child_setup() -> io::Result<()> {
     // SAFETY: setsid, signal and sigprocmask are async-signal-safe.
     unsafe {
         // Own session: pgid == sid == pid, so the whole group can be signalled

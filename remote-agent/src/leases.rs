@@ -24,7 +24,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use outpost_protocol::{AgentError, ErrorKind, GpuInfo, GpuLease, GpuLeaseRequest, GpuReport};
 use serde::{Deserialize, Serialize};
 
-use crate::{gpu, paths};
+use crate::{gpu, paths, proctree};
 
 /// How long a change waits for the lock before giving up.
 const LOCK_WAIT: Duration = Duration::from_secs(5);
@@ -250,35 +250,22 @@ fn holder() -> Result<Holder, AgentError> {
 }
 
 fn boot_id() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_default()
+    proctree::boot_id().to_string()
 }
 
-/// State and start time (field 22) of a process. The command name sits in
-/// parentheses and may hold anything, so fields are counted from the last `)`.
+/// State and start time of a process.
 fn stat_of(pid: u32) -> Option<(u8, u64)> {
-    let text = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
-    let close = text.iter().rposition(|&b| b == b')')?;
-    let rest = std::str::from_utf8(text.get(close + 1..)?).ok()?;
-    let mut fields = rest.split_ascii_whitespace();
-    // Field 3 is the state; field 22 comes 19 after it.
-    let state = *fields.next()?.as_bytes().first()?;
-    let start = fields.nth(18)?.parse().ok()?;
-    Some((state, start))
+    proctree::state_and_start(pid as i32)
 }
 
 fn is_live(lease: &Lease) -> bool {
-    static BOOT_ID: OnceLock<String> = OnceLock::new();
-    let boot = BOOT_ID.get_or_init(boot_id);
-    if !lease.holder_boot_id.is_empty() && !boot.is_empty() && lease.holder_boot_id != *boot {
+    let boot = proctree::boot_id();
+    if !lease.holder_boot_id.is_empty() && !boot.is_empty() && lease.holder_boot_id != boot {
         return false;
     }
     match stat_of(lease.holder_pid) {
         // A zombie holder is dead; only its parent has not noticed yet.
-        Some((state, start)) => {
-            start == lease.holder_start_time && !matches!(state, b'Z' | b'X' | b'x')
-        }
+        Some((state, start)) => start == lease.holder_start_time && !proctree::is_dead_state(state),
         None => false,
     }
 }

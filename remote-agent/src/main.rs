@@ -4,8 +4,9 @@
 //! SSH exec channel (or as a local child); the two then speak the framed
 //! protocol of `outpost-protocol` on stdin/stdout. The agent exists so that
 //! commands get real timeouts (whole process trees killed), bounded output
-//! capture, concurrency on one connection, host metrics, GPU leases and the
-//! host side of file sync.
+//! capture, concurrency on one connection, host metrics, GPU leases, the
+//! host side of file sync, and background jobs that outlive the connection
+//! (`daemon` and `shim` are the processes behind those; see [`jobs`]).
 //!
 //! Arguments are parsed by hand to keep the binary small. Logs and diagnostics
 //! go to stderr only: in `serve` mode stdout carries protocol bytes and nothing
@@ -18,6 +19,7 @@ mod exec;
 mod files;
 mod gpu;
 mod identity;
+mod jobs;
 mod leases;
 mod metrics;
 mod outbox;
@@ -36,6 +38,8 @@ need `diagnose`.
 Commands:
   serve       Speak the Outpost protocol on stdin/stdout
   diagnose    Print a report about this host and the agent's state
+  daemon      Start the per-user job daemon (serve does this on demand)
+  shim <dir>  Supervise one background job (the daemon starts these)
   --version   Print the version and build hash
   --help      Print this help
 ";
@@ -50,6 +54,10 @@ fn main() -> ExitCode {
             std::process::exit(code);
         }
         ["diagnose"] => diagnose::run(),
+        ["daemon"] => jobs::daemon::main(jobs::client::STARTED_BY_FORK),
+        ["daemon", "--started-by", how] => jobs::daemon::main(how),
+        ["shim", dir] => jobs::shim::run(std::path::Path::new(dir), false),
+        ["shim", dir, "--resume"] => jobs::shim::run(std::path::Path::new(dir), true),
         ["--version" | "-V" | "version"] => {
             println!("{}", identity::version_line());
             0

@@ -73,6 +73,36 @@ pub fn read_stat(pid: i32) -> Option<Stat> {
     parse_stat(&fs::read(format!("/proc/{pid}/stat")).ok()?)
 }
 
+/// State and start time (field 22, clock ticks after boot) of a process; the
+/// pair names a process across pid reuse within one boot.
+pub fn state_and_start(pid: i32) -> Option<(u8, u64)> {
+    let text = fs::read(format!("/proc/{pid}/stat")).ok()?;
+    let close = text.iter().rposition(|&b| b == b')')?;
+    let rest = std::str::from_utf8(text.get(close + 1..)?).ok()?;
+    let mut fields = rest.split_ascii_whitespace();
+    // Field 3 is the state; field 22 comes 19 after it.
+    let state = *fields.next()?.as_bytes().first()?;
+    let start = fields.nth(18)?.parse().ok()?;
+    Some((state, start))
+}
+
+/// Whether a `/proc/<pid>/stat` state letter means the process is dead (a
+/// zombie only waits for its parent to notice).
+pub fn is_dead_state(state: u8) -> bool {
+    matches!(state, b'Z' | b'X' | b'x')
+}
+
+/// `/proc/sys/kernel/random/boot_id`, read once: start times repeat across
+/// boots, so records that outlive a process carry it too.
+pub fn boot_id() -> &'static str {
+    static BOOT_ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BOOT_ID.get_or_init(|| {
+        fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
+    })
+}
+
 /// Every process id currently listed in `/proc`.
 pub fn all_pids() -> Vec<i32> {
     let Ok(dir) = fs::read_dir("/proc") else {
@@ -92,8 +122,10 @@ fn environ_has(pid: i32, entry: &[u8]) -> bool {
 }
 
 /// Every live process that belongs to the exec rooted at `root` (see the module
-/// docs), never including the agent itself or init.
-pub fn collect(root: i32, token: &str) -> Vec<i32> {
+/// docs), never including the agent itself or init. The root may be unknown
+/// (a background job whose main process is gone): then the token and
+/// descendants alone name the tree.
+pub fn collect_tree(root: Option<i32>, token: &str) -> Vec<i32> {
     let entry = format!("{TOKEN_VAR}={token}").into_bytes();
     let me = std::process::id() as i32;
     let stats: Vec<Stat> = all_pids().into_iter().filter_map(read_stat).collect();
@@ -103,11 +135,11 @@ pub fn collect(root: i32, token: &str) -> Vec<i32> {
         children.entry(s.ppid).or_default().push(s.pid);
     }
     let mut found: HashSet<i32> = HashSet::new();
-    let mut queue: Vec<i32> = vec![root];
+    let mut queue: Vec<i32> = root.into_iter().collect();
+    // Session and group ids of 0 belong to kernel threads; never match them.
+    let root = root.filter(|&r| r > 1);
     for s in &stats {
-        if s.pid == root
-            || s.pgrp == root
-            || s.session == root
+        if root.is_some_and(|r| s.pid == r || s.pgrp == r || s.session == r)
             || (!s.is_gone() && environ_has(s.pid, &entry))
         {
             queue.push(s.pid);
@@ -138,11 +170,11 @@ fn alive(pid: i32) -> bool {
     read_stat(pid).is_some_and(|s| !s.is_gone())
 }
 
-fn signal_all(root: i32, pids: &[i32], sig: libc::c_int) {
+fn signal_all(root: Option<i32>, pids: &[i32], sig: libc::c_int) {
     let me = std::process::id() as i32;
     // SAFETY: plain syscalls; errors (ESRCH, EPERM) are expected and ignored.
     unsafe {
-        if root > 1 {
+        if let Some(root) = root.filter(|&r| r > 1) {
             libc::killpg(root, sig);
         }
         for &pid in pids {
@@ -160,18 +192,25 @@ fn signal_all(root: i32, pids: &[i32], sig: libc::c_int) {
 /// `root` must not have been reaped yet, so that its pid (and with it the
 /// process group and session id) cannot have been reused.
 pub fn terminate(root: i32, token: &str) {
-    let mut targets = collect(root, token);
+    terminate_tree(Some(root), token, TERM_GRACE);
+}
+
+/// [`terminate`] with a chosen grace between SIGTERM and SIGKILL, and a root
+/// that may be unknown (None: only the token and descendants count). A known
+/// root must be alive or an unreaped zombie, for the same reason as above.
+pub fn terminate_tree(root: Option<i32>, token: &str, grace: Duration) {
+    let mut targets = collect_tree(root, token);
     signal_all(root, &targets, libc::SIGTERM);
     signal_all(root, &targets, libc::SIGCONT);
 
-    let grace_end = Instant::now() + TERM_GRACE;
+    let grace_end = Instant::now() + grace;
     while Instant::now() < grace_end {
         std::thread::sleep(POLL);
         // Cheap check first; a full rescan only once the known ones are gone.
         if targets.iter().any(|&p| alive(p)) {
             continue;
         }
-        let fresh = collect(root, token);
+        let fresh = collect_tree(root, token);
         if fresh.is_empty() {
             return;
         }
@@ -184,7 +223,7 @@ pub fn terminate(root: i32, token: &str) {
     // until a scan comes back empty.
     let kill_end = Instant::now() + KILL_WINDOW;
     loop {
-        let left = collect(root, token);
+        let left = collect_tree(root, token);
         if left.is_empty() {
             return;
         }
@@ -236,6 +275,6 @@ mod tests {
     #[test]
     fn own_process_is_never_collected() {
         let me = std::process::id() as i32;
-        assert!(!collect(me, "no-such-token").contains(&me));
+        assert!(!collect_tree(Some(me), "no-such-token").contains(&me));
     }
 }

@@ -24,7 +24,7 @@ use tokio::task::JoinSet;
 use crate::files::Appliers;
 use crate::metrics::Monitor;
 use crate::outbox::{self, Outbox};
-use crate::{cleanup, exec, files, gpu, identity, leases};
+use crate::{cleanup, exec, files, gpu, identity, jobs, leases};
 
 /// How long shutdown waits for cancelled commands to report.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(2);
@@ -69,7 +69,8 @@ impl Shared {
 
 /// What one frame asked for.
 enum Inbound {
-    Message(ClientMessage),
+    /// Boxed: a request (a job spec) is far larger than the other variants.
+    Message(Box<ClientMessage>),
     /// A request of a kind this agent does not know.
     Unsupported(RequestId),
     /// A message kind this agent does not know and cannot answer.
@@ -86,6 +87,8 @@ async fn session() -> i32 {
     };
     let (outbox, writer) = outbox::start(hello);
     tokio::task::spawn_blocking(cleanup::remove_stale_versions);
+    // Jobs left running or lost while no daemon watched get one again.
+    jobs::nudge();
 
     let shared = Arc::new(Shared {
         inflight: Mutex::new(HashMap::new()),
@@ -185,15 +188,17 @@ fn dispatch_frames(
             continue;
         };
         match parse(&payload)? {
-            Inbound::Message(ClientMessage::Request { id, body }) => {
-                start_request(id, body, shared, outbox, tasks)
-            }
-            Inbound::Message(ClientMessage::Cancel { id }) => {
-                // Unknown ids are fine: the request may have just finished.
-                if let Some(cancel) = shared.inflight().get(&id) {
-                    let _ = cancel.send(true);
+            Inbound::Message(msg) => match *msg {
+                ClientMessage::Request { id, body } => {
+                    start_request(id, body, shared, outbox, tasks)
                 }
-            }
+                ClientMessage::Cancel { id } => {
+                    // Unknown ids are fine: the request may have just finished.
+                    if let Some(cancel) = shared.inflight().get(&id) {
+                        let _ = cancel.send(true);
+                    }
+                }
+            },
             Inbound::Unsupported(id) => {
                 let outbox = outbox.clone();
                 tasks.spawn(async move {
@@ -214,7 +219,7 @@ fn dispatch_frames(
 /// them as varints) and answered or skipped instead of ending the session.
 fn parse(payload: &[u8]) -> Result<Inbound, ProtocolError> {
     let err = match decode::<ClientMessage>(payload) {
-        Ok(msg) => return Ok(Inbound::Message(msg)),
+        Ok(msg) => return Ok(Inbound::Message(Box::new(msg))),
         Err(e) => e,
     };
     let mut rest = payload;
@@ -234,7 +239,7 @@ fn parse(payload: &[u8]) -> Result<Inbound, ProtocolError> {
 }
 
 /// Variants of [`Request`] and [`ClientMessage`] this agent knows.
-const KNOWN_REQUESTS: u64 = 10;
+const KNOWN_REQUESTS: u64 = 17;
 const KNOWN_CLIENT_MESSAGES: u64 = 2;
 
 fn read_varint(data: &mut &[u8]) -> Option<u64> {
@@ -299,6 +304,19 @@ fn start_request(
             Request::PutPart(req) => files::put_part(req, &shared.appliers).await,
             Request::ApplyMeta(req) => files::apply_meta(req, &shared.appliers).await,
             Request::ReadFiles(req) => files::read_files(id, req, &outbox, cancel).await,
+            Request::JobStart(spec) => jobs::start(spec).await,
+            Request::JobStatus { name } => job_request(move || jobs::status(&name)).await,
+            Request::JobList { state } => job_request(move || jobs::list(state)).await,
+            Request::JobCancel { name, grace_ms } => {
+                job_request(move || jobs::cancel(&name, grace_ms)).await
+            }
+            Request::JobWait(req) => job_request(move || jobs::wait(&req, &cancel)).await,
+            Request::JobRead(req) => job_request(move || jobs::read(&req)).await,
+            Request::JobEvents {
+                name,
+                after_seq,
+                limit,
+            } => job_request(move || jobs::events(name.as_deref(), after_seq, limit)).await,
         };
         // Free the id before answering: the controller may reuse it as soon
         // as it sees the final response.
@@ -319,6 +337,15 @@ async fn metrics(shared: &Arc<Shared>) -> Response {
         Ok(Response::Metrics(m))
     })
     .await
+}
+
+/// A job request other than start: answered from the job files, with a
+/// check that a daemon watches the jobs that need one.
+async fn job_request(
+    work: impl FnOnce() -> Result<Response, AgentError> + Send + 'static,
+) -> Response {
+    jobs::nudge();
+    blocking(work).await
 }
 
 /// Runs blocking work (file locks, /proc, NVML) off the async workers.
@@ -342,7 +369,7 @@ mod tests {
         let frame = postcard_payload(&ClientMessage::Cancel { id: 5 });
         assert!(matches!(
             parse(&frame),
-            Ok(Inbound::Message(ClientMessage::Cancel { id: 5 }))
+            Ok(Inbound::Message(m)) if *m == ClientMessage::Cancel { id: 5 }
         ));
     }
 

@@ -6,65 +6,14 @@
 
 mod common;
 
-use common::scratch;
-use outpost_e2e::{Sshd, target_bin};
-use rmcp::ServiceExt;
-use rmcp::model::CallToolRequestParams;
-use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
+use common::mcp_client::{call, ssh_env, start};
+use outpost_e2e::Sshd;
 use serde_json::{Value, json};
-
-type Client = rmcp::service::RunningService<rmcp::RoleClient, ()>;
-
-/// `outpost mcp` with only `env` and an empty home; the home lives as long as
-/// the returned guard.
-async fn start(env: &[(&str, String)]) -> (Client, outpost_e2e::TempDir) {
-    let home = scratch("mcp-home");
-    let transport = TokioChildProcess::new(
-        tokio::process::Command::new(target_bin("outpost")).configure(|cmd| {
-            cmd.arg("mcp")
-                .env_clear()
-                .env("HOME", home.path())
-                .env("PATH", std::env::var("PATH").unwrap());
-            for (k, v) in env {
-                cmd.env(k, v);
-            }
-        }),
-    )
-    .unwrap();
-    (().serve(transport).await.unwrap(), home)
-}
-
-async fn call(client: &Client, tool: &'static str, args: Value) -> (bool, Value) {
-    let result = client
-        .call_tool(
-            CallToolRequestParams::new(tool).with_arguments(args.as_object().unwrap().clone()),
-        )
-        .await
-        .unwrap();
-    let is_error = result.is_error.unwrap_or(false);
-    let value = result.structured_content.clone().unwrap_or_else(|| {
-        json!(
-            result
-                .content
-                .iter()
-                .filter_map(|c| c.as_text().map(|t| t.text.clone()))
-                .collect::<Vec<_>>()
-                .join("\n")
-        )
-    });
-    (is_error, value)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mcp_tools_over_ssh_with_remote_sandbox_env() {
     let sshd = Sshd::start();
-    let (client, _home) = start(&[
-        ("REMOTE_HOST", sshd.host().to_string()),
-        ("REMOTE_PORT", sshd.port().to_string()),
-        ("REMOTE_USER", sshd.user().to_string()),
-        ("REMOTE_KEY_FILE", sshd.client_key().display().to_string()),
-    ])
-    .await;
+    let (client, _home) = start(&ssh_env(&sshd)).await;
     let tools = client.list_all_tools().await.unwrap();
     let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
     for want in [
@@ -155,13 +104,7 @@ async fn mcp_zero_config_local_sandbox() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mcp_resources_prompts_fan_out_and_auto_selection() {
     let sshd = Sshd::start();
-    let (client, _home) = start(&[
-        ("REMOTE_HOST", sshd.host().to_string()),
-        ("REMOTE_PORT", sshd.port().to_string()),
-        ("REMOTE_USER", sshd.user().to_string()),
-        ("REMOTE_KEY_FILE", sshd.client_key().display().to_string()),
-    ])
-    .await;
+    let (client, _home) = start(&ssh_env(&sshd)).await;
 
     let resources = client.list_all_resources().await.unwrap();
     let uris: Vec<&str> = resources.iter().map(|r| r.uri.as_str()).collect();

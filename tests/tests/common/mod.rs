@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod mcp_client;
+
 use std::path::Path;
 use std::time::Duration;
 

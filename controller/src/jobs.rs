@@ -1,0 +1,286 @@
+//! Background jobs: thin calls over a [`Session`], one per job request, and the
+//! shaping their results share between the MCP tools and the CLI.
+//!
+//! Jobs run under a per-user daemon on the host, not under the connection's
+//! agent, so they survive disconnects and controller restarts; every call here
+//! only asks the host about them. A `JobWait` may last as long as its timeout:
+//! the connection's heartbeat keeps flowing meanwhile, and dropping the future
+//! cancels the wait on the host (never the job).
+
+use std::time::Duration;
+
+use outpost_protocol::{
+    JobEvent, JobInfo, JobLog, JobRead, JobSpec, JobState, JobWait, JobWaited, Request, Response,
+};
+
+use crate::session::{CallError, Session};
+
+/// Longest `JobWait` the tools accept.
+pub const MAX_WAIT: Duration = Duration::from_secs(3600);
+/// Most log bytes one answer may carry; larger asks are clamped (a frame is at
+/// most 8 MiB).
+pub const MAX_LOG_BYTES: u64 = 4 << 20;
+/// Grace past a wait's own timeout before the controller gives the agent up
+/// (the heartbeat normally notices a dead host much sooner).
+const WAIT_SLACK: Duration = Duration::from_secs(15);
+
+/// Sends `request` and returns its final answer, an agent error as
+/// [`CallError::Agent`].
+async fn ask(session: &Session, request: Request) -> Result<Response, CallError> {
+    let mut call = session.start(request).await?;
+    loop {
+        let response = call.next().await?;
+        if let Response::Error(e) = response {
+            return Err(CallError::Agent(e));
+        }
+        if response.is_final() {
+            return Ok(response);
+        }
+    }
+}
+
+fn unexpected(what: &str, response: Response) -> CallError {
+    // The variant is what matters; a payload may be a whole log.
+    let mut shown = format!("{response:?}");
+    if let Some((i, _)) = shown.char_indices().nth(120) {
+        shown.truncate(i);
+        shown.push('…');
+    }
+    CallError::Protocol(format!("unexpected answer to {what}: {shown}"))
+}
+
+/// Starts a job; the answer describes it (its name, when the agent chose it).
+pub async fn start(session: &Session, spec: JobSpec) -> Result<JobInfo, CallError> {
+    match ask(session, Request::JobStart(spec)).await? {
+        Response::Job(info) => Ok(info),
+        other => Err(unexpected("a job start", other)),
+    }
+}
+
+pub async fn status(session: &Session, name: &str) -> Result<JobInfo, CallError> {
+    let request = Request::JobStatus {
+        name: name.to_string(),
+    };
+    match ask(session, request).await? {
+        Response::Job(info) => Ok(info),
+        other => Err(unexpected("a job status", other)),
+    }
+}
+
+pub async fn list(session: &Session, state: Option<JobState>) -> Result<Vec<JobInfo>, CallError> {
+    match ask(session, Request::JobList { state }).await? {
+        Response::Jobs(jobs) => Ok(jobs),
+        other => Err(unexpected("a job list", other)),
+    }
+}
+
+/// TERM to the job's whole tree, KILL after `grace`.
+pub async fn cancel(session: &Session, name: &str, grace: Duration) -> Result<JobInfo, CallError> {
+    let request = Request::JobCancel {
+        name: name.to_string(),
+        grace_ms: grace.as_millis() as u64,
+    };
+    match ask(session, request).await? {
+        Response::Job(info) => Ok(info),
+        other => Err(unexpected("a job cancel", other)),
+    }
+}
+
+/// Blocks until the job ends, its new output matches, it is silent, or the
+/// wait's timeout passes.
+pub async fn wait(session: &Session, wait: JobWait) -> Result<JobWaited, CallError> {
+    let deadline = Duration::from_millis(wait.timeout_ms) + WAIT_SLACK;
+    let answer = tokio::time::timeout(deadline, ask(session, Request::JobWait(wait)))
+        .await
+        .map_err(|_| {
+            CallError::ConnectionLost(format!(
+                "the host did not answer a job wait within {} s",
+                deadline.as_secs()
+            ))
+        })??;
+    match answer {
+        Response::JobWaited(waited) => Ok(waited),
+        other => Err(unexpected("a job wait", other)),
+    }
+}
+
+pub async fn read(session: &Session, read: JobRead) -> Result<JobLog, CallError> {
+    match ask(session, Request::JobRead(read)).await? {
+        Response::JobLog(log) => Ok(log),
+        other => Err(unexpected("a job log read", other)),
+    }
+}
+
+/// Events after `after_seq` (of one job, or all), at most `limit`.
+pub async fn events(
+    session: &Session,
+    name: Option<&str>,
+    after_seq: u64,
+    limit: u32,
+) -> Result<Vec<JobEvent>, CallError> {
+    let request = Request::JobEvents {
+        name: name.map(str::to_string),
+        after_seq,
+        limit,
+    };
+    match ask(session, request).await? {
+        Response::JobEvents(events) => Ok(events),
+        other => Err(unexpected("job events", other)),
+    }
+}
+
+/// The last `lines` lines of a job's log (at most `max_bytes`), as text.
+pub async fn tail(
+    session: &Session,
+    name: &str,
+    lines: u32,
+    max_bytes: u64,
+) -> Result<String, CallError> {
+    let log = read(
+        session,
+        JobRead {
+            name: name.to_string(),
+            offset: None,
+            tail_lines: Some(lines),
+            grep: None,
+            max_bytes,
+        },
+    )
+    .await?;
+    Ok(String::from_utf8_lossy(&log.data).into_owned())
+}
+
+/// A job state as tools and the CLI spell it.
+pub fn state_name(state: JobState) -> &'static str {
+    match state {
+        JobState::Running => "running",
+        JobState::Exited => "exited",
+        JobState::Cancelled => "cancelled",
+        JobState::Lost => "lost",
+    }
+}
+
+pub fn parse_state(s: &str) -> Result<JobState, String> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "running" => Ok(JobState::Running),
+        "exited" => Ok(JobState::Exited),
+        "cancelled" | "canceled" => Ok(JobState::Cancelled),
+        "lost" => Ok(JobState::Lost),
+        other => Err(format!(
+            "unknown state {other:?}; use running, exited, cancelled or lost"
+        )),
+    }
+}
+
+/// Output bytes as text: invalid UTF-8 replaced, and when bytes before them
+/// were dropped, an explicit marker first. A character cut by the drop is
+/// counted as omitted rather than shown as a replacement character.
+pub fn output_text(data: &[u8], omitted: u64) -> String {
+    let (data, omitted) = if omitted > 0 {
+        let cut = data
+            .iter()
+            .take(3)
+            .take_while(|b| (0x80..0xc0).contains(*b))
+            .count();
+        (&data[cut..], omitted + cut as u64)
+    } else {
+        (data, 0)
+    };
+    let text = String::from_utf8_lossy(data);
+    if omitted == 0 {
+        return text.into_owned();
+    }
+    format!("[… {omitted} bytes omitted …]\n{text}")
+}
+
+/// At most `max` characters of a command's first line, `…` marking a cut.
+pub fn short_command(command: &str, max: usize) -> String {
+    let line = command.trim();
+    let first = line.lines().next().unwrap_or("");
+    let cut = first.chars().count() > max || first.len() < line.len();
+    if !cut {
+        return first.to_string();
+    }
+    let mut s: String = first.chars().take(max.saturating_sub(1)).collect();
+    s.push('…');
+    s
+}
+
+/// `2025-01-31T08:15:00Z` for seconds since the epoch (UTC).
+pub fn utc_time(unix: u64) -> String {
+    let days = (unix / 86_400) as i64;
+    let secs = unix % 86_400;
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60
+    )
+}
+
+/// A shell exit status for an ended job: its exit code, or 128+N when signal N
+/// killed it (as a shell reports it); None while it runs or when it was lost.
+pub fn shell_status(job: &JobInfo) -> Option<i32> {
+    job.exit_code.or(job.signal.map(|s| 128 + s))
+}
+
+/// How a job ended, in a few words: `exit 3`, `signal 9`, or empty.
+pub fn exit_summary(job: &JobInfo) -> String {
+    match (job.exit_code, job.signal) {
+        (Some(code), _) => format!("exit {code}"),
+        (None, Some(sig)) => format!("signal {sig}"),
+        (None, None) => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_text_marks_what_was_dropped() {
+        assert_eq!(output_text(b"abc\n", 0), "abc\n");
+        assert_eq!(output_text(b"tail\n", 10), "[… 10 bytes omitted …]\ntail\n");
+        // "é" is c3 a9: a tail starting at a9 drops that byte too.
+        assert_eq!(output_text(b"\xa9x", 5), "[… 6 bytes omitted …]\nx");
+        assert_eq!(output_text(b"\xff", 0), "\u{fffd}");
+    }
+
+    #[test]
+    fn short_command_cuts_long_and_multiline_commands() {
+        assert_eq!(short_command("  make test ", 80), "make test");
+        assert_eq!(short_command("abcdef", 4), "abc…");
+        assert_eq!(short_command("abcd", 4), "abcd");
+        assert_eq!(short_command("set -e\npython train.py", 80), "set -e…");
+    }
+
+    #[test]
+    fn utc_time_formats_dates() {
+        assert_eq!(utc_time(0), "1970-01-01T00:00:00Z");
+        assert_eq!(utc_time(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(utc_time(1_735_689_599), "2024-12-31T23:59:59Z");
+    }
+
+    #[test]
+    fn states_round_trip() {
+        for s in [
+            JobState::Running,
+            JobState::Exited,
+            JobState::Cancelled,
+            JobState::Lost,
+        ] {
+            assert_eq!(parse_state(state_name(s)), Ok(s));
+        }
+        assert!(parse_state("done").unwrap_err().contains("running"));
+    }
+}

@@ -1,0 +1,702 @@
+//! Job events on this machine: followers that poll each sandbox's job events,
+//! hooks that run for them, and alerts when a host stops answering.
+//!
+//! One follower per sandbox polls `JobEvents` after the last sequence number it
+//! saw, about every 1.5 s. Each new event goes to a sink (stderr for
+//! `outpost watch`, MCP logging notifications for `outpost mcp`) and to the
+//! hooks of the config file's `[hooks]` section: `webhook_url` (the event POSTed
+//! as JSON) and `event_command` (run with the event in its environment).
+//!
+//! Hooks run at least once per event, and in one process only: the follower
+//! that holds `$OUTPOST_HOME/events-<sandbox>.lock` runs them and records the
+//! last event it handled in `events-<sandbox>.seq`, so a restart resumes there
+//! instead of replaying the host's history, and an `outpost watch` beside an
+//! `outpost mcp` does not fire every hook twice. The others only feed their
+//! sink, and take the lock over when its holder exits.
+//!
+//! A poll that cannot reach the host is a failed reachability check; after
+//! `[hooks] alert_after_failures` of them in a row (default 2) the follower
+//! raises `host_unreachable`, once per outage, and `host_reachable` when the
+//! host answers again.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use schemars::JsonSchema;
+use serde::Serialize;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::config::Hooks;
+use crate::fleet::Fleet;
+use crate::jobs;
+use crate::session::Session;
+
+/// Between polls of a reachable host.
+const POLL: Duration = Duration::from_millis(1500);
+/// Between polls of a host that did not answer (each may cost a connect timeout).
+const RETRY: Duration = Duration::from_secs(5);
+/// Between polls of a host whose agent refuses the request.
+const REFUSED: Duration = Duration::from_secs(60);
+/// Events per poll; a full page is followed by another poll at once.
+const PAGE: u32 = 500;
+/// Events this much older than the follower are history: they are not shown
+/// to a client that was not there, nor hooked when no position was recorded.
+const FRESH_SLACK_S: u64 = 5;
+const WEBHOOK_TIMEOUT: Duration = Duration::from_secs(10);
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A job event, or a reachability alert, as hooks and clients see it.
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+pub struct HookEvent {
+    /// started, completed, failed, cancelled, interrupted, resume_started,
+    /// resume_failed; host_unreachable, host_reachable.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub sandbox: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub job: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seq: Option<u64>,
+    pub at_unix: u64,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub detail: String,
+}
+
+impl HookEvent {
+    pub fn from_job(sandbox: &str, e: &outpost_protocol::JobEvent) -> HookEvent {
+        HookEvent {
+            kind: e.kind.clone(),
+            sandbox: sandbox.to_string(),
+            job: Some(e.job.clone()),
+            seq: Some(e.seq),
+            at_unix: e.at_unix,
+            detail: e.detail.clone(),
+        }
+    }
+
+    fn host(kind: &str, sandbox: &str, detail: String) -> HookEvent {
+        HookEvent {
+            kind: kind.into(),
+            sandbox: sandbox.to_string(),
+            job: None,
+            seq: None,
+            at_unix: now_unix(),
+            detail,
+        }
+    }
+
+    /// One line for people: `gpu1: train completed (exit 0)`.
+    pub fn summary(&self) -> String {
+        let mut s = format!("{}: ", self.sandbox);
+        if let Some(job) = &self.job {
+            s.push_str(job);
+            s.push(' ');
+        }
+        s.push_str(&self.kind);
+        if !self.detail.is_empty() {
+            s.push_str(&format!(" ({})", self.detail));
+        }
+        s
+    }
+
+    /// Whether the event is bad news (for log levels).
+    pub fn is_alarm(&self) -> bool {
+        matches!(
+            self.kind.as_str(),
+            "failed" | "interrupted" | "resume_failed" | "host_unreachable"
+        )
+    }
+}
+
+pub fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// The environment `event_command` runs with: Outpost's names and
+/// remote-sandbox-mcp's, so its hook scripts keep working.
+pub fn hook_env(event: &HookEvent, json: &str) -> Vec<(&'static str, String)> {
+    let job = event.job.clone().unwrap_or_default();
+    vec![
+        ("OUTPOST_EVENT_JSON", json.to_string()),
+        ("OUTPOST_EVENT_TYPE", event.kind.clone()),
+        ("OUTPOST_JOB", job.clone()),
+        ("OUTPOST_SANDBOX", event.sandbox.clone()),
+        ("RSMCP_EVENT_JSON", json.to_string()),
+        ("RSMCP_EVENT_TYPE", event.kind.clone()),
+        ("RSMCP_SANDBOX_NAME", event.sandbox.clone()),
+        ("RSMCP_TMUX_SESSION", job.clone()),
+        ("RSMCP_WATCH_ID", job),
+    ]
+}
+
+/// An `http://` URL: what the built-in client can POST to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpUrl {
+    pub host: String,
+    pub port: u16,
+    /// Path and query, starting with `/`.
+    pub path: String,
+}
+
+impl HttpUrl {
+    pub fn parse(url: &str) -> Result<HttpUrl, String> {
+        let Some(rest) = url.strip_prefix("http://") else {
+            return Err(if url.starts_with("https://") {
+                format!(
+                    "{url}: https is not supported (Outpost carries no TLS client); use an http:// \
+                     endpoint such as a local relay, or an event_command that runs curl"
+                )
+            } else {
+                format!("{url}: expected an http:// URL")
+            });
+        };
+        let (authority, path) = match rest.find(['/', '?']) {
+            Some(i) if rest[i..].starts_with('/') => (&rest[..i], rest[i..].to_string()),
+            Some(i) => (&rest[..i], format!("/{}", &rest[i..])),
+            None => (rest, "/".to_string()),
+        };
+        let path = path.split('#').next().unwrap_or("/").to_string();
+        if authority.contains('@') {
+            return Err(format!("{url}: credentials in the URL are not supported"));
+        }
+        let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+            let (host, after) = v6
+                .split_once(']')
+                .ok_or_else(|| format!("{url}: unclosed [ in the host"))?;
+            (host.to_string(), after.strip_prefix(':'))
+        } else {
+            match authority.rsplit_once(':') {
+                Some((h, p)) => (h.to_string(), Some(p)),
+                None => (authority.to_string(), None),
+            }
+        };
+        if host.is_empty() {
+            return Err(format!("{url}: no host"));
+        }
+        let port = match port {
+            Some(p) => p.parse().map_err(|_| format!("{url}: bad port {p:?}"))?,
+            None => 80,
+        };
+        Ok(HttpUrl { host, port, path })
+    }
+
+    /// The `Host` header value.
+    fn host_header(&self) -> String {
+        let host = if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        if self.port == 80 {
+            host
+        } else {
+            format!("{host}:{}", self.port)
+        }
+    }
+}
+
+impl std::fmt::Display for HttpUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "http://{}{}", self.host_header(), self.path)
+    }
+}
+
+/// The HTTP/1.1 request that POSTs `body` as JSON.
+pub fn http_post_request(url: &HttpUrl, body: &str) -> String {
+    format!(
+        "POST {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: outpost/{}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        url.path,
+        url.host_header(),
+        env!("CARGO_PKG_VERSION"),
+        body.len()
+    )
+}
+
+/// The status code of an HTTP response's first line.
+pub fn http_status(head: &[u8]) -> Option<u16> {
+    let line = head.split(|b| *b == b'\n').next()?;
+    let line = std::str::from_utf8(line).ok()?;
+    let mut parts = line.split_whitespace();
+    parts.next().filter(|v| v.starts_with("HTTP/"))?;
+    parts.next()?.parse().ok()
+}
+
+/// POSTs `body`; Ok when the server answers 2xx.
+pub async fn post_json(url: &HttpUrl, body: &str) -> Result<(), String> {
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect((url.host.as_str(), url.port))
+            .await
+            .map_err(|e| format!("cannot connect: {e}"))?;
+        stream
+            .write_all(http_post_request(url, body).as_bytes())
+            .await
+            .map_err(|e| format!("cannot send: {e}"))?;
+        let mut head = Vec::new();
+        let mut buf = [0u8; 512];
+        while !head.contains(&b'\n') && head.len() < 4096 {
+            let n = stream
+                .read(&mut buf)
+                .await
+                .map_err(|e| format!("no answer: {e}"))?;
+            if n == 0 {
+                break;
+            }
+            head.extend_from_slice(&buf[..n]);
+        }
+        match http_status(&head) {
+            Some(code) if (200..300).contains(&code) => Ok(()),
+            Some(code) => Err(format!("answered HTTP {code}")),
+            None => Err("no HTTP answer".to_string()),
+        }
+    };
+    tokio::time::timeout(WEBHOOK_TIMEOUT, exchange)
+        .await
+        .map_err(|_| format!("no answer within {} s", WEBHOOK_TIMEOUT.as_secs()))?
+}
+
+/// Runs `command` with `sh -c` and the event in its environment.
+async fn run_event_command(command: &str, env: &[(&'static str, String)]) -> Result<(), String> {
+    let mut cmd = tokio::process::Command::new("sh");
+    cmd.arg("-c")
+        .arg(command)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        // stdout may be the MCP channel: never let a hook write to it.
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let child = cmd.spawn().map_err(|e| format!("cannot start: {e}"))?;
+    let output = tokio::time::timeout(COMMAND_TIMEOUT, child.wait_with_output())
+        .await
+        .map_err(|_| format!("killed after {} s", COMMAND_TIMEOUT.as_secs()))?
+        .map_err(|e| e.to_string())?;
+    if output.status.success() {
+        return Ok(());
+    }
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let last = stderr.trim().lines().last().unwrap_or("").to_string();
+    Err(format!("{}: {last}", output.status))
+}
+
+/// Runs every configured hook for `event`; returns what failed.
+pub async fn run_hooks(hooks: &Hooks, event: &HookEvent) -> Vec<String> {
+    let json = serde_json::to_string(event).unwrap_or_default();
+    let mut problems = Vec::new();
+    if let Some(url) = &hooks.webhook_url
+        && let Err(e) = post_json(url, &json).await
+    {
+        problems.push(format!("webhook {url}: {e}"));
+    }
+    if let Some(command) = &hooks.event_command
+        && let Err(e) = run_event_command(command, &hook_env(event, &json)).await
+    {
+        problems.push(format!("event_command: {e}"));
+    }
+    problems
+}
+
+/// Where events go besides the hooks.
+pub type Sink = Arc<dyn Fn(&HookEvent) + Send + Sync>;
+
+/// What one follower is doing, for `get_watchdog_status` and logs.
+#[derive(Default)]
+struct FollowerState {
+    runs_hooks: AtomicBool,
+    last_seq: AtomicU64,
+    failures: AtomicU32,
+    last_error: Mutex<Option<String>>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct FollowerView {
+    pub sandbox: String,
+    /// Whether this process runs the hooks for this sandbox (another Outpost
+    /// process holding its events lock does otherwise).
+    pub runs_hooks: bool,
+    pub last_seq: u64,
+    /// Failed reachability checks in a row.
+    pub failures: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+/// The followers of one process, at most one per sandbox.
+pub struct Watcher {
+    fleet: Arc<Fleet>,
+    sink: Sink,
+    followers: Mutex<HashMap<String, Arc<FollowerState>>>,
+}
+
+impl Watcher {
+    pub fn new(fleet: Arc<Fleet>, sink: Sink) -> Arc<Watcher> {
+        Arc::new(Watcher {
+            fleet,
+            sink,
+            followers: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Starts following `sandbox` unless this process already does. Needs a
+    /// tokio runtime; the follower lives as long as it.
+    pub fn follow(&self, sandbox: &str) {
+        let Ok(session) = self.fleet.get(Some(sandbox)) else {
+            return;
+        };
+        let state = {
+            let mut followers = self.followers.lock().unwrap();
+            if followers.contains_key(sandbox) {
+                return;
+            }
+            let state = Arc::new(FollowerState::default());
+            followers.insert(sandbox.to_string(), state.clone());
+            state
+        };
+        let follower = Follower {
+            session,
+            hooks: self.fleet.config.hooks.clone(),
+            seq_path: self.fleet.config.events_path(sandbox, "seq"),
+            lock_path: self.fleet.config.events_path(sandbox, "lock"),
+            sink: self.sink.clone(),
+            state,
+            started_unix: now_unix(),
+        };
+        tokio::spawn(follower.run());
+    }
+
+    pub fn status(&self) -> Vec<FollowerView> {
+        let followers = self.followers.lock().unwrap();
+        let mut views: Vec<FollowerView> = followers
+            .iter()
+            .map(|(name, s)| FollowerView {
+                sandbox: name.clone(),
+                runs_hooks: s.runs_hooks.load(Ordering::Relaxed),
+                last_seq: s.last_seq.load(Ordering::Relaxed),
+                failures: s.failures.load(Ordering::Relaxed),
+                last_error: s.last_error.lock().unwrap().clone(),
+            })
+            .collect();
+        views.sort_by(|a, b| a.sandbox.cmp(&b.sandbox));
+        views
+    }
+}
+
+struct Follower {
+    session: Arc<Session>,
+    hooks: Hooks,
+    seq_path: PathBuf,
+    lock_path: PathBuf,
+    sink: Sink,
+    state: Arc<FollowerState>,
+    started_unix: u64,
+}
+
+/// The last event whose hooks ran, as recorded; None when never recorded.
+pub fn read_seq(path: &Path) -> Option<u64> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// Records `seq` atomically (temp file, rename), so a crash leaves the old
+/// value or the new one.
+pub fn write_seq(path: &Path, seq: u64) -> std::io::Result<()> {
+    let tmp = path.with_extension("seq.tmp");
+    {
+        let mut f = File::create(&tmp)?;
+        writeln!(f, "{seq}")?;
+    }
+    std::fs::rename(&tmp, path)
+}
+
+/// The events lock when no other process holds it.
+fn try_lock(path: &Path) -> Option<File> {
+    if let Some(dir) = path.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .ok()?;
+    file.try_lock().ok()?;
+    Some(file)
+}
+
+impl Follower {
+    async fn run(self) {
+        let name = self.session.name().to_string();
+        let alert_after = self.hooks.alert_after_failures.max(1);
+        // The lock (held while this follower runs the hooks), the last event
+        // given to the sink, and the last event hooked (None: no record yet).
+        let mut lock: Option<File> = None;
+        let mut hooked: Option<u64> = None;
+        let mut seen = read_seq(&self.seq_path).unwrap_or(0);
+        let mut failures = 0u32;
+        let mut alerted = false;
+        let mut refused_logged = false;
+        loop {
+            if lock.is_none()
+                && let Some(file) = try_lock(&self.lock_path)
+            {
+                lock = Some(file);
+                hooked = read_seq(&self.seq_path);
+                tracing::debug!(sandbox = %name, ?hooked, "running the event hooks");
+            }
+            self.state
+                .runs_hooks
+                .store(lock.is_some(), Ordering::Relaxed);
+            let after = match (lock.is_some(), hooked) {
+                (true, Some(h)) => h.min(seen),
+                _ => seen,
+            };
+            let pause = match jobs::events(&self.session, None, after, PAGE).await {
+                Ok(events) => {
+                    failures = 0;
+                    self.state.failures.store(0, Ordering::Relaxed);
+                    *self.state.last_error.lock().unwrap() = None;
+                    if alerted {
+                        alerted = false;
+                        let event = HookEvent::host("host_reachable", &name, String::new());
+                        self.deliver(&event, lock.is_some()).await;
+                    }
+                    let full = events.len() as u32 >= PAGE;
+                    let mut unrecorded = false;
+                    for e in &events {
+                        let event = HookEvent::from_job(&name, e);
+                        let due = lock.is_some() && hooked.is_none_or(|h| e.seq > h);
+                        // With no record, history before this follower is
+                        // skipped rather than replayed.
+                        let hook_now = due && (hooked.is_some() || self.fresh(e.at_unix));
+                        if e.seq > seen {
+                            if hook_now || self.fresh(e.at_unix) {
+                                (self.sink)(&event);
+                            }
+                            seen = e.seq;
+                        }
+                        if due {
+                            hooked = Some(e.seq);
+                            unrecorded = true;
+                            if hook_now {
+                                self.hook(&event).await;
+                                self.record(e.seq);
+                                unrecorded = false;
+                            }
+                        }
+                    }
+                    if unrecorded && let Some(h) = hooked {
+                        self.record(h);
+                    }
+                    self.state.last_seq.store(seen, Ordering::Relaxed);
+                    if full { Duration::ZERO } else { POLL }
+                }
+                Err(e) if e.is_connection() => {
+                    failures += 1;
+                    self.state.failures.store(failures, Ordering::Relaxed);
+                    *self.state.last_error.lock().unwrap() = Some(e.to_string());
+                    if failures >= alert_after && !alerted {
+                        alerted = true;
+                        let detail = format!("{failures} failed checks: {e}");
+                        let event = HookEvent::host("host_unreachable", &name, detail);
+                        self.deliver(&event, lock.is_some()).await;
+                    }
+                    RETRY
+                }
+                Err(e) => {
+                    // The host answers but refuses (an agent without jobs):
+                    // not an outage.
+                    if !refused_logged {
+                        tracing::warn!(sandbox = %name, "cannot follow job events: {e}");
+                        refused_logged = true;
+                    }
+                    *self.state.last_error.lock().unwrap() = Some(e.to_string());
+                    REFUSED
+                }
+            };
+            tokio::time::sleep(pause).await;
+        }
+    }
+
+    /// Whether an event happened since this follower started (less a little
+    /// slack): clients see what happened while they were there, not history.
+    fn fresh(&self, at_unix: u64) -> bool {
+        at_unix + FRESH_SLACK_S >= self.started_unix
+    }
+
+    fn record(&self, seq: u64) {
+        if let Err(err) = write_seq(&self.seq_path, seq) {
+            tracing::warn!(
+                "cannot record the event position in {}: {err}",
+                self.seq_path.display()
+            );
+        }
+    }
+
+    async fn deliver(&self, event: &HookEvent, run_hooks: bool) {
+        (self.sink)(event);
+        if run_hooks {
+            self.hook(event).await;
+        }
+    }
+
+    async fn hook(&self, event: &HookEvent) {
+        for problem in run_hooks(&self.hooks, event).await {
+            tracing::warn!(sandbox = %event.sandbox, "hook failed: {problem}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event() -> HookEvent {
+        HookEvent {
+            kind: "completed".into(),
+            sandbox: "gpu1".into(),
+            job: Some("train".into()),
+            seq: Some(7),
+            at_unix: 1_700_000_000,
+            detail: "exit 0".into(),
+        }
+    }
+
+    #[test]
+    fn event_json_is_compact() {
+        let json = serde_json::to_string(&event()).unwrap();
+        assert_eq!(
+            json,
+            r#"{"type":"completed","sandbox":"gpu1","job":"train","seq":7,"at_unix":1700000000,"detail":"exit 0"}"#
+        );
+        let host = HookEvent::host("host_unreachable", "gpu1", String::new());
+        let json = serde_json::to_value(&host).unwrap();
+        assert!(json.get("job").is_none() && json.get("detail").is_none());
+        assert_eq!(event().summary(), "gpu1: train completed (exit 0)");
+    }
+
+    #[test]
+    fn hook_env_has_both_spellings() {
+        let env: HashMap<&str, String> = hook_env(&event(), "{}").into_iter().collect();
+        assert_eq!(env["OUTPOST_EVENT_TYPE"], "completed");
+        assert_eq!(env["OUTPOST_JOB"], "train");
+        assert_eq!(env["OUTPOST_SANDBOX"], "gpu1");
+        assert_eq!(env["OUTPOST_EVENT_JSON"], "{}");
+        assert_eq!(env["RSMCP_EVENT_JSON"], "{}");
+        assert_eq!(env["RSMCP_EVENT_TYPE"], "completed");
+        assert_eq!(env["RSMCP_SANDBOX_NAME"], "gpu1");
+        assert_eq!(env["RSMCP_TMUX_SESSION"], "train");
+    }
+
+    #[test]
+    fn urls_parse_and_https_is_refused() {
+        let u = HttpUrl::parse("http://relay.lan:8080/hook?x=1").unwrap();
+        assert_eq!(
+            (u.host.as_str(), u.port, u.path.as_str()),
+            ("relay.lan", 8080, "/hook?x=1")
+        );
+        let u = HttpUrl::parse("http://h").unwrap();
+        assert_eq!((u.port, u.path.as_str()), (80, "/"));
+        let u = HttpUrl::parse("http://[::1]:9/a#frag").unwrap();
+        assert_eq!((u.host.as_str(), u.port, u.path.as_str()), ("::1", 9, "/a"));
+        assert_eq!(u.to_string(), "http://[::1]:9/a");
+        let u = HttpUrl::parse("http://h?q").unwrap();
+        assert_eq!(u.path, "/?q");
+        assert!(HttpUrl::parse("https://x/").unwrap_err().contains("https"));
+        assert!(HttpUrl::parse("ftp://x/").is_err());
+        assert!(HttpUrl::parse("http://u:p@x/").is_err());
+        assert!(HttpUrl::parse("http://x:99999/").is_err());
+        assert!(HttpUrl::parse("http:///p").is_err());
+    }
+
+    #[test]
+    fn http_request_and_status() {
+        let u = HttpUrl::parse("http://h:81/p").unwrap();
+        let req = http_post_request(&u, "{}");
+        assert!(
+            req.starts_with("POST /p HTTP/1.1\r\nHost: h:81\r\n"),
+            "{req}"
+        );
+        assert!(
+            req.ends_with("Content-Length: 2\r\nConnection: close\r\n\r\n{}"),
+            "{req}"
+        );
+        assert_eq!(http_status(b"HTTP/1.1 204 No Content\r\n"), Some(204));
+        assert_eq!(http_status(b"garbage\r\n"), None);
+    }
+
+    #[test]
+    fn seq_file_round_trips() {
+        let dir = std::env::temp_dir().join(format!("outpost-seq-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("events-x.seq");
+        assert_eq!(read_seq(&path), None);
+        write_seq(&path, 42).unwrap();
+        assert_eq!(read_seq(&path), Some(42));
+        let lock = dir.join("events-x.lock");
+        let held = try_lock(&lock).unwrap();
+        assert!(try_lock(&lock).is_none(), "a second holder got the lock");
+        drop(held);
+        assert!(try_lock(&lock).is_some());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn webhook_posts_to_a_local_server() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut got = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !got.ends_with(b"}") {
+                let n = s.read(&mut buf).await.unwrap();
+                if n == 0 {
+                    break;
+                }
+                got.extend_from_slice(&buf[..n]);
+            }
+            s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                .await
+                .unwrap();
+            String::from_utf8(got).unwrap()
+        });
+        let url = HttpUrl::parse(&format!("http://127.0.0.1:{port}/e")).unwrap();
+        post_json(&url, r#"{"type":"x"}"#).await.unwrap();
+        let got = server.await.unwrap();
+        assert!(got.starts_with("POST /e HTTP/1.1\r\n"), "{got}");
+        assert!(got.ends_with("\r\n\r\n{\"type\":\"x\"}"), "{got}");
+    }
+
+    #[tokio::test]
+    async fn event_command_sees_the_event() {
+        let dir = std::env::temp_dir().join(format!("outpost-hook-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = dir.join("out");
+        let hooks = Hooks {
+            event_command: Some(format!(
+                "printf '%s %s %s' \"$OUTPOST_EVENT_TYPE\" \"$RSMCP_TMUX_SESSION\" \"$OUTPOST_EVENT_JSON\" > {}",
+                out.display()
+            )),
+            ..Hooks::default()
+        };
+        assert!(run_hooks(&hooks, &event()).await.is_empty());
+        let got = std::fs::read_to_string(&out).unwrap();
+        assert!(
+            got.starts_with("completed train {\"type\":\"completed\""),
+            "{got}"
+        );
+        let failing = Hooks {
+            event_command: Some("echo nope >&2; exit 3".into()),
+            ..Hooks::default()
+        };
+        let problems = run_hooks(&failing, &event()).await;
+        assert!(problems[0].contains("nope"), "{problems:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

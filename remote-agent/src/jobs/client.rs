@@ -1,0 +1,302 @@
+//! The `serve` side of the job daemon: finding it, starting it (in its own
+//! systemd scope where that helps), and handing it `JobStart`.
+//!
+//! Only `JobStart` needs the daemon; everything else `serve` answers from
+//! the job files. A daemon that does not answer is started, and the request
+//! retried for a few seconds; a request is never sent twice, so a job never
+//! starts twice.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use outpost_protocol::{
+    AgentMessage, ClientMessage, DecodeEvent, ErrorKind, FrameDecoder, JobSpec, PROTOCOL_VERSION,
+    Request, Response, decode, encode_frame,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+
+use super::daemon::{DaemonInfo, info_path, socket_path};
+use super::store::{self, error};
+use crate::paths;
+
+/// How long `serve` keeps trying to reach a daemon it just started.
+const CONNECT_WAIT: Duration = Duration::from_secs(3);
+/// How long `serve` waits for the daemon's answer.
+const ANSWER_WAIT: Duration = Duration::from_secs(15);
+/// How long a daemon of another protocol version gets to leave.
+const LEAVE_WAIT: Duration = Duration::from_secs(2);
+
+pub const STARTED_BY_SYSTEMD: &str = "systemd-run --user --scope";
+pub const STARTED_BY_FORK: &str = "double fork";
+
+/// Sends `JobStart` to the daemon, starting the daemon if none answers.
+pub async fn start_job(spec: JobSpec) -> Response {
+    match start_job_inner(spec).await {
+        Ok(response) => response,
+        Err(e) => Response::Error(e),
+    }
+}
+
+async fn start_job_inner(spec: JobSpec) -> Result<Response, outpost_protocol::AgentError> {
+    let state = paths::state_dir().ok_or_else(|| {
+        error(
+            ErrorKind::Internal,
+            "no state directory ($HOME unset and no passwd entry)",
+        )
+    })?;
+    let mut stream = connect_or_start(&state).await?;
+    let unavailable = |e: io::Error| {
+        error(
+            ErrorKind::Unavailable,
+            format!("the job daemon failed: {e}"),
+        )
+    };
+    let frame = encode_frame(&ClientMessage::Request {
+        id: 1,
+        body: Request::JobStart(spec),
+    })
+    .map_err(|e| {
+        error(
+            ErrorKind::BadRequest,
+            format!("cannot encode the request: {e}"),
+        )
+    })?;
+    stream.write_all(&frame).await.map_err(unavailable)?;
+    let answer = tokio::time::timeout(ANSWER_WAIT, async {
+        let mut decoder = FrameDecoder::framed();
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let n = stream.read(&mut buf).await?;
+            if n == 0 {
+                return Err(io::Error::other("it closed the connection"));
+            }
+            decoder.push(&buf[..n]);
+            while let Some(event) = decoder.next_event().map_err(io::Error::other)? {
+                if let DecodeEvent::Frame(payload) = event {
+                    let AgentMessage::Response { body, .. } =
+                        decode::<AgentMessage>(&payload).map_err(io::Error::other)?;
+                    return Ok(body);
+                }
+            }
+        }
+    })
+    .await;
+    match answer {
+        Ok(Ok(body)) => Ok(body),
+        Ok(Err(e)) => Err(unavailable(e)),
+        Err(_) => Err(error(
+            ErrorKind::Unavailable,
+            format!(
+                "the job daemon did not answer in {} s",
+                ANSWER_WAIT.as_secs()
+            ),
+        )),
+    }
+}
+
+/// A connection to this state dir's daemon, started if needed.
+async fn connect_or_start(state: &Path) -> Result<UnixStream, outpost_protocol::AgentError> {
+    if let Some(stream) = connect(state).await {
+        return Ok(stream);
+    }
+    // Concurrent requests of one serve start one daemon, not one each.
+    static STARTING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let _starting = STARTING.lock().await;
+    if let Some(stream) = connect(state).await {
+        return Ok(stream);
+    }
+    let started = tokio::task::spawn_blocking(start_daemon)
+        .await
+        .unwrap_or_else(|_| Err("the starter panicked".into()));
+    if let Err(e) = &started {
+        return Err(error(
+            ErrorKind::Unavailable,
+            format!("cannot start the job daemon: {e}"),
+        ));
+    }
+    let deadline = Instant::now() + CONNECT_WAIT;
+    loop {
+        if let Some(stream) = connect(state).await {
+            return Ok(stream);
+        }
+        if Instant::now() >= deadline {
+            return Err(error(
+                ErrorKind::Unavailable,
+                format!(
+                    "the job daemon did not come up; see {}",
+                    state.join("run").join("daemon.log").display()
+                ),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Connects to the daemon named in `daemon.json`, or at the usual socket.
+/// A daemon of another protocol version is asked to leave (its jobs do not
+/// mind) and None returned, so that ours gets started.
+async fn connect(state: &Path) -> Option<UnixStream> {
+    let info: Option<DaemonInfo> = store::read_json(&info_path(state));
+    let mut candidates = Vec::new();
+    if let Some(info) = &info {
+        if info.protocol_version != PROTOCOL_VERSION && info.process.alive() {
+            // SAFETY: plain syscall; the pid was just checked to be that daemon.
+            unsafe {
+                libc::kill(info.process.pid, libc::SIGTERM);
+            }
+            let deadline = Instant::now() + LEAVE_WAIT;
+            while info.process.alive() && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            return None;
+        }
+        candidates.push(info.socket.clone());
+    }
+    let usual = socket_path(state);
+    if !candidates.contains(&usual) {
+        candidates.push(usual);
+    }
+    for socket in candidates {
+        if let Ok(stream) = UnixStream::connect(&socket).await {
+            return Some(stream);
+        }
+    }
+    None
+}
+
+/// Whether this state dir's daemon answers on its socket.
+pub async fn reachable(state: &Path) -> bool {
+    connect(state).await.is_some()
+}
+
+/// Starts this state dir's daemon unless it runs.
+pub async fn ensure(state: &Path) -> Result<(), outpost_protocol::AgentError> {
+    connect_or_start(state).await.map(drop)
+}
+
+/// Starts a daemon the way [`start_method`] says (falling back to a plain
+/// double fork if systemd-run fails); returns how it was started.
+fn start_daemon() -> Result<&'static str, String> {
+    let exe = paths::running_exe()
+        .filter(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from("/proc/self/exe"));
+    if start_method() == STARTED_BY_SYSTEMD {
+        let mut cmd = Command::new("systemd-run");
+        cmd.args(["--user", "--scope", "--quiet", "--"])
+            .arg(&exe)
+            .args(["daemon", "--started-by", STARTED_BY_SYSTEMD]);
+        if run_quietly(&mut cmd, Duration::from_secs(5)).is_ok() {
+            return Ok(STARTED_BY_SYSTEMD);
+        }
+    }
+    let mut cmd = Command::new(&exe);
+    cmd.args(["daemon", "--started-by", STARTED_BY_FORK]);
+    run_quietly(&mut cmd, Duration::from_secs(5)).map(|()| STARTED_BY_FORK)
+}
+
+/// Runs `cmd` with no stdio, waiting at most `limit`; Ok on exit status 0.
+fn run_quietly(cmd: &mut Command, limit: Duration) -> Result<(), String> {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + limit;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) if status.success() => return Ok(()),
+            Ok(Some(status)) => return Err(format!("it exited with {status}")),
+            Ok(None) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("it did not return in {} s", limit.as_secs()));
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+}
+
+/// How a daemon is started on this host: in its own systemd user scope
+/// when systemd manages the host (logind may then kill a logged-out user's
+/// session processes) and this user's manager answers, else by a double
+/// fork. Decided once per process.
+pub fn start_method() -> &'static str {
+    static METHOD: OnceLock<&'static str> = OnceLock::new();
+    METHOD.get_or_init(|| {
+        let systemd = Path::new("/run/systemd/system").is_dir()
+            && paths::which("systemd-run").is_some()
+            && paths::which("systemctl").is_some();
+        if systemd && user_manager_answers() {
+            STARTED_BY_SYSTEMD
+        } else {
+            STARTED_BY_FORK
+        }
+    })
+}
+
+fn user_manager_answers() -> bool {
+    let Ok(child) = Command::new("systemctl")
+        .args(["--user", "is-system-running"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+    else {
+        return false;
+    };
+    let output = wait_output(child, Duration::from_secs(2));
+    matches!(
+        output.trim(),
+        "running" | "degraded" | "starting" | "initializing" | "maintenance"
+    )
+}
+
+/// stdout of `child`, or "" if it takes longer than `limit`.
+fn wait_output(mut child: std::process::Child, limit: Duration) -> String {
+    use std::io::Read;
+    let deadline = Instant::now() + limit;
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return String::new();
+            }
+        }
+    }
+    let mut out = String::new();
+    if let Some(mut stdout) = child.stdout.take() {
+        let _ = stdout.read_to_string(&mut out);
+    }
+    out
+}
+
+/// `loginctl show-user <user> -p Linger`: Some(true) when this user's
+/// processes may outlive their last session, None when unknown.
+pub fn lingering() -> Option<bool> {
+    paths::which("loginctl")?;
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let child = Command::new("loginctl")
+        .args(["show-user", &uid.to_string(), "-p", "Linger"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    match wait_output(child, Duration::from_secs(2)).trim() {
+        "Linger=yes" => Some(true),
+        "Linger=no" => Some(false),
+        _ => None,
+    }
+}

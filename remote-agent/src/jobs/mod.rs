@@ -1,0 +1,390 @@
+//! Background jobs: commands that outlive the SSH connection, the
+//! controller, and the agent processes that started them, with exact exit
+//! codes, a byte-complete log, events, and resume of jobs found lost.
+//!
+//! Three kinds of process share the work, and only files connect them (see
+//! [`store`]):
+//!
+//! * a [`shim`] per job supervises it: starts it, waits for it, records how
+//!   it ended;
+//! * the per-user [`daemon`] starts shims (so jobs are not children of any
+//!   SSH session's `serve`), notices lost jobs and resumes them;
+//! * `serve` answers everything but `JobStart` straight from the files, so
+//!   status, logs, waits, events and cancels work whether or not a daemon
+//!   runs.
+//!
+//! The request handlers here block (files, `/proc`, sleeps); `serve` runs
+//! them on blocking threads.
+
+pub mod client;
+pub mod daemon;
+pub mod logfile;
+pub mod shim;
+pub mod store;
+
+use std::fs::File;
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use outpost_protocol::{
+    AgentError, ErrorKind, JobLog, JobRead, JobSpec, JobState, JobWait, JobWaited, Response,
+    WaitReason, WatchSpec,
+};
+use regex::bytes::Regex;
+use tokio::sync::watch;
+
+use self::logfile::LineMatcher;
+use self::store::{Snapshot, error};
+use crate::{paths, proctree};
+
+/// Output returned when a request asks for 0 bytes, and the most any may ask.
+const DEFAULT_BYTES: u64 = 64 * 1024;
+const MAX_BYTES: u64 = 4 * 1024 * 1024;
+/// Longest `JobWait`.
+const MAX_WAIT: Duration = Duration::from_secs(3600);
+/// How often a wait looks at the log and the exit record.
+const WAIT_POLL: Duration = Duration::from_millis(25);
+/// Bytes one wait poll or one read request scans for a pattern, so each
+/// stays short however fast a job writes.
+const POLL_SCAN: u64 = 64 * 1024 * 1024;
+const READ_SCAN: u64 = 1024 * 1024 * 1024;
+/// Grace between TERM and KILL when a cancel names none, and the most it
+/// may name.
+const DEFAULT_GRACE: Duration = Duration::from_secs(3);
+const MAX_GRACE: Duration = Duration::from_secs(600);
+/// Default and largest number of events per request.
+const DEFAULT_EVENTS: u32 = 100;
+const MAX_EVENTS: u32 = 1000;
+
+/// The command a resume runs: `resume_command`, else the `resume_command`
+/// field of `resume_plan_json`.
+pub fn resume_command(watch: &WatchSpec) -> Option<String> {
+    if let Some(c) = watch
+        .resume_command
+        .as_ref()
+        .filter(|c| !c.trim().is_empty())
+    {
+        return Some(c.clone());
+    }
+    let plan: serde_json::Value = serde_json::from_str(watch.resume_plan_json.as_deref()?).ok()?;
+    plan.get("resume_command")?
+        .as_str()
+        .filter(|c| !c.trim().is_empty())
+        .map(str::to_string)
+}
+
+/// `JobStart`: the daemon does it (jobs must not be children of `serve`).
+pub async fn start(spec: JobSpec) -> Response {
+    client::start_job(spec).await
+}
+
+/// Makes sure a daemon watches the jobs that need one (running, or lost and
+/// not yet handled), starting it in the background; at most once a second
+/// per process. So a killed daemon is replaced as soon as anyone looks.
+pub fn nudge() {
+    static LAST: Mutex<Option<Instant>> = Mutex::new(None);
+    {
+        let mut last = LAST.lock().unwrap_or_else(|p| p.into_inner());
+        if last.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
+            return;
+        }
+        *last = Some(Instant::now());
+    }
+    tokio::spawn(async {
+        let Some(state) = paths::state_dir() else {
+            return;
+        };
+        if client::reachable(&state).await {
+            return;
+        }
+        let root = state.join("jobs");
+        let needed = tokio::task::spawn_blocking(move || daemon::needed(&root))
+            .await
+            .unwrap_or(false);
+        if needed && let Err(e) = client::ensure(&state).await {
+            eprintln!("outpost-agent: {}", e.message);
+        }
+    });
+}
+
+pub fn status(name: &str) -> Result<Response, AgentError> {
+    let root = store::root()?;
+    let dir = store::find(&root, name)?;
+    Ok(Response::Job(Snapshot::read(&dir)?.info()))
+}
+
+pub fn list(state: Option<JobState>) -> Result<Response, AgentError> {
+    let root = store::root()?;
+    Ok(Response::Jobs(
+        store::all(&root)
+            .iter()
+            .filter(|s| state.is_none_or(|st| s.state == st))
+            .map(Snapshot::info)
+            .collect(),
+    ))
+}
+
+pub fn events(name: Option<&str>, after_seq: u64, limit: u32) -> Result<Response, AgentError> {
+    let root = store::root()?;
+    if let Some(name) = name {
+        store::find(&root, name)?;
+    }
+    let limit = if limit == 0 { DEFAULT_EVENTS } else { limit }.min(MAX_EVENTS);
+    Ok(Response::JobEvents(store::events(
+        &root,
+        name,
+        after_seq,
+        limit as usize,
+    )))
+}
+
+/// `JobCancel`: marks the job cancelled, then TERM to its whole tree (found
+/// by token, process group, session and descendants), KILL after the
+/// grace, and waits for the shim to record the signal.
+pub fn cancel(name: &str, grace_ms: u64) -> Result<Response, AgentError> {
+    let root = store::root()?;
+    let dir = store::find(&root, name)?;
+    let mut snap = Snapshot::read(&dir)?;
+    if matches!(snap.state, JobState::Exited | JobState::Cancelled) {
+        return Ok(Response::Job(snap.info()));
+    }
+    let grace = match grace_ms {
+        0 => DEFAULT_GRACE,
+        ms => Duration::from_millis(ms).min(MAX_GRACE),
+    };
+    store::claim(&dir, store::CANCELLED);
+    // A shim that has not started the job yet will: wait for it, so the
+    // tree to kill exists.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while snap.state == JobState::Running && snap.child.is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+        snap = Snapshot::read(&dir)?;
+    }
+    proctree::terminate_tree(snap.live_child(), &snap.record.token, grace);
+    // The shim reaps the job and writes the exit record right away.
+    let deadline = Instant::now() + Duration::from_secs(1);
+    loop {
+        snap = Snapshot::read(&dir)?;
+        if snap.state != JobState::Running || Instant::now() >= deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if snap.state == JobState::Lost {
+        // Nobody will write the record: the shim is gone.
+        let exit = store::ExitRecord {
+            exit_code: None,
+            signal: None,
+            ended_unix: store::now_unix(),
+        };
+        store::write_json(&dir.join(store::EXIT), &exit, true).map_err(|e| {
+            error(
+                ErrorKind::Internal,
+                format!("cannot record the cancel: {e}"),
+            )
+        })?;
+        store::report_end(&root, &dir, &exit);
+        snap = Snapshot::read(&dir)?;
+    }
+    Ok(Response::Job(snap.info()))
+}
+
+fn compile(what: &str, pattern: &str) -> Result<Regex, AgentError> {
+    Regex::new(pattern).map_err(|e| {
+        error(
+            ErrorKind::BadRequest,
+            format!("invalid {what} regex {pattern:?}: {e}"),
+        )
+    })
+}
+
+fn byte_limit(max_bytes: u64) -> u64 {
+    if max_bytes == 0 {
+        DEFAULT_BYTES
+    } else {
+        max_bytes.min(MAX_BYTES)
+    }
+}
+
+fn io_error(log: &Path, e: std::io::Error) -> AgentError {
+    error(
+        ErrorKind::Internal,
+        format!("cannot read {}: {e}", log.display()),
+    )
+}
+
+/// `JobRead`: a page from an offset, the last lines, or matching lines.
+pub fn read(req: &JobRead) -> Result<Response, AgentError> {
+    let root = store::root()?;
+    let dir = store::find(&root, &req.name)?;
+    let re = req
+        .grep
+        .as_deref()
+        .map(|p| compile("grep", p))
+        .transpose()?;
+    let snap = Snapshot::read(&dir)?;
+    let max = byte_limit(req.max_bytes);
+    let log = &snap.record.log;
+    let file = match File::open(log) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(Response::JobLog(JobLog {
+                data: Vec::new(),
+                offset: 0,
+                next_offset: 0,
+                log_size: 0,
+            }));
+        }
+        Err(e) => return Err(io_error(log, e)),
+    };
+    let size = file.metadata().map_err(|e| io_error(log, e))?.len();
+    let page = match (req.offset, req.tail_lines, re) {
+        (None, Some(lines), None) => {
+            let start =
+                logfile::tail_start(&file, size, lines, max).map_err(|e| io_error(log, e))?;
+            let data =
+                logfile::read_range(&file, start, size - start).map_err(|e| io_error(log, e))?;
+            JobLog {
+                data,
+                offset: start,
+                next_offset: size,
+                log_size: size,
+            }
+        }
+        (None, Some(lines), Some(re)) => {
+            let (data, stopped) = logfile::grep_backward(&file, &re, size, lines, max, READ_SCAN)
+                .map_err(|e| io_error(log, e))?;
+            JobLog {
+                data,
+                offset: stopped,
+                next_offset: size,
+                log_size: size,
+            }
+        }
+        (offset, _, Some(re)) => {
+            let from = offset.unwrap_or(0).min(size);
+            let done = snap.state != JobState::Running;
+            let (data, next) = logfile::grep_forward(&file, &re, from, size, max, READ_SCAN, done)
+                .map_err(|e| io_error(log, e))?;
+            JobLog {
+                data,
+                offset: from,
+                next_offset: next,
+                log_size: size,
+            }
+        }
+        (offset, _, None) => {
+            let from = offset.unwrap_or(0).min(size);
+            let data = logfile::read_range(&file, from, max.min(size - from))
+                .map_err(|e| io_error(log, e))?;
+            JobLog {
+                next_offset: from + data.len() as u64,
+                data,
+                offset: from,
+                log_size: size,
+            }
+        }
+    };
+    Ok(Response::JobLog(page))
+}
+
+/// `JobWait`: polls the exit record and the log until the job is no longer
+/// running, new output matches, output stays silent, or time is up (or the
+/// request is cancelled, which answers like a timeout).
+pub fn wait(req: &JobWait, cancel: &watch::Receiver<bool>) -> Result<Response, AgentError> {
+    let root = store::root()?;
+    let dir = store::find(&root, &req.name)?;
+    let re = req
+        .pattern
+        .as_deref()
+        .map(|p| compile("pattern", p))
+        .transpose()?;
+    let started = Instant::now();
+    let deadline = started + Duration::from_millis(req.timeout_ms).min(MAX_WAIT);
+    let silence = req.silence_ms.map(Duration::from_millis);
+    let max = byte_limit(req.max_bytes);
+
+    let mut snap = Snapshot::read(&dir)?;
+    let log = snap.record.log.clone();
+    let size_now = |log: &Path| std::fs::metadata(log).map_or(0, |m| m.len());
+    let cursor = req.cursor.min(size_now(&log));
+    let mut matcher = re.map(|re| LineMatcher::new(re, cursor));
+    let mut seen = cursor;
+    let mut last_growth = Instant::now();
+    let mut file: Option<File> = None;
+
+    let (reason, stop) = loop {
+        // The state first: once it says ended, every byte is in the log.
+        snap = Snapshot::read(&dir)?;
+        let size = size_now(&log);
+        if size > seen {
+            last_growth = Instant::now();
+            seen = size;
+        }
+        if let Some(m) = matcher.as_mut()
+            && m.pos() < size
+        {
+            if file.is_none() {
+                file = Some(File::open(&log).map_err(|e| io_error(&log, e))?);
+            }
+            let f = file.as_ref().expect("opened above");
+            if let Some(end) = scan(f, m, size).map_err(|e| io_error(&log, e))? {
+                break (WaitReason::Matched, end);
+            }
+        }
+        let scanned = matcher.as_ref().map_or(size, LineMatcher::pos);
+        let caught_up = scanned >= size;
+        if caught_up && matcher.as_ref().is_some_and(LineMatcher::partial_matches) {
+            break (WaitReason::Matched, scanned);
+        }
+        if snap.state != JobState::Running && caught_up {
+            break (WaitReason::Ended, scanned);
+        }
+        let now = Instant::now();
+        if silence.is_some_and(|s| now.duration_since(last_growth) >= s) {
+            break (WaitReason::Silent, scanned);
+        }
+        if now >= deadline || *cancel.borrow() {
+            break (WaitReason::TimedOut, scanned);
+        }
+        if caught_up {
+            std::thread::sleep(WAIT_POLL.min(deadline.saturating_duration_since(now)));
+        }
+    };
+
+    let start = stop.saturating_sub(max).max(cursor);
+    let output = if stop > start {
+        let f = match file {
+            Some(f) => f,
+            None => File::open(&log).map_err(|e| io_error(&log, e))?,
+        };
+        logfile::read_range(&f, start, stop - start).map_err(|e| io_error(&log, e))?
+    } else {
+        Vec::new()
+    };
+    Ok(Response::JobWaited(JobWaited {
+        job: snap.info(),
+        reason,
+        omitted: start - cursor,
+        output,
+        cursor_after: stop,
+    }))
+}
+
+/// Feeds the matcher up to [`POLL_SCAN`] new bytes, in chunks; the offset
+/// past the first matching line, if any.
+fn scan(file: &File, m: &mut LineMatcher, size: u64) -> std::io::Result<Option<u64>> {
+    let limit = size.min(m.pos() + POLL_SCAN);
+    while m.pos() < limit {
+        let len = (limit - m.pos()).min(logfile::CHUNK as u64);
+        let chunk = logfile::read_range(file, m.pos(), len)?;
+        if chunk.is_empty() {
+            break;
+        }
+        if let Some(end) = m.feed(&chunk) {
+            return Ok(Some(end));
+        }
+    }
+    Ok(None)
+}

@@ -1,0 +1,747 @@
+//! Background jobs end to end: `serve` on pipes, the daemon and the shims it
+//! starts, with real faults (SIGKILLed serve, daemon, shim).
+//!
+//! Every test gets its own home (so its own state dir, daemon and socket) and
+//! kills whatever it started when it ends.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::{Agent, BIN, TempDir, procs_with};
+use outpost_protocol::{
+    ErrorKind, JobEvent, JobInfo, JobLog, JobRead, JobSpec, JobState, JobWait, JobWaited, Request,
+    Response, WaitReason, WatchSpec,
+};
+
+/// A host of its own: a home, and the agents, daemon and jobs started in it.
+struct Host {
+    home: TempDir,
+    next_id: u64,
+}
+
+impl Host {
+    fn new(label: &str) -> Host {
+        Host {
+            home: TempDir::new(label),
+            next_id: 0,
+        }
+    }
+
+    fn agent(&self) -> Agent {
+        Agent::start_with(
+            Command::new(BIN)
+                .env("HOME", self.home.path())
+                .env_remove("XDG_RUNTIME_DIR"),
+        )
+    }
+
+    fn state(&self) -> PathBuf {
+        self.home.path().join(".outpost")
+    }
+
+    fn job_dir(&self, name: &str) -> PathBuf {
+        self.state().join("jobs").join(name)
+    }
+
+    fn id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    fn call(&mut self, agent: &mut Agent, body: Request) -> Response {
+        let id = self.id();
+        agent.call(id, body)
+    }
+
+    fn start(&mut self, agent: &mut Agent, spec: JobSpec) -> JobInfo {
+        job(self.call(agent, Request::JobStart(spec)))
+    }
+
+    fn status(&mut self, agent: &mut Agent, name: &str) -> JobInfo {
+        job(self.call(
+            agent,
+            Request::JobStatus {
+                name: name.to_string(),
+            },
+        ))
+    }
+
+    fn wait(&mut self, agent: &mut Agent, req: JobWait) -> JobWaited {
+        let id = self.id();
+        agent.request(id, Request::JobWait(req));
+        match agent.last(id, Duration::from_secs(60)) {
+            Response::JobWaited(w) => w,
+            other => panic!("expected JobWaited, got {other:?}"),
+        }
+    }
+
+    fn wait_end(&mut self, agent: &mut Agent, name: &str) -> JobWaited {
+        let w = self.wait(agent, wait_req(name, 30_000));
+        assert_eq!(w.reason, WaitReason::Ended, "{w:?}");
+        w
+    }
+
+    fn read(&mut self, agent: &mut Agent, req: JobRead) -> JobLog {
+        match self.call(agent, Request::JobRead(req)) {
+            Response::JobLog(l) => l,
+            other => panic!("expected JobLog, got {other:?}"),
+        }
+    }
+
+    fn events(&mut self, agent: &mut Agent, name: &str) -> Vec<JobEvent> {
+        match self.call(
+            agent,
+            Request::JobEvents {
+                name: Some(name.to_string()),
+                after_seq: 0,
+                limit: 0,
+            },
+        ) {
+            Response::JobEvents(e) => e,
+            other => panic!("expected JobEvents, got {other:?}"),
+        }
+    }
+
+    fn kinds(&mut self, agent: &mut Agent, name: &str) -> Vec<String> {
+        self.events(agent, name)
+            .into_iter()
+            .map(|e| e.kind)
+            .collect()
+    }
+
+    fn daemon(&self) -> Option<(i32, PathBuf)> {
+        let info = json(&self.state().join("run/daemon.json"))?;
+        Some((
+            info["process"]["pid"].as_i64()? as i32,
+            PathBuf::from(info["socket"].as_str()?),
+        ))
+    }
+
+    /// Pid of the shim, and of the job's main process, from the job's files.
+    fn pids(&self, name: &str) -> (i32, i32) {
+        let dir = self.job_dir(name);
+        let pid = |file: &str| {
+            json(&dir.join(file))
+                .and_then(|v| v["pid"].as_i64())
+                .unwrap_or(0) as i32
+        };
+        (pid("shim.json"), pid("child.json"))
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        // Everything started here inherited this home: agents, daemons
+        // (including one still waiting for the lock), shims and jobs.
+        let entry = format!("HOME={}", self.home.path().display());
+        for _ in 0..3 {
+            for pid in procs_with_env(&entry) {
+                kill(pid, libc::SIGKILL);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if let Some((_, socket)) = self.daemon()
+            && let Some(dir) = socket.parent()
+        {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+fn json(path: &std::path::Path) -> Option<serde_json::Value> {
+    serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+}
+
+/// Signals a process, or a process group when `pid` is negative.
+fn kill(pid: i32, sig: i32) {
+    if pid.abs() > 1 {
+        // SAFETY: plain syscall.
+        unsafe {
+            libc::kill(pid, sig);
+        }
+    }
+}
+
+fn procs_with_env(entry: &str) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|&b| b == 0).any(|e| e == entry.as_bytes()))
+        })
+        .collect()
+}
+
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        let state = s
+            .rsplit_once(')')
+            .map(|(_, r)| r.trim_start().chars().next());
+        !matches!(state, Some(Some('Z' | 'X')))
+    })
+}
+
+fn rss_kib(pid: i32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+fn wait_until(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    cond()
+}
+
+fn job(r: Response) -> JobInfo {
+    match r {
+        Response::Job(j) => j,
+        other => panic!("expected Job, got {other:?}"),
+    }
+}
+
+fn bad_request(r: Response) -> String {
+    match r {
+        Response::Error(e) if e.kind == ErrorKind::BadRequest => e.message,
+        other => panic!("expected BadRequest, got {other:?}"),
+    }
+}
+
+fn spec(command: &str) -> JobSpec {
+    JobSpec {
+        command: command.into(),
+        ..Default::default()
+    }
+}
+
+fn named(name: &str, command: &str) -> JobSpec {
+    JobSpec {
+        name: Some(name.into()),
+        ..spec(command)
+    }
+}
+
+fn wait_req(name: &str, timeout_ms: u64) -> JobWait {
+    JobWait {
+        name: name.into(),
+        cursor: 0,
+        timeout_ms,
+        pattern: None,
+        silence_ms: None,
+        max_bytes: 1 << 20,
+    }
+}
+
+fn read_req(name: &str) -> JobRead {
+    JobRead {
+        name: name.into(),
+        offset: None,
+        tail_lines: None,
+        grep: None,
+        max_bytes: 1 << 20,
+    }
+}
+
+#[test]
+fn exit_codes_are_exact_and_default_names_never_collide() {
+    let mut host = Host::new("jobs-codes");
+    let mut agent = host.agent();
+    let first = Instant::now();
+    let seven = host.start(&mut agent, spec("exit 7"));
+    let cold = first.elapsed();
+    let t = Instant::now();
+    let killed = host.start(&mut agent, spec("kill -9 $$"));
+    let warm = t.elapsed();
+    let liar = host.start(&mut agent, spec("echo EXIT_CODE=0; exit 3"));
+    eprintln!("job start: {cold:?} with the daemon's start, {warm:?} warm");
+    // A job this short may have ended by the time the answer is written.
+    assert!(matches!(seven.state, JobState::Running | JobState::Exited));
+    assert!(seven.pid.is_some());
+    // Started within the same second with default names: all distinct.
+    assert!(
+        seven.name.starts_with("job-") && seven.name.len() == 24,
+        "{}",
+        seven.name
+    );
+    assert!(seven.name != killed.name && killed.name != liar.name && seven.name != liar.name);
+
+    let w = host.wait_end(&mut agent, &seven.name);
+    assert_eq!((w.job.exit_code, w.job.signal), (Some(7), None));
+    assert_eq!(w.job.state, JobState::Exited);
+    let w = host.wait_end(&mut agent, &killed.name);
+    assert_eq!((w.job.exit_code, w.job.signal), (None, Some(9)));
+    let w = host.wait_end(&mut agent, &liar.name);
+    assert_eq!((w.job.exit_code, w.job.signal), (Some(3), None));
+    assert_eq!(w.output, b"EXIT_CODE=0\n");
+    assert_eq!(w.cursor_after, 12);
+
+    // stdout and stderr interleave in one log, in order.
+    let both = host.start(&mut agent, spec("echo a; echo b >&2; echo c"));
+    let w = host.wait_end(&mut agent, &both.name);
+    assert_eq!(w.output, b"a\nb\nc\n");
+
+    assert_eq!(host.kinds(&mut agent, &seven.name), ["started", "failed"]);
+    assert_eq!(host.kinds(&mut agent, &both.name), ["started", "completed"]);
+    let failed = host.events(&mut agent, &killed.name).pop().unwrap();
+    assert_eq!(failed.detail, "killed by signal 9");
+
+    let listed = match host.call(&mut agent, Request::JobList { state: None }) {
+        Response::Jobs(j) => j,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(listed.len(), 4);
+    let running = match host.call(
+        &mut agent,
+        Request::JobList {
+            state: Some(JobState::Running),
+        },
+    ) {
+        Response::Jobs(j) => j,
+        other => panic!("{other:?}"),
+    };
+    assert!(running.is_empty());
+
+    // Job files are private.
+    use std::os::unix::fs::PermissionsExt;
+    let dir = host.job_dir(&seven.name);
+    let mode = |p: PathBuf| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(dir.clone()), 0o700);
+    assert_eq!(mode(dir.join("exit.json")), 0o600);
+    assert_eq!(mode(dir.join("log")), 0o600);
+}
+
+#[test]
+fn a_job_outlives_serve_and_the_daemon() {
+    let mut host = Host::new("jobs-survive");
+    let mut agent = host.agent();
+    let script = "for i in $(seq 1 40); do echo line $i; sleep 0.05; done; exit 5";
+    let a = host.start(&mut agent, spec(script));
+    let b = host.start(&mut agent, spec("sleep 2; echo done"));
+    let c = host.start(&mut agent, spec("sleep 30.6161"));
+    let (daemon, _) = host.daemon().expect("a daemon runs");
+
+    // The connection goes: serve is SIGKILLed mid-job.
+    std::thread::sleep(Duration::from_millis(300));
+    agent.child.kill().unwrap();
+    let _ = agent.child.wait();
+    let mut agent = host.agent();
+    assert_eq!(host.status(&mut agent, &a.name).state, JobState::Running);
+
+    // The daemon goes too; the jobs do not notice, and a new daemon (started
+    // by the next serve) adopts them.
+    kill(daemon, libc::SIGKILL);
+    assert!(wait_until(Duration::from_secs(2), || !alive(daemon)));
+    assert_eq!(host.status(&mut agent, &b.name).state, JobState::Running);
+    let _second = host.agent();
+    assert!(
+        wait_until(Duration::from_secs(5), || host
+            .daemon()
+            .is_some_and(|(pid, _)| pid != daemon && alive(pid))),
+        "no new daemon"
+    );
+
+    // The new daemon watches the adopted jobs: a shim killed now is noticed.
+    let (shim, child) = host.pids(&c.name);
+    kill(shim, libc::SIGKILL);
+    kill(-child, libc::SIGKILL);
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            host.kinds(&mut agent, &c.name) == ["started", "interrupted"]
+        }),
+        "{:?}",
+        host.events(&mut agent, &c.name)
+    );
+    assert_eq!(host.status(&mut agent, &c.name).state, JobState::Lost);
+
+    let w = host.wait_end(&mut agent, &a.name);
+    assert_eq!((w.job.exit_code, w.job.signal), (Some(5), None));
+    let expected: String = (1..=40).map(|i| format!("line {i}\n")).collect();
+    assert_eq!(String::from_utf8(w.output).unwrap(), expected);
+    let w = host.wait_end(&mut agent, &b.name);
+    assert_eq!(w.job.exit_code, Some(0));
+    assert_eq!(w.output, b"done\n");
+    assert_eq!(host.kinds(&mut agent, &b.name), ["started", "completed"]);
+    assert_eq!(host.kinds(&mut agent, &a.name), ["started", "failed"]);
+}
+
+#[test]
+fn cancel_kills_the_whole_tree() {
+    let mut host = Host::new("jobs-cancel");
+    let mut agent = host.agent();
+    let j = host.start(
+        &mut agent,
+        spec("setsid sleep 301.4242 & trap '' TERM; sleep 302.4242"),
+    );
+    assert!(wait_until(Duration::from_secs(5), || {
+        procs_with("301.4242").len() + procs_with("302.4242").len() >= 2
+    }));
+    let t = Instant::now();
+    let c = job(host.call(
+        &mut agent,
+        Request::JobCancel {
+            name: j.name.clone(),
+            grace_ms: 300,
+        },
+    ));
+    let took = t.elapsed();
+    eprintln!("cancel with a 300 ms grace, TERM ignored: {took:?}");
+    assert_eq!(c.state, JobState::Cancelled, "{c:?}");
+    assert_eq!((c.exit_code, c.signal), (None, Some(9)));
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    assert!(
+        procs_with("4242").is_empty(),
+        "processes of the job survived"
+    );
+    assert!(wait_until(Duration::from_secs(2), || {
+        host.kinds(&mut agent, &j.name) == ["started", "cancelled"]
+    }));
+    // Cancelling an ended job changes nothing.
+    let again = job(host.call(
+        &mut agent,
+        Request::JobCancel {
+            name: j.name.clone(),
+            grace_ms: 0,
+        },
+    ));
+    assert_eq!(again.state, JobState::Cancelled);
+}
+
+#[test]
+fn wait_returns_on_end_match_silence_and_timeout() {
+    let mut host = Host::new("jobs-wait");
+    let mut agent = host.agent();
+
+    // The job prints the time it ends; the wait must notice within 200 ms.
+    let j = host.start(&mut agent, spec("sleep 0.7; date +%s%N"));
+    let w = host.wait_end(&mut agent, &j.name);
+    let returned = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+    let ended: u128 = String::from_utf8(w.output).unwrap().trim().parse().unwrap();
+    let lag = Duration::from_nanos((returned.as_nanos() - ended) as u64);
+    eprintln!("JobWait returned {lag:?} after the job's last output");
+    assert!(lag < Duration::from_millis(200), "{lag:?}");
+
+    let j = host.start(
+        &mut agent,
+        spec("echo warming up; sleep 0.3; echo 'epoch 3 loss=0.25'; echo next; sleep 30"),
+    );
+    let mut req = wait_req(&j.name, 20_000);
+    req.pattern = Some("loss=[0-9.]+".into());
+    let w = host.wait(&mut agent, req);
+    assert_eq!(w.reason, WaitReason::Matched, "{w:?}");
+    assert_eq!(w.output, b"warming up\nepoch 3 loss=0.25\n");
+    assert_eq!(w.cursor_after, 29);
+    assert_eq!(w.job.state, JobState::Running);
+
+    let mut req = wait_req(&j.name, 20_000);
+    req.cursor = w.cursor_after;
+    req.silence_ms = Some(400);
+    let t = Instant::now();
+    let w = host.wait(&mut agent, req);
+    assert_eq!(w.reason, WaitReason::Silent, "{w:?}");
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    assert_eq!(w.output, b"next\n");
+
+    // Only the tail is returned; `omitted` counts the rest.
+    let mut req = wait_req(&j.name, 100);
+    req.max_bytes = 5;
+    let t = Instant::now();
+    let w = host.wait(&mut agent, req);
+    assert_eq!(w.reason, WaitReason::TimedOut);
+    assert!(t.elapsed() < Duration::from_secs(1));
+    assert_eq!(
+        (w.output.as_slice(), w.omitted, w.cursor_after),
+        (&b"next\n"[..], 29, 34)
+    );
+
+    // A cancelled wait answers at once.
+    let id = host.id();
+    agent.request(id, Request::JobWait(wait_req(&j.name, 60_000)));
+    std::thread::sleep(Duration::from_millis(100));
+    agent.send(&outpost_protocol::ClientMessage::Cancel { id });
+    assert!(matches!(
+        agent.last(id, Duration::from_secs(2)),
+        Response::JobWaited(JobWaited {
+            reason: WaitReason::TimedOut,
+            ..
+        })
+    ));
+    host.call(
+        &mut agent,
+        Request::JobCancel {
+            name: j.name,
+            grace_ms: 100,
+        },
+    );
+}
+
+#[test]
+fn a_lost_job_is_reported_and_resumed_once() {
+    let mut host = Host::new("jobs-lost");
+    let mut agent = host.agent();
+    let mut s = named("train", "echo first run; sleep 300.5151");
+    s.watch = WatchSpec {
+        auto_resume: true,
+        resume_command: Some("echo resumed; sleep 300.5151".into()),
+        max_resume_attempts: 1,
+        resume_delay_s: 0,
+        ..Default::default()
+    };
+    let j = host.start(&mut agent, s);
+    assert_eq!(j.name, "train");
+
+    // Kill the shim and the job: no exit record is written.
+    let lose = |host: &Host, job_too: bool| {
+        let (shim, child) = host.pids("train");
+        assert!(alive(shim) && alive(child));
+        kill(shim, libc::SIGKILL);
+        if job_too {
+            kill(-child, libc::SIGKILL);
+        }
+    };
+    // First only the shim: what is left of the run is killed before the
+    // resume, so the two never run side by side.
+    lose(&host, false);
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            host.kinds(&mut agent, "train") == ["started", "interrupted", "resume_started"]
+        }),
+        "{:?}",
+        host.events(&mut agent, "train")
+    );
+    let interrupted = &host.events(&mut agent, "train")[1];
+    assert!(
+        interrupted
+            .detail
+            .contains("1 of its processes still run and are killed before the resume"),
+        "{}",
+        interrupted.detail
+    );
+    assert_eq!(procs_with("300.5151").len(), 1);
+    let info = host.status(&mut agent, "train");
+    assert_eq!((info.state, info.resume_attempts), (JobState::Running, 1));
+    assert!(wait_until(Duration::from_secs(2), || {
+        std::fs::read(host.job_dir("train").join("log")).unwrap() == b"first run\nresumed\n"
+    }));
+
+    // Lost again: reported, but the one allowed attempt is used.
+    lose(&host, true);
+    assert!(wait_until(Duration::from_secs(5), || {
+        host.kinds(&mut agent, "train").len() == 4
+    }));
+    std::thread::sleep(Duration::from_millis(500));
+    let events = host.events(&mut agent, "train");
+    let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
+    assert_eq!(
+        kinds,
+        ["started", "interrupted", "resume_started", "interrupted"]
+    );
+    assert!(events.windows(2).all(|w| w[0].seq < w[1].seq));
+    assert!(
+        events[3].detail.contains("no resume: 1 of 1 attempts used"),
+        "{}",
+        events[3].detail
+    );
+    let info = host.status(&mut agent, "train");
+    assert_eq!((info.state, info.resume_attempts), (JobState::Lost, 1));
+    let left: Vec<String> = procs_with("300.5151")
+        .iter()
+        .map(|p| {
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+            let env = std::fs::read(format!("/proc/{p}/environ")).unwrap_or_default();
+            let token = env
+                .split(|&b| b == 0)
+                .find(|e| e.starts_with(b"OUTPOST_EXEC_TOKEN="))
+                .map(|e| String::from_utf8_lossy(e).into_owned());
+            format!("{stat} {token:?}")
+        })
+        .collect();
+    assert!(left.is_empty(), "{left:?} {:?}", host.pids("train"));
+
+    // A lost job can still be cancelled, which ends its story.
+    let c = job(host.call(
+        &mut agent,
+        Request::JobCancel {
+            name: "train".into(),
+            grace_ms: 100,
+        },
+    ));
+    assert_eq!(c.state, JobState::Cancelled);
+}
+
+#[test]
+fn two_hundred_concurrent_jobs_end_with_their_codes() {
+    let mut host = Host::new("jobs-many");
+    let mut agent = host.agent();
+    let t = Instant::now();
+    let ids: Vec<(u64, i32)> = (0..200)
+        .map(|i| {
+            let id = host.id();
+            agent.request(
+                id,
+                Request::JobStart(named(&format!("many-{i}"), &format!("exit $(({i} % 5))"))),
+            );
+            (id, i % 5)
+        })
+        .collect();
+    for (id, _) in &ids {
+        let j = job(agent.last(*id, Duration::from_secs(30)));
+        assert!(
+            matches!(j.state, JobState::Running | JobState::Exited),
+            "{j:?}"
+        );
+    }
+    eprintln!("200 jobs started in {:?}", t.elapsed());
+    for (i, (_, code)) in ids.iter().enumerate() {
+        let w = host.wait_end(&mut agent, &format!("many-{i}"));
+        assert_eq!(
+            (w.job.exit_code, w.job.signal),
+            (Some(*code), None),
+            "job {i}"
+        );
+    }
+    eprintln!("200 jobs started and ended in {:?}", t.elapsed());
+}
+
+#[test]
+fn a_gigabyte_log_is_read_in_bounded_memory() {
+    let mut host = Host::new("jobs-big");
+    let mut agent = host.agent();
+    let j = host.start(
+        &mut agent,
+        spec("head -c 1G /dev/zero; echo; echo second; echo done"),
+    );
+    let mut req = wait_req(&j.name, 60_000);
+    req.pattern = Some("^done$".into());
+    let w = host.wait(&mut agent, req);
+    assert_eq!(w.reason, WaitReason::Matched);
+    assert_eq!(w.cursor_after, (1 << 30) + 13);
+    assert_eq!(w.output.len(), 1 << 20);
+    assert_eq!(w.omitted, (1 << 30) + 13 - (1 << 20));
+    assert!(w.output.ends_with(b"\0\nsecond\ndone\n"));
+
+    let mut req = read_req(&j.name);
+    req.tail_lines = Some(2);
+    let log = host.read(&mut agent, req);
+    assert_eq!(log.data, b"second\ndone\n");
+    assert_eq!(log.log_size, (1 << 30) + 13);
+
+    let mut req = read_req(&j.name);
+    req.tail_lines = Some(1);
+    req.grep = Some("sec".into());
+    assert_eq!(host.read(&mut agent, req).data, b"second\n");
+
+    let mut req = read_req(&j.name);
+    req.offset = Some((1 << 30) - 2);
+    req.max_bytes = 4;
+    let page = host.read(&mut agent, req);
+    assert_eq!(
+        (page.data.as_slice(), page.next_offset),
+        (&b"\0\0\ns"[..], (1 << 30) + 2)
+    );
+
+    let serve_kib = rss_kib(agent.child.id() as i32);
+    let (daemon, _) = host.daemon().unwrap();
+    let daemon_kib = rss_kib(daemon);
+    eprintln!("after a 1 GiB log: serve VmRSS {serve_kib} KiB, daemon VmRSS {daemon_kib} KiB");
+    assert!(serve_kib < 64 * 1024, "{serve_kib}");
+    assert!(daemon_kib < 64 * 1024, "{daemon_kib}");
+    host.wait_end(&mut agent, &j.name);
+}
+
+#[test]
+fn bad_input_gets_clear_errors() {
+    let mut host = Host::new("jobs-bad");
+    let mut agent = host.agent();
+    let m = bad_request(host.call(
+        &mut agent,
+        Request::JobStatus {
+            name: "nope".into(),
+        },
+    ));
+    assert_eq!(m, "no job named nope");
+    let m = bad_request(host.call(&mut agent, Request::JobWait(wait_req("../x", 10))));
+    assert_eq!(m, "no job named ../x");
+
+    host.start(&mut agent, named("dup", "echo hi"));
+    let m = bad_request(host.call(&mut agent, Request::JobStart(named("dup", "true"))));
+    assert_eq!(m, "a job named dup exists");
+    let m = bad_request(host.call(&mut agent, Request::JobStart(named("a/b", "true"))));
+    assert!(m.starts_with("invalid job name"), "{m}");
+    let m = bad_request(host.call(&mut agent, Request::JobStart(spec("  "))));
+    assert_eq!(m, "the command is empty");
+
+    let mut req = wait_req("dup", 1000);
+    req.pattern = Some("(".into());
+    let m = bad_request(host.call(&mut agent, Request::JobWait(req)));
+    assert!(m.starts_with("invalid pattern regex \"(\""), "{m}");
+    let mut req = read_req("dup");
+    req.grep = Some("[".into());
+    let m = bad_request(host.call(&mut agent, Request::JobRead(req)));
+    assert!(m.starts_with("invalid grep regex"), "{m}");
+
+    let mut s = spec("true");
+    s.cwd = Some("/no/such/dir".into());
+    match host.call(&mut agent, Request::JobStart(s)) {
+        Response::Error(e) => {
+            assert_eq!(e.kind, ErrorKind::SpawnFailed);
+            assert_eq!(e.message, "cwd not found: /no/such/dir");
+        }
+        other => panic!("{other:?}"),
+    }
+    // Nothing was left behind by the refused starts.
+    let names: Vec<String> = std::fs::read_dir(host.state().join("jobs"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["dup"]);
+}
+
+/// CPU ticks (user + system) a process used so far.
+fn cpu_ticks(pid: i32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let rest = stat.rsplit_once(')').unwrap().1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15; `rest` starts at field 3.
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+#[test]
+#[ignore = "measurement, takes 12 s"]
+fn daemon_cost() {
+    let mut host = Host::new("jobs-cost");
+    let mut agent = host.agent();
+    let j = host.start(&mut agent, spec("sleep 6.5"));
+    let (daemon, _) = host.daemon().unwrap();
+    let (shim, _) = host.pids(&j.name);
+    // SAFETY: sysconf cannot fail for this name.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let measure = |what: &str| {
+        let before = cpu_ticks(daemon);
+        std::thread::sleep(Duration::from_secs(5));
+        let used = (cpu_ticks(daemon) - before) as f64 / hz;
+        eprintln!(
+            "daemon {what}: {:.2}% of a core over 5 s, VmRSS {} KiB",
+            used / 5.0 * 100.0,
+            rss_kib(daemon)
+        );
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    eprintln!("shim VmRSS {} KiB", rss_kib(shim));
+    measure("watching one job");
+    host.wait_end(&mut agent, &j.name);
+    measure("idle");
+}
