@@ -168,13 +168,20 @@ fn connection_pids_and_kill_connections() {
 fn stop_and_continue_connections() {
     let sshd = Sshd::start();
     let mut cmd = sshd.ssh_command();
-    cmd.arg("sleep 1; echo done")
+    cmd.arg("sleep 1.0202; echo done")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let child = cmd.spawn().unwrap();
-    assert!(wait_until(Duration::from_secs(5), || sshd
-        .log()
-        .contains("Accepted publickey")));
+    // Freeze only once the session is fully up (the remote command runs):
+    // stopping sshd mid-fork, right after authentication, races with the
+    // privilege-separated child being created.
+    assert!(wait_until(Duration::from_secs(5), || {
+        // The local ssh (root) carries the same text; the remote side runs as
+        // the test user.
+        pids_with_cmdline("sleep 1.0202")
+            .iter()
+            .any(|pid| fs::metadata(format!("/proc/{pid}")).is_ok_and(|m| m.uid() != 0))
+    }));
     let pids = sshd.stop_connections();
     assert!(!pids.is_empty());
     // With the server side frozen, the client cannot finish.
