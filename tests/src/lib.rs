@@ -157,6 +157,19 @@ impl Sshd {
         }
     }
 
+    /// A `[[sandbox]]` entry of Outpost's config file for this server, keyed
+    /// by [`Sshd::client_key`], with the agent's state in [`Sshd::remote_dir`].
+    pub fn sandbox_toml(&self, name: &str) -> String {
+        format!(
+            "[[sandbox]]\nname = \"{name}\"\nhost = \"{}\"\nport = {}\nuser = \"{}\"\nkey_file = \"{}\"\nremote_dir = \"{}\"\n",
+            self.host(),
+            self.port,
+            TEST_USER,
+            self.client_key.display(),
+            self.remote_dir.display()
+        )
+    }
+
     /// The namespace sshd runs in, when started with [`Sshd::start_in_netns`].
     pub fn netns(&self) -> Option<&Netns> {
         self.netns.as_ref()
@@ -924,4 +937,18 @@ pub fn fake_nvml_lib() -> PathBuf {
         lib
     })
     .clone()
+}
+
+/// Deterministic pseudo-random bytes (xorshift): incompressible content that
+/// gives content-defined chunking real work.
+pub fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
 }

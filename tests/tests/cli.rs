@@ -96,18 +96,7 @@ fn sync_both_ways_from_the_command_line() {
     let sshd = Sshd::start();
     let home = TempDir::new("cli-home");
     let config = home.path().join("config.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[[sandbox]]\nname = \"box\"\nhost = \"{}\"\nport = {}\nuser = \"{}\"\nkey_file = \"{}\"\nremote_dir = \"{}\"\n",
-            sshd.host(),
-            sshd.port(),
-            sshd.user(),
-            sshd.client_key().display(),
-            sshd.remote_dir().display()
-        ),
-    )
-    .unwrap();
+    std::fs::write(&config, sshd.sandbox_toml("box")).unwrap();
     let env = [
         ("OUTPOST_CONFIG", config.display().to_string()),
         (

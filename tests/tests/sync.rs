@@ -18,20 +18,7 @@ use std::time::{Duration, SystemTime};
 
 use common::*;
 use outpost::sync::{self, Progress, SyncOptions};
-use outpost_e2e::{Sshd, TEST_USER, TempDir};
-
-/// Deterministic pseudo-random bytes (xorshift), so chunking has real work.
-fn noise(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
+use outpost_e2e::{Sshd, TEST_USER, TempDir, noise};
 
 fn write(root: &Path, rel: &[u8], content: &[u8], mode: u32) -> PathBuf {
     let path = root.join(OsStr::from_bytes(rel));

@@ -24,7 +24,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use outpost_e2e::{Sshd, TempDir, pids_with_cmdline, target_bin};
+use outpost_e2e::{Sshd, TempDir, noise, pids_with_cmdline, target_bin};
 use rmcp::ServiceExt;
 use rmcp::model::CallToolRequestParams;
 use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
@@ -56,14 +56,7 @@ fn write_config(dir: &Path, name: &str, hosts: &[&Sshd]) -> std::path::PathBuf {
     let path = dir.join(format!("{name}.toml"));
     let mut text = String::from("local = false\n");
     for (i, sshd) in hosts.iter().enumerate() {
-        text.push_str(&format!(
-            "[[sandbox]]\nname = \"{name}{i}\"\nhost = \"{}\"\nport = {}\nuser = \"{}\"\nkey_file = \"{}\"\nremote_dir = \"{}\"\n",
-            sshd.host(),
-            sshd.port(),
-            sshd.user(),
-            sshd.client_key().display(),
-            sshd.remote_dir().display()
-        ));
+        text.push_str(&sshd.sandbox_toml(&format!("{name}{i}")));
     }
     std::fs::write(&path, text).unwrap();
     path
@@ -424,19 +417,6 @@ async fn exec_and_metrics() {
         agent_rss.iter().max().copied().unwrap_or(0),
         agent_pids
     );
-}
-
-/// Deterministic pseudo-random bytes.
-fn noise(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 fn timed(mut cmd: Command) -> (Duration, String) {

@@ -43,18 +43,7 @@ pub fn ssh_env(sshd: &Sshd) -> Vec<(&'static str, String)> {
 pub fn isolated_env(sshd: &Sshd) -> (Vec<(&'static str, String)>, TempDir) {
     let dir = super::scratch("mcp-config");
     let path = dir.path().join("config.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "[[sandbox]]\nname = \"box\"\nhost = \"{}\"\nport = {}\nuser = \"{}\"\nkey_file = \"{}\"\nremote_dir = \"{}\"\n",
-            sshd.host(),
-            sshd.port(),
-            sshd.user(),
-            sshd.client_key().display(),
-            sshd.remote_dir().display()
-        ),
-    )
-    .unwrap();
+    std::fs::write(&path, sshd.sandbox_toml("box")).unwrap();
     (vec![("OUTPOST_CONFIG", path.display().to_string())], dir)
 }
 
