@@ -195,6 +195,7 @@ pub struct JobWaited {
     pub reason: WaitReason,
     /// Output between the cursor and `cursor_after` (its tail, if longer than
     /// max_bytes; `omitted` says how much was skipped).
+    #[serde(with = "serde_bytes")]
     pub output: Vec<u8>,
     pub omitted: u64,
     pub cursor_after: u64,
@@ -213,6 +214,7 @@ pub struct JobRead {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobLog {
+    #[serde(with = "serde_bytes")]
     pub data: Vec<u8>,
     /// Where `data` starts in the log (for grep: where the scan started).
     pub offset: u64,
@@ -262,11 +264,15 @@ pub struct FilterSpec {
 pub enum EntryKind {
     File,
     Dir,
-    Symlink { target: Vec<u8> },
+    Symlink {
+        #[serde(with = "serde_bytes")]
+        target: Vec<u8>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TreeEntry {
+    #[serde(with = "serde_bytes")]
     pub path: RelPath,
     pub kind: EntryKind,
     /// Permission bits (`mode & 0o7777`).
@@ -289,6 +295,7 @@ pub struct ChunkRef {
 /// A problem with one path; the rest of the operation goes on.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PathProblem {
+    #[serde(with = "serde_bytes")]
     pub path: RelPath,
     pub message: String,
 }
@@ -315,13 +322,14 @@ pub enum Expect {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum FileContent {
     /// The whole content, zstd-compressed.
-    Inline(Vec<u8>),
+    Inline(#[serde(with = "serde_bytes")] Vec<u8>),
     /// Assembled earlier by `PutPart`s with this transfer id.
     Staged { xfer: u64 },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FilePut {
+    #[serde(with = "serde_bytes")]
     pub path: RelPath,
     pub mode: u32,
     pub mtime_ns: i64,
@@ -343,7 +351,7 @@ pub struct PutFiles {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum PartData {
     /// Bytes, zstd-compressed.
-    Data(Vec<u8>),
+    Data(#[serde(with = "serde_bytes")] Vec<u8>),
     /// Bytes already in the current file at `path`, from this offset.
     Copy { from_offset: u64, len: u64 },
 }
@@ -354,6 +362,7 @@ pub struct PutPart {
     pub xfer: u64,
     /// The file being replaced (source of `Copy` parts) and the staging
     /// file's directory.
+    #[serde(with = "serde_bytes")]
     pub path: RelPath,
     /// Where the part goes in the new file.
     pub offset: u64,
@@ -363,26 +372,29 @@ pub struct PutPart {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum MetaOp {
     Mkdir {
+        #[serde(with = "serde_bytes")]
         path: RelPath,
         mode: u32,
     },
     Symlink {
+        #[serde(with = "serde_bytes")]
         path: RelPath,
+        #[serde(with = "serde_bytes")]
         target: Vec<u8>,
     },
     SetAttrs {
+        #[serde(with = "serde_bytes")]
         path: RelPath,
         mode: u32,
         mtime_ns: i64,
     },
     /// Remove a file, symlink, or directory tree (never following symlinks).
     Remove {
+        #[serde(with = "serde_bytes")]
         path: RelPath,
     },
     /// Drop staging files of a transfer that will not be committed.
-    Abort {
-        xfer: u64,
-    },
+    Abort { xfer: u64 },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -399,6 +411,7 @@ pub struct ApplyReport {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReadSpec {
+    #[serde(with = "serde_bytes")]
     pub path: RelPath,
     /// (offset, length) ranges; None: the whole file.
     pub ranges: Option<Vec<(u64, u64)>>,
@@ -426,6 +439,7 @@ pub struct ExecRequest {
     /// Extra environment variables.
     pub env: Vec<(String, String)>,
     /// Bytes written to the command's stdin, which is then closed. None: /dev/null.
+    #[serde(with = "serde_bytes")]
     pub stdin: Option<Vec<u8>>,
     /// After this long the whole process tree is terminated. None: no limit.
     pub timeout_ms: Option<u64>,
@@ -454,6 +468,7 @@ pub enum Response {
     /// A chunk of streamed output (not final).
     Output {
         stream: OutputStream,
+        #[serde(with = "serde_bytes")]
         data: Vec<u8>,
     },
     ExecDone(ExecResult),
@@ -472,6 +487,7 @@ pub enum Response {
     FileData {
         index: u32,
         offset: u64,
+        #[serde(with = "serde_bytes")]
         data: Vec<u8>,
     },
     ReadDone {
@@ -516,7 +532,9 @@ pub struct ExecResult {
 /// dropped between them.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CapturedOutput {
+    #[serde(with = "serde_bytes")]
     pub head: Vec<u8>,
+    #[serde(with = "serde_bytes")]
     pub tail: Vec<u8>,
     pub omitted: u64,
 }

@@ -529,3 +529,25 @@ fn a_huge_vec_length_inside_a_frame_is_a_decode_error() {
     payload.extend([0xff, 0xff, 0xff, 0xff, 0x0f]); // varint length ~4 GiB
     assert!(decode::<AgentMessage>(&payload).is_err());
 }
+
+#[test]
+fn byte_fields_encode_as_plain_sequences() {
+    // Byte fields are (de)serialized as bytes, in one copy instead of one
+    // call per byte; on the wire that is the same varint length and raw bytes
+    // as a sequence of u8, so peers built before the change still agree.
+    #[derive(serde::Serialize)]
+    struct AsSequence {
+        path: Vec<u8>,
+        message: String,
+    }
+    let path = b"dir/\xffname".to_vec();
+    let message = "gone".to_string();
+    let as_bytes = PathProblem {
+        path: path.clone(),
+        message: message.clone(),
+    };
+    assert_eq!(
+        postcard::to_allocvec(&as_bytes).unwrap(),
+        postcard::to_allocvec(&AsSequence { path, message }).unwrap()
+    );
+}

@@ -77,6 +77,10 @@ struct Staged {
     file: File,
     dev: u64,
     ino: u64,
+    /// The hash of bytes `0..hashed` while parts arrive in order, so a fresh
+    /// file is not read back at its commit; `None` once a part came out of
+    /// order or was copied (the commit then hashes what is on disk).
+    running: Option<(blake3::Hasher, u64)>,
 }
 
 impl Staged {
@@ -266,7 +270,7 @@ impl Applier {
                 Ok((ready, file))
             }
             FileContent::Staged { xfer } => {
-                let staged = self
+                let mut staged = self
                     .staged
                     .remove(xfer)
                     .ok_or_else(|| format!("no staged transfer {xfer}"))?;
@@ -288,7 +292,7 @@ impl Applier {
                     Ok(_) if !same_dir => {
                         Err("the directory was replaced while parts were staged".to_string())
                     }
-                    Ok(_) => verify_staged(&staged.file, put),
+                    Ok(_) => verify_staged(&staged.file, staged.running.take(), put),
                 };
                 if let Err(message) = checked {
                     staged.discard();
@@ -356,10 +360,11 @@ impl Applier {
                     file: File::from(fd),
                     dev: st.dev,
                     ino: st.ino,
+                    running: Some((blake3::Hasher::new(), 0)),
                 },
             );
         }
-        let staged = &self.staged[&xfer];
+        let staged = self.staged.get_mut(&xfer).expect("inserted above");
         if staged.path != path {
             return Err(format!(
                 "transfer {xfer} is staging {}, not {}",
@@ -369,16 +374,38 @@ impl Applier {
         }
         match data {
             PartData::Data(compressed) => {
-                let bytes = codec::decompress(compressed, MAX_PART_LEN)?;
-                offset
-                    .checked_add(bytes.len() as u64)
-                    .ok_or("part offset out of range")?;
-                staged
-                    .file
-                    .write_all_at(&bytes, offset)
-                    .map_err(|e| format!("cannot write the staging file: {e}"))
+                // Decompressed and written a piece at a time: a piece stays
+                // in the CPU cache between the two, where a whole part would
+                // not.
+                if staged
+                    .running
+                    .as_ref()
+                    .is_some_and(|(_, end)| *end != offset)
+                {
+                    staged.running = None;
+                }
+                let mut at = offset;
+                let (file, running) = (&staged.file, &mut staged.running);
+                codec::decompress_into(compressed, MAX_PART_LEN as u64, &mut |piece| {
+                    let end = at
+                        .checked_add(piece.len() as u64)
+                        .ok_or_else(|| io::Error::other("part offset out of range"))?;
+                    file.write_all_at(piece, at)?;
+                    if let Some((hasher, hashed)) = running {
+                        hasher.update(piece);
+                        *hashed = end;
+                    }
+                    at = end;
+                    Ok(())
+                })
+                .map(drop)
+                .map_err(|e| {
+                    staged.running = None;
+                    format!("cannot write the staging file: {e}")
+                })
             }
             PartData::Copy { from_offset, len } => {
+                staged.running = None;
                 if from_offset.checked_add(*len).is_none() || offset.checked_add(*len).is_none() {
                     return Err("copy range out of range".to_string());
                 }
@@ -489,14 +516,27 @@ fn write_inline(file: &File, data: &[u8], put: &FilePut) -> Result<(), String> {
 }
 
 /// Checks an assembled staging file against the put's size and hash, and sets
-/// mode and mtime.
-fn verify_staged(file: &File, put: &FilePut) -> Result<(), String> {
+/// mode and mtime. `running` is the hash of the file as its parts were written
+/// in order, if they were.
+fn verify_staged(
+    file: &File,
+    running: Option<(blake3::Hasher, u64)>,
+    put: &FilePut,
+) -> Result<(), String> {
     let st = sys::fstat(file.as_fd()).map_err(|e| e.to_string())?;
     if st.size != put.size {
         return Err(format!(
             "staged content is {} bytes, expected {}",
             st.size, put.size
         ));
+    }
+    if let Some((hasher, hashed)) = running
+        && hashed == put.size
+    {
+        if hasher.finalize().as_bytes() != &put.hash {
+            return Err("staged content does not match its hash".to_string());
+        }
+        return finish(file, put);
     }
     let mut hasher = blake3::Hasher::new();
     let mut buf = vec![0u8; (1 << 20).min(put.size.max(1) as usize)];

@@ -4,7 +4,8 @@
 //! an output bound, and a frame that would exceed it is an error before the
 //! memory is spent.
 
-use std::io::{self, Read};
+use std::cell::RefCell;
+use std::io;
 
 /// Level 3 (zstd's default): several hundred MB/s per core, so it keeps up
 /// with any SSH link while still shrinking text well.
@@ -31,11 +32,50 @@ pub fn compress(data: &[u8]) -> Vec<u8> {
         LEVEL
     };
     // Compressing into a buffer we sized with zstd's own bound cannot fail.
-    zstd::bulk::compress(data, level).expect("zstd compression into a bounded buffer")
+    with_compressor(level, |c| c.compress(data)).expect("zstd compression into a bounded buffer")
 }
 
 fn compressible(sample: &[u8]) -> bool {
-    zstd::bulk::compress(sample, 1).is_ok_and(|c| c.len() * 100 < sample.len() * 95)
+    with_compressor(1, |c| c.compress(sample)).is_ok_and(|c| c.len() * 100 < sample.len() * 95)
+}
+
+thread_local! {
+    // One context per thread, reused: creating one allocates and clears
+    // tables each time, which showed up at several percent of a bulk push.
+    static COMPRESSOR: RefCell<Option<zstd::bulk::Compressor<'static>>> =
+        const { RefCell::new(None) };
+    static DECOMPRESSOR: RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+        const { RefCell::new(None) };
+    static STREAM_DECODER: RefCell<Option<(zstd::zstd_safe::DCtx<'static>, Vec<u8>)>> =
+        const { RefCell::new(None) };
+}
+
+fn with_compressor<T>(
+    level: i32,
+    work: impl FnOnce(&mut zstd::bulk::Compressor<'static>) -> io::Result<T>,
+) -> io::Result<T> {
+    COMPRESSOR.with_borrow_mut(|slot| {
+        let compressor = match slot {
+            Some(c) => {
+                c.set_compression_level(level)?;
+                c
+            }
+            None => slot.insert(zstd::bulk::Compressor::new(level)?),
+        };
+        work(compressor)
+    })
+}
+
+fn with_decompressor<T>(
+    work: impl FnOnce(&mut zstd::bulk::Decompressor<'static>) -> io::Result<T>,
+) -> io::Result<T> {
+    DECOMPRESSOR.with_borrow_mut(|slot| {
+        let decompressor = match slot {
+            Some(d) => d,
+            None => slot.insert(zstd::bulk::Decompressor::new()?),
+        };
+        work(decompressor)
+    })
 }
 
 /// Decompresses, refusing output larger than `max_len` (a hostile or corrupt
@@ -49,7 +89,7 @@ pub fn decompress(data: &[u8], max_len: usize) -> Result<Vec<u8>, String> {
                 "compressed data claims {size} bytes, more than the {max_len} allowed"
             ));
         }
-        if let Ok(out) = zstd::bulk::decompress(data, size as usize) {
+        if let Ok(out) = with_decompressor(|d| d.decompress(data, size as usize)) {
             return Ok(out);
         }
         // Several frames, or a lying header: the streaming path decides.
@@ -70,28 +110,59 @@ pub fn decompress_into(
     max_len: u64,
     sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
 ) -> Result<u64, String> {
-    let mut decoder =
-        zstd::stream::read::Decoder::with_buffer(data).map_err(|err| format!("zstd: {err}"))?;
-    decoder
-        .window_log_max(WINDOW_LOG_MAX)
-        .map_err(|err| format!("zstd: {err}"))?;
-    let mut buf = vec![0u8; 256 * 1024];
-    let mut total = 0u64;
-    loop {
-        let n = match decoder.read(&mut buf) {
-            Ok(0) => return Ok(total),
-            Ok(n) => n,
-            Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
-            Err(err) => return Err(format!("corrupt compressed data: {err}")),
-        };
-        total += n as u64;
-        if total > max_len {
-            return Err(format!(
-                "compressed data expands past the {max_len} bytes allowed"
-            ));
-        }
-        sink(&buf[..n]).map_err(|err| format!("write failed: {err}"))?;
+    if data.is_empty() {
+        return Ok(0);
     }
+    STREAM_DECODER.with_borrow_mut(|slot| {
+        let (dctx, buf) = match slot {
+            Some(decoder) => decoder,
+            None => {
+                let mut dctx = zstd::zstd_safe::DCtx::try_create().ok_or("zstd: out of memory")?;
+                dctx.set_parameter(zstd::zstd_safe::DParameter::WindowLogMax(WINDOW_LOG_MAX))
+                    .map_err(zstd_error)?;
+                slot.insert((dctx, vec![0u8; PIECE]))
+            }
+        };
+        // Also clears the error state a corrupt frame left behind.
+        dctx.reset(zstd::zstd_safe::ResetDirective::SessionOnly)
+            .map_err(zstd_error)?;
+        let mut input = zstd::zstd_safe::InBuffer::around(data);
+        let mut total = 0u64;
+        loop {
+            let mut output = zstd::zstd_safe::OutBuffer::around(&mut buf[..]);
+            let more = dctx
+                .decompress_stream(&mut output, &mut input)
+                .map_err(|code| format!("corrupt compressed data: {}", zstd_error(code)))?;
+            let n = output.pos();
+            total += n as u64;
+            if total > max_len {
+                return Err(format!(
+                    "compressed data expands past the {max_len} bytes allowed"
+                ));
+            }
+            if n > 0 {
+                sink(&buf[..n]).map_err(|err| format!("write failed: {err}"))?;
+            }
+            if input.pos() == data.len() {
+                // 0: the last frame is decoded and flushed. A full output
+                // buffer may hold back more; anything else is cut short.
+                if more == 0 {
+                    return Ok(total);
+                }
+                if n < buf.len() {
+                    return Err("corrupt compressed data: truncated".to_string());
+                }
+            }
+        }
+    })
+}
+
+/// Raw bytes handed to a sink at a time: small enough to stay in the CPU
+/// cache between decompression and the write.
+const PIECE: usize = 256 * 1024;
+
+fn zstd_error(code: usize) -> String {
+    zstd::zstd_safe::get_error_name(code).to_string()
 }
 
 #[cfg(test)]
@@ -164,5 +235,50 @@ mod tests {
         let text = b"the quick brown fox jumps over the lazy dog\n".repeat(4096);
         assert!(compressible(&text[..SAMPLE]));
         assert!(compress(&text).len() < text.len() / 10);
+    }
+
+    fn stream(data: &[u8], max_len: u64) -> Result<Vec<u8>, String> {
+        let mut out = Vec::new();
+        decompress_into(data, max_len, &mut |p| {
+            out.extend_from_slice(p);
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    #[test]
+    fn streaming_decoder_is_reused_safely() {
+        // Exact multiples of the piece size, concatenated frames, truncation,
+        // and a corrupt frame followed by a good one on the same thread's
+        // decoder (an error must not poison the next call).
+        let data = pseudo_random(4 * PIECE, 9);
+        let z = compress(&data);
+        assert_eq!(stream(&z, data.len() as u64).unwrap(), data);
+        let mut two = compress(b"first ");
+        two.extend(compress(b"second"));
+        assert_eq!(stream(&two, 100).unwrap(), b"first second");
+        assert!(stream(&z[..z.len() - 3], data.len() as u64).is_err());
+        assert!(stream(&z[..z.len() / 2], data.len() as u64).is_err());
+        assert!(stream(b"not zstd at all", 1000).is_err());
+        assert_eq!(stream(&z, data.len() as u64).unwrap(), data);
+        assert!(stream(&z, data.len() as u64 - 1).is_err());
+        assert_eq!(stream(b"", 0).unwrap(), b"");
+        // A sink error stops the decoding and is reported.
+        let failed = decompress_into(&z, data.len() as u64, &mut |_| {
+            Err(io::Error::other("disk full"))
+        });
+        assert!(failed.unwrap_err().contains("disk full"));
+    }
+
+    #[test]
+    fn frames_asking_for_a_huge_window_are_refused() {
+        let data = pseudo_random(1 << 16, 4);
+        let mut enc = zstd::stream::write::Encoder::new(Vec::new(), 3).unwrap();
+        enc.window_log(WINDOW_LOG_MAX + 2).unwrap();
+        enc.long_distance_matching(true).unwrap();
+        enc.include_contentsize(false).unwrap();
+        std::io::Write::write_all(&mut enc, &data).unwrap();
+        let z = enc.finish().unwrap();
+        assert!(stream(&z, 1 << 20).is_err());
     }
 }

@@ -918,6 +918,40 @@ fn large_file_edit_changes_few_chunks_and_delta_assembles() {
 }
 
 #[test]
+fn staged_files_are_checked_against_what_is_on_disk() {
+    // Parts sent in order are hashed as they are written; anything else
+    // (a part rewritten, parts out of order) is hashed from the file at the
+    // commit. Either way the commit holds exactly the bytes that were hashed.
+    let t = TempDir::new();
+    let mut ap = Applier::new(t.path());
+    let data = |b: &[u8]| PartData::Data(codec::compress(b));
+    let staged = |xfer, content: &[u8]| {
+        let mut p = put(b"f", content, Expect::Any);
+        p.content = FileContent::Staged { xfer };
+        p
+    };
+    // In order: committed without reading back.
+    ap.put_part(1, b"f", 0, &data(b"abcd")).unwrap();
+    ap.put_part(1, b"f", 4, &data(b"efgh")).unwrap();
+    assert_eq!(put_files(&mut ap, vec![staged(1, b"abcdefgh")]).done, 1);
+    assert_eq!(fs::read(t.path().join("f")).unwrap(), b"abcdefgh");
+    // A part rewritten after later ones: the file, not the stream, counts.
+    ap.put_part(2, b"f", 0, &data(b"abcd")).unwrap();
+    ap.put_part(2, b"f", 4, &data(b"efgh")).unwrap();
+    ap.put_part(2, b"f", 0, &data(b"XXXX")).unwrap();
+    let report = put_files(&mut ap, vec![staged(2, b"abcdefgh")]);
+    assert_eq!(report.done, 0, "{report:?}");
+    ap.put_part(3, b"f", 4, &data(b"efgh")).unwrap();
+    ap.put_part(3, b"f", 0, &data(b"XXXX")).unwrap();
+    assert_eq!(put_files(&mut ap, vec![staged(3, b"XXXXefgh")]).done, 1);
+    assert_eq!(fs::read(t.path().join("f")).unwrap(), b"XXXXefgh");
+    // In order but short of the size: refused.
+    ap.put_part(4, b"f", 0, &data(b"abcd")).unwrap();
+    assert_eq!(put_files(&mut ap, vec![staged(4, b"abcdefgh")]).done, 0);
+    assert!(temp_files(t.path()).is_empty());
+}
+
+#[test]
 fn read_file_pieces_and_ranges() {
     let t = TempDir::new();
     let data = pseudo_random(10_000, 5);
