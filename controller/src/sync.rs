@@ -505,6 +505,7 @@ async fn scan_local(root: PathBuf, filter: FilterSpec) -> Result<ScanOutput, Syn
             hashes: true,
             recursive: true,
             max_entries: 0,
+            reap_stale_temps: true,
         };
         let output = scan::scan(&root, &filter, &options, cache.as_mut());
         if let (Some(cache), Some(file)) = (cache, cache_file)

@@ -153,6 +153,8 @@ pub async fn scan(
             hashes: req.hashes,
             recursive: req.recursive,
             max_entries: req.max_entries,
+            // A hashing scan prepares a sync into or out of this root.
+            reap_stale_temps: req.hashes,
         };
         // Only hashes are worth caching; a listing stats and nothing more.
         let cache_file = if req.hashes { cache_path(&root) } else { None };

@@ -483,3 +483,71 @@ async fn other_calls_stay_fast_during_a_large_push() {
         "a call took {slowest:?} during the push"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_killed_mid_push_leaves_only_staging_which_a_later_push_clears() {
+    let s = setup("sync-killed");
+    let src = TempDir::new("sync-killed-src");
+    for i in 0..2u64 {
+        write(
+            src.path(),
+            format!("big{i}.bin").as_bytes(),
+            &noise(32 << 20, 60 + i),
+            0o644,
+        );
+    }
+    let progress = Arc::new(Progress::default());
+    let push = {
+        let (session, progress) = (s.session(), progress.clone());
+        let (local, remote) = (
+            src.path().to_path_buf(),
+            s.remote("k").display().to_string(),
+        );
+        tokio::spawn(async move {
+            sync::push(&session, &local, &remote, &SyncOptions::default(), progress).await
+        })
+    };
+    assert!(outpost_e2e::wait_until(Duration::from_secs(30), || {
+        progress.bytes_done.load(Ordering::Relaxed) >= 2 << 20
+    }));
+    let agents: Vec<i32> =
+        outpost_e2e::pids_with_cmdline(&s.sshd.remote_dir().join("agents").display().to_string())
+            .into_iter()
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.ends_with(b"serve\0"))
+            })
+            .collect();
+    assert!(!agents.is_empty());
+    for pid in agents {
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    assert!(push.await.unwrap().is_err());
+
+    // Only staging files are left (a killed agent cleans nothing up), and
+    // no final path holds a partial file.
+    let target = s.remote("k");
+    let left = leftovers(&target);
+    assert!(!left.is_empty(), "killed too late to test anything");
+    for name in ["big0.bin", "big1.bin"] {
+        if let Ok(content) = std::fs::read(target.join(name)) {
+            assert_eq!(content, std::fs::read(src.path().join(name)).unwrap());
+        }
+    }
+    // Once they are old enough to be surely dead, the next push removes them.
+    let hour_ago = SystemTime::now() - Duration::from_secs(3600);
+    for name in &left {
+        std::fs::File::options()
+            .write(true)
+            .open(target.join(name))
+            .unwrap()
+            .set_modified(hour_ago)
+            .unwrap();
+    }
+    let report = s.push(src.path(), "k", &SyncOptions::default()).await;
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    assert!(leftovers(&target).is_empty(), "{:?}", leftovers(&target));
+    assert_eq!(
+        without_default_excludes(snapshot(&target)),
+        without_default_excludes(snapshot(src.path()))
+    );
+}

@@ -24,6 +24,15 @@
 //! a crash a path holds either its old content or its complete new content.
 //! Metadata operations fsync the directories they touched once at the end.
 //!
+//! Leftovers: a process killed mid-write leaves its `.outpost-*.tmp` files
+//! behind (never at a final path). Staging files of large files are
+//! `flock`ed for as long as an applier holds them, and other temporary files
+//! live for one request, so [`reap_stale_temp`] removes one only when it is
+//! unlocked and older than [`STALE_AFTER`]; scans that prepare a sync call it
+//! for each such file they meet. Removing a live one by mistake would cost a
+//! refused commit, never data: a commit checks that its temporary file is
+//! still the inode it wrote.
+//!
 //! Problems vs errors: every file and every op succeeds or fails on its own; a
 //! failure is a [`PathProblem`] in the report and never touches what is at the
 //! final path. Only [`Applier::put_part`] returns an error (for its one part).
@@ -36,6 +45,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use outpost_protocol::{
     ApplyReport, Expect, FileContent, FilePut, MetaOp, PartData, PathProblem, PutFiles, ReadSpec,
@@ -345,6 +355,9 @@ impl Applier {
                 other => other,
             }
             .map_err(|e| format!("cannot create the staging file: {e}"))?;
+            // Held until the file is committed or dropped: tells
+            // `reap_stale_temp` that it is in use, however long it idles.
+            let _ = sys::flock(fd.as_fd(), libc::LOCK_EX | libc::LOCK_NB);
             let st = sys::fstat(fd.as_fd()).map_err(|e| e.to_string())?;
             // Parents created here must outlive a crash as the commit will.
             if let Some(problem) = dirs.sync_touched().into_iter().next() {
@@ -479,6 +492,42 @@ impl Applier {
         }
         report.problems.extend(dirs.sync_touched());
         report
+    }
+}
+
+/// Unlocked temporary files older than this are leftovers of a process that
+/// died (a request's own temporary files live for seconds).
+pub const STALE_AFTER: Duration = Duration::from_secs(600);
+
+/// Removes `name` in `dir` if it is a temporary file of ours that nobody
+/// holds: a regular file named `.outpost-*.tmp`, unchanged for
+/// [`STALE_AFTER`], that no applier has locked. Returns whether it did.
+pub fn reap_stale_temp(dir: BorrowedFd<'_>, name: &CStr) -> bool {
+    let bytes = name.to_bytes();
+    if !bytes.starts_with(TEMP_PREFIX.as_bytes()) || !bytes.ends_with(b".tmp") {
+        return false;
+    }
+    let stale = |st: &Stat| {
+        let age_ns = sys::now_ns().saturating_sub(st.mtime_ns);
+        st.is_file() && age_ns > STALE_AFTER.as_nanos() as i64
+    };
+    match sys::lstatat(dir, name) {
+        Ok(st) if stale(&st) => {}
+        _ => return false,
+    }
+    let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
+    let Ok(fd) = sys::openat(dir, name, flags, 0) else {
+        return false;
+    };
+    if sys::flock(fd.as_fd(), libc::LOCK_EX | libc::LOCK_NB).is_err() {
+        return false;
+    }
+    // Still the file we locked, and still old?
+    match (sys::fstat(fd.as_fd()), sys::lstatat(dir, name)) {
+        (Ok(held), Ok(named)) if (held.dev, held.ino) == (named.dev, named.ino) && stale(&held) => {
+            sys::unlinkat(dir, name, false).is_ok()
+        }
+        _ => false,
     }
 }
 

@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use outpost_protocol::{ChunkRef, EntryKind, FilterSpec, PathProblem, ScanSummary, TreeEntry};
 
+use crate::apply;
 use crate::cache::StatCache;
 use crate::chunk::{self, CHUNKED_MIN_SIZE};
 use crate::filter::{Filter, TEMP_PREFIX};
@@ -37,6 +38,10 @@ pub struct ScanOptions {
     pub recursive: bool,
     /// 0: no limit.
     pub max_entries: u64,
+    /// Remove Outpost temporary files that a killed process left behind
+    /// (see [`crate::apply::reap_stale_temp`]): for scans that prepare a
+    /// sync, not for listings.
+    pub reap_stale_temps: bool,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -109,6 +114,7 @@ pub fn scan(
         filter: &filter,
         heap: BinaryHeap::new(),
         problems: Vec::new(),
+        reap_stale_temps: options.reap_stale_temps,
     };
     match DirStream::new(root_fd) {
         Ok(mut dir) => walk.list(&mut dir, b""),
@@ -195,6 +201,7 @@ struct Walk<'a> {
     filter: &'a Filter,
     heap: BinaryHeap<Reverse<Item>>,
     problems: Vec<PathProblem>,
+    reap_stale_temps: bool,
 }
 
 impl Walk<'_> {
@@ -237,6 +244,9 @@ impl Walk<'_> {
             };
             let name_bytes = name.to_bytes();
             if name_bytes.starts_with(TEMP_PREFIX.as_bytes()) {
+                if self.reap_stale_temps && matches!(d_type, libc::DT_REG | libc::DT_UNKNOWN) {
+                    apply::reap_stale_temp(dir.fd(), &name);
+                }
                 continue;
             }
             let mut rel = Vec::with_capacity(parent.len() + 1 + name_bytes.len());
@@ -457,20 +467,13 @@ fn run_jobs(root: &Path, entries: &[TreeEntry], stats: &[Stat], jobs: &[usize]) 
         .collect()
 }
 
-fn now_ns() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as i64)
-        .unwrap_or(0)
-}
-
 /// Hashes one file with a single pass over its content, provided it is still
 /// the regular file the walk listed; reads again if it changes meanwhile.
 fn hash_one(root: &Path, rel: &[u8], listed: &Stat, buf: &mut Vec<u8>) -> Hashed {
     let path = root.join(sys::path_of(rel));
     let mut last = *listed;
     for _ in 0..HASH_ATTEMPTS {
-        let read_start_ns = now_ns();
+        let read_start_ns = sys::now_ns();
         let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
         let fd = match sys::open_path(&path, flags, 0) {
             Ok(fd) => fd,

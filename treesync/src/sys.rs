@@ -292,6 +292,20 @@ pub(crate) fn syncfs(fd: BorrowedFd<'_>) -> io::Result<()> {
     Ok(())
 }
 
+/// The wall clock in nanoseconds since the epoch, as mtimes are.
+pub(crate) fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
+
+/// `flock(2)`; `op` is `LOCK_EX`, `LOCK_NB`… as in libc.
+pub(crate) fn flock(fd: BorrowedFd<'_>, op: libc::c_int) -> io::Result<()> {
+    cvt(unsafe { libc::flock(fd.as_raw_fd(), op) })?;
+    Ok(())
+}
+
 pub(crate) fn fsync(fd: BorrowedFd<'_>) -> io::Result<()> {
     cvt(unsafe { libc::fsync(fd.as_raw_fd()) })?;
     Ok(())

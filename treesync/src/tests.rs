@@ -30,6 +30,7 @@ fn opts() -> ScanOptions {
         hashes: true,
         recursive: true,
         max_entries: 0,
+        reap_stale_temps: false,
     }
 }
 
@@ -949,6 +950,63 @@ fn staged_files_are_checked_against_what_is_on_disk() {
     ap.put_part(4, b"f", 0, &data(b"abcd")).unwrap();
     assert_eq!(put_files(&mut ap, vec![staged(4, b"abcdefgh")]).done, 0);
     assert!(temp_files(t.path()).is_empty());
+}
+
+#[test]
+fn leftovers_of_a_killed_writer_are_reaped_by_the_next_sync_scan() {
+    let t = TempDir::new();
+    let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    let age = |path: &Path| {
+        fs::File::options()
+            .write(true)
+            .open(path)
+            .unwrap()
+            .set_modified(hour_ago)
+            .unwrap()
+    };
+    fs::create_dir(t.path().join("d")).unwrap();
+    fs::write(t.path().join("d/kept.txt"), b"user data").unwrap();
+    // Left behind by a killed writer: old and unlocked.
+    let dead_part = t.path().join("d/.outpost-part-3.tmp");
+    let dead_temp = t.path().join(".outpost-00000000deadbeef.tmp");
+    // Just written: a request of a live writer may still own it.
+    let young = t.path().join(".outpost-0000000000000001.tmp");
+    // Not one of ours by its name, though it has our prefix.
+    let other = t.path().join(".outpost-notes");
+    for path in [&dead_part, &dead_temp, &young, &other] {
+        fs::write(path, b"partial").unwrap();
+    }
+    for path in [&dead_part, &dead_temp, &other] {
+        age(path);
+    }
+    // A live applier's staging file, idle for an hour: locked, so kept.
+    let mut ap = Applier::new(t.path());
+    ap.put_part(9, b"d/big", 0, &PartData::Data(codec::compress(b"abc")))
+        .unwrap();
+    let live = t.path().join("d/.outpost-part-9.tmp");
+    age(&live);
+
+    // Listings never remove anything.
+    scan_all(t.path());
+    assert_eq!(temp_files(t.path()).len(), 5);
+    let reaping = ScanOptions {
+        reap_stale_temps: true,
+        ..opts()
+    };
+    let out = scan(t.path(), &FilterSpec::default(), &reaping, None);
+    assert!(
+        out.summary.problems.is_empty(),
+        "{:?}",
+        out.summary.problems
+    );
+    assert!(!dead_part.exists() && !dead_temp.exists());
+    assert!(young.exists() && other.exists() && live.exists());
+    assert!(t.path().join("d/kept.txt").exists());
+    // The live transfer still commits.
+    let mut staged = put(b"d/big", b"abc", Expect::Any);
+    staged.content = FileContent::Staged { xfer: 9 };
+    assert_eq!(put_files(&mut ap, vec![staged]).done, 1);
+    assert_eq!(fs::read(t.path().join("d/big")).unwrap(), b"abc");
 }
 
 #[test]
