@@ -25,10 +25,12 @@ impl LinkReader {
         }
     }
 
-    /// The next frame payload, or why there will be none.
+    /// The next frame payload, or why there will be none. `heard` is called
+    /// for every piece of output that arrives, whole frame or not.
     pub async fn next_frame(
         &mut self,
         events: &mut mpsc::Receiver<LinkEvent>,
+        heard: &(dyn Fn() + Sync),
     ) -> Result<Vec<u8>, String> {
         loop {
             match self.decoder.next_event() {
@@ -44,7 +46,11 @@ impl LinkReader {
                 Ok(None) => {}
                 Err(e) => return Err(format!("protocol error: {e}")),
             }
-            match events.recv().await {
+            let event = events.recv().await;
+            if matches!(event, Some(LinkEvent::Stdout(_) | LinkEvent::Stderr(_))) {
+                heard();
+            }
+            match event {
                 Some(LinkEvent::Stdout(data)) => self.decoder.push(&data),
                 Some(LinkEvent::Stderr(data)) => {
                     for line in String::from_utf8_lossy(&data).lines() {
@@ -79,7 +85,7 @@ pub async fn read_hello(
     timeout: Duration,
 ) -> Result<(LinkReader, Hello), String> {
     let mut reader = LinkReader::new();
-    let frame = tokio::time::timeout(timeout, reader.next_frame(&mut link.events))
+    let frame = tokio::time::timeout(timeout, reader.next_frame(&mut link.events, &|| {}))
         .await
         .map_err(|_| format!("agent did not answer within {} s", timeout.as_secs()))??;
     let hello = check_protocol(&frame)?;

@@ -28,10 +28,18 @@ use crate::config::{SandboxConfig, Target};
 use crate::link::{LinkReader, read_hello};
 use crate::transport::{AgentLink, HostKeyFiles, LinkEvent, SshConnection, spawn_local_agent};
 
-/// Send a ping when nothing arrived for this long…
+/// Send a ping after this long without a sign of life from the host…
 const HEARTBEAT_IDLE: Duration = Duration::from_millis(1000);
-/// …and give the connection up when nothing arrived for this long.
+/// …and give the connection up after this long…
 const HEARTBEAT_DEAD: Duration = Duration::from_millis(4000);
+/// …or this long while bulk data of ours is queued or was sent this
+/// recently: the agent answers a large request only once all of it has
+/// crossed, so on a slow uplink its answers come seconds apart even from a
+/// healthy host, and a ping waits behind the data. A frozen host still
+/// stops our writes (SSH's window, or the pipe, fills), so it is noticed.
+const HEARTBEAT_DEAD_SENDING: Duration = Duration::from_millis(15_000);
+/// A frame at least this large is bulk data.
+const BULK_FRAME: usize = 64 * 1024;
 /// Request id of heartbeat pings; calls start at 1.
 const HEARTBEAT_ID: RequestId = 0;
 
@@ -310,8 +318,7 @@ pub struct Connection {
     pending: Mutex<Pending>,
     outgoing: mpsc::UnboundedSender<Vec<u8>>,
     closed: Mutex<Option<String>>,
-    epoch: Instant,
-    last_rx_ms: AtomicU64,
+    liveness: Arc<Liveness>,
     tasks: Mutex<Vec<AbortHandle>>,
     keep: Mutex<Option<Box<dyn Send + Sync>>>,
     ssh: Option<SshConnection>,
@@ -342,22 +349,22 @@ impl Connection {
             pending: Mutex::new(HashMap::new()),
             outgoing: tx,
             closed: Mutex::new(None),
-            epoch: Instant::now(),
-            last_rx_ms: AtomicU64::new(0),
+            liveness: Arc::new(Liveness::new()),
             tasks: Mutex::new(Vec::new()),
             keep: Mutex::new(Some(_keep)),
             ssh,
         });
 
         let weak = Arc::downgrade(&conn);
+        let liveness = Arc::clone(&conn.liveness);
         let writer_task = tokio::spawn(async move {
             while let Some(frame) = rx.recv().await {
-                let mut result = writer.write_all(&frame).await;
+                let mut result = write_frame(&mut writer, &frame, &liveness).await;
                 // Coalesce whatever else is queued before flushing.
                 while result.is_ok()
                     && let Ok(more) = rx.try_recv()
                 {
-                    result = writer.write_all(&more).await;
+                    result = write_frame(&mut writer, &more, &liveness).await;
                 }
                 if let Err(e) = result.and(writer.flush().await) {
                     if let Some(conn) = weak.upgrade() {
@@ -370,7 +377,8 @@ impl Connection {
         });
 
         let weak = Arc::downgrade(&conn);
-        let reader_task = tokio::spawn(read_loop(weak, reader, events));
+        let liveness = Arc::clone(&conn.liveness);
+        let reader_task = tokio::spawn(read_loop(weak, liveness, reader, events));
 
         let weak = Arc::downgrade(&conn);
         let heartbeat_task = tokio::spawn(async move {
@@ -379,8 +387,13 @@ impl Connection {
             loop {
                 tick.tick().await;
                 let Some(conn) = weak.upgrade() else { return };
-                let silent = conn.silence();
-                if silent >= HEARTBEAT_DEAD {
+                let silent = conn.liveness.silence();
+                let limit = if conn.liveness.sending() {
+                    HEARTBEAT_DEAD_SENDING
+                } else {
+                    HEARTBEAT_DEAD
+                };
+                if silent >= limit {
                     conn.fail(format!(
                         "no answer from the host for {:.1} s (host frozen or network down)",
                         silent.as_secs_f64()
@@ -399,11 +412,6 @@ impl Connection {
             heartbeat_task.abort_handle(),
         ]);
         conn
-    }
-
-    fn silence(&self) -> Duration {
-        let last = Duration::from_millis(self.last_rx_ms.load(Ordering::Relaxed));
-        self.epoch.elapsed().saturating_sub(last)
     }
 
     pub fn closed_reason(&self) -> Option<String> {
@@ -452,7 +460,7 @@ impl Connection {
             }
             pending.insert(id, tx);
         }
-        if self.outgoing.send(frame).is_err() {
+        if !self.send_frame(frame) {
             self.pending.lock().unwrap().remove(&id);
             return Err(CallError::ConnectionLost(
                 self.closed_reason()
@@ -474,8 +482,19 @@ impl Connection {
             id: HEARTBEAT_ID,
             body: Request::Ping,
         }) {
-            let _ = self.outgoing.send(frame);
+            self.send_frame(frame);
         }
+    }
+
+    /// Queues a frame for the writer; false if the writer is gone.
+    fn send_frame(&self, frame: Vec<u8>) -> bool {
+        let len = frame.len() as u64;
+        self.liveness.unsent.fetch_add(len, Ordering::Relaxed);
+        if self.outgoing.send(frame).is_err() {
+            self.liveness.unsent.fetch_sub(len, Ordering::Relaxed);
+            return false;
+        }
+        true
     }
 
     fn dispatch(&self, id: RequestId, body: Response) {
@@ -505,16 +524,15 @@ impl Drop for Connection {
 
 async fn read_loop(
     conn: std::sync::Weak<Connection>,
+    liveness: Arc<Liveness>,
     mut reader: LinkReader,
     mut events: mpsc::Receiver<LinkEvent>,
 ) {
     loop {
-        let frame = reader.next_frame(&mut events).await;
+        let frame = reader.next_frame(&mut events, &|| liveness.touch()).await;
         let Some(c) = conn.upgrade() else { return };
         match frame.and_then(|f| decode::<AgentMessage>(&f).map_err(|e| e.to_string())) {
             Ok(AgentMessage::Response { id, body }) => {
-                let now = c.epoch.elapsed().as_millis() as u64;
-                c.last_rx_ms.store(now, Ordering::Relaxed);
                 c.dispatch(id, body);
             }
             Err(reason) => {
@@ -523,6 +541,72 @@ async fn read_loop(
             }
         }
     }
+}
+
+/// What the heartbeat goes by: when bytes last arrived from the host (in any
+/// piece, not only whole frames, so a large answer on a slow link counts
+/// while it arrives), and whether we are in the middle of sending bulk data.
+struct Liveness {
+    epoch: Instant,
+    heard_ms: AtomicU64,
+    /// When the link last accepted a bulk frame of ours.
+    bulk_ms: AtomicU64,
+    /// Bytes queued for the writer and not yet accepted by the link.
+    unsent: AtomicU64,
+}
+
+impl Liveness {
+    fn new() -> Liveness {
+        Liveness {
+            epoch: Instant::now(),
+            heard_ms: AtomicU64::new(0),
+            bulk_ms: AtomicU64::new(0),
+            unsent: AtomicU64::new(0),
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn touch(&self) {
+        self.heard_ms.fetch_max(self.now_ms(), Ordering::Relaxed);
+    }
+
+    fn silence(&self) -> Duration {
+        let last = Duration::from_millis(self.heard_ms.load(Ordering::Relaxed));
+        self.epoch.elapsed().saturating_sub(last)
+    }
+
+    /// Whether bulk data is queued, or was handed to the link within the
+    /// longer heartbeat limit.
+    fn sending(&self) -> bool {
+        let since_bulk = self
+            .now_ms()
+            .saturating_sub(self.bulk_ms.load(Ordering::Relaxed));
+        self.unsent.load(Ordering::Relaxed) >= BULK_FRAME as u64
+            || (self.bulk_ms.load(Ordering::Relaxed) > 0
+                && since_bulk < HEARTBEAT_DEAD_SENDING.as_millis() as u64)
+    }
+}
+
+/// Hands one frame to the link and accounts for it.
+async fn write_frame(
+    writer: &mut (impl tokio::io::AsyncWrite + Unpin),
+    frame: &[u8],
+    liveness: &Liveness,
+) -> std::io::Result<()> {
+    writer.write_all(frame).await?;
+    liveness
+        .unsent
+        .fetch_sub(frame.len() as u64, Ordering::Relaxed);
+    if frame.len() >= BULK_FRAME {
+        // Never 0, which means "no bulk sent yet".
+        liveness
+            .bulk_ms
+            .store(liveness.now_ms().max(1), Ordering::Relaxed);
+    }
+    Ok(())
 }
 
 /// One request in flight. Dropping it before its final response cancels it on

@@ -110,6 +110,8 @@ struct Client {
     own_known_hosts: PathBuf,
     strict: bool,
     verdict: Arc<Mutex<Option<HostKeyVerdict>>>,
+    /// Why the connection ended, once it has: what a closed channel reports.
+    ended: Arc<Mutex<Option<String>>>,
 }
 
 fn known_host_pattern(host: &str, port: u16) -> String {
@@ -196,6 +198,45 @@ impl client::Handler for Client {
         }
         Ok(true)
     }
+
+    async fn disconnected(
+        &mut self,
+        reason: client::DisconnectReason<Self::Error>,
+    ) -> Result<(), Self::Error> {
+        let why = match &reason {
+            client::DisconnectReason::ReceivedDisconnect(info) => {
+                format!("the host closed the connection ({})", info.message)
+            }
+            client::DisconnectReason::Error(russh::Error::KeepaliveTimeout) => format!(
+                "no answer from the host for {} s (host frozen or network down)",
+                KEEPALIVE.as_secs() * (KEEPALIVE_MAX as u64 + 1)
+            ),
+            client::DisconnectReason::Error(e) => format!("SSH connection failed: {e}"),
+        };
+        *self.ended.lock().unwrap() = Some(why);
+        match reason {
+            client::DisconnectReason::ReceivedDisconnect(_) => Ok(()),
+            client::DisconnectReason::Error(e) => Err(e),
+        }
+    }
+}
+
+/// SSH keepalive: a blackholed or frozen peer must be noticed in seconds, not
+/// never. Any packet from the host counts (window adjusts come every ~96 KiB
+/// it consumes), so a slow but live link is not mistaken for a dead one.
+const KEEPALIVE: Duration = Duration::from_secs(1);
+const KEEPALIVE_MAX: usize = 3;
+
+/// Why a channel closed without an exit status: the connection's end, when
+/// it ended (the handler hears of it just after the channels close).
+async fn connection_end(ended: &Mutex<Option<String>>) -> String {
+    for _ in 0..10 {
+        if let Some(why) = ended.lock().unwrap().clone() {
+            return why;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    "SSH channel closed".to_string()
 }
 
 /// An authenticated SSH connection. Cheap to clone; the connection closes when the
@@ -204,6 +245,7 @@ impl client::Handler for Client {
 pub struct SshConnection {
     handle: Arc<Handle<Client>>,
     pub addr: String,
+    ended: Arc<Mutex<Option<String>>>,
 }
 
 pub struct HostKeyFiles<'a> {
@@ -261,9 +303,8 @@ impl SshConnection {
         let _ = socket.set_nodelay(true);
 
         let config = Arc::new(client::Config {
-            // A blackholed or frozen peer must be noticed in seconds, not never.
-            keepalive_interval: Some(Duration::from_secs(1)),
-            keepalive_max: 3,
+            keepalive_interval: Some(KEEPALIVE),
+            keepalive_max: KEEPALIVE_MAX,
             nodelay: true,
             preferred: russh::Preferred {
                 cipher: std::borrow::Cow::Borrowed(CIPHERS),
@@ -272,6 +313,7 @@ impl SshConnection {
             ..Default::default()
         });
         let verdict = Arc::new(Mutex::new(None));
+        let ended = Arc::new(Mutex::new(None));
         let handler = Client {
             hostname: target.hostname.clone(),
             port: target.port,
@@ -279,6 +321,7 @@ impl SshConnection {
             own_known_hosts: keys.own.to_path_buf(),
             strict: target.strict_host_keys,
             verdict: verdict.clone(),
+            ended: ended.clone(),
         };
         let mut handle = match client::connect_stream(config, socket, handler).await {
             Ok(h) => h,
@@ -314,6 +357,7 @@ impl SshConnection {
         Ok(SshConnection {
             handle: Arc::new(handle),
             addr: addr.to_string(),
+            ended,
         })
     }
 
@@ -345,6 +389,7 @@ impl SshConnection {
         let (mut read, write) = channel.split();
         let writer = Box::pin(write.make_writer());
         let (tx, rx) = mpsc::channel(256);
+        let ended = Arc::clone(&self.ended);
         tokio::spawn(async move {
             let mut exit = None;
             let reason = loop {
@@ -357,11 +402,16 @@ impl SshConnection {
                     Some(ChannelMsg::ExtendedData { data, .. }) => {
                         let _ = tx.send(LinkEvent::Stderr(data.to_vec())).await;
                     }
-                    Some(ChannelMsg::ExitStatus { exit_status }) => exit = Some(exit_status),
+                    Some(ChannelMsg::ExitStatus { exit_status }) => {
+                        exit = Some(format!("agent exited with status {exit_status}"));
+                    }
+                    Some(ChannelMsg::ExitSignal { signal_name, .. }) => {
+                        exit = Some(format!("agent killed by signal {signal_name:?}"));
+                    }
                     Some(ChannelMsg::Close) | None => {
                         break match exit {
-                            Some(code) => format!("agent exited with status {code}"),
-                            None => "SSH channel closed".to_string(),
+                            Some(exit) => exit,
+                            None => connection_end(&ended).await,
                         };
                     }
                     Some(_) => {}

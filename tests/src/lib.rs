@@ -863,6 +863,29 @@ impl Netns {
         &self.name
     }
 
+    /// Slows traffic into the namespace (the controller's uplink to a host
+    /// inside it) to `kbit` kilobits per second, as a slow VPN or a home
+    /// uplink would.
+    pub fn limit_uplink(&self, kbit: u32) {
+        let out = Command::new("tc")
+            .args(["qdisc", "add", "dev", &self.host_veth, "root", "tbf"])
+            .args([
+                "rate",
+                &format!("{kbit}kbit"),
+                "burst",
+                "16kb",
+                "latency",
+                "2s",
+            ])
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run tc: {e}; {SETUP_HINT}"));
+        assert!(
+            out.status.success(),
+            "tc failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// Cuts the link: packets to and from the namespace are dropped silently,
     /// as when a cable is pulled or a switch dies.
     pub fn cut(&self) {

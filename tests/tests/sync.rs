@@ -551,3 +551,86 @@ async fn an_agent_killed_mid_push_leaves_only_staging_which_a_later_push_clears(
         without_default_excludes(snapshot(src.path()))
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_survives_a_slow_uplink() {
+    // At 2 Mbit/s a 2 MiB request takes over 8 s to cross, and the agent
+    // answers it only then: the silence must not be taken for a dead host.
+    let sshd = Sshd::start_in_netns();
+    let state = scratch("sync-slow");
+    let fleet = fleet(&sshd, state.path());
+    let session = fleet.get(Some(BOX)).unwrap();
+    // Connected (agent uploaded) at full speed first.
+    run(&session, "true").await.unwrap();
+    sshd.netns().unwrap().limit_uplink(2_000);
+    let src = TempDir::new("sync-slow-src");
+    write(src.path(), b"model.bin", &noise(2 << 20, 5), 0o644);
+    let remote = sshd.remote_dir().join("slow");
+    let report = sync::push(
+        &session,
+        src.path(),
+        &remote.display().to_string(),
+        &SyncOptions::default(),
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    assert_eq!(
+        std::fs::read(remote.join("model.bin")).unwrap(),
+        std::fs::read(src.path().join("model.bin")).unwrap()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_frozen_mid_push_is_given_up() {
+    // While bulk data is going out the heartbeat waits longer (see the slow
+    // uplink test), but a host that stops taking data is still given up.
+    let s = setup("sync-frozen");
+    let src = TempDir::new("sync-frozen-src");
+    for i in 0..4u64 {
+        write(
+            src.path(),
+            format!("big{i}.bin").as_bytes(),
+            &noise(32 << 20, 80 + i),
+            0o644,
+        );
+    }
+    let progress = Arc::new(Progress::default());
+    let push = {
+        let (session, progress) = (s.session(), progress.clone());
+        let (local, remote) = (
+            src.path().to_path_buf(),
+            s.remote("f").display().to_string(),
+        );
+        tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            let result =
+                sync::push(&session, &local, &remote, &SyncOptions::default(), progress).await;
+            (result, started.elapsed())
+        })
+    };
+    assert!(outpost_e2e::wait_until(Duration::from_secs(30), || {
+        progress.bytes_done.load(Ordering::Relaxed) >= 4 << 20
+    }));
+    let frozen_at = std::time::Instant::now();
+    let stopped = s.sshd.stop_connections();
+    assert!(!stopped.is_empty());
+    let (result, _) = push.await.unwrap();
+    let given_up_after = frozen_at.elapsed();
+    s.sshd.continue_pids(&stopped);
+    match result {
+        Err(sync::SyncError::Call(e)) => {
+            assert!(e.is_connection(), "{e:?}");
+            assert!(e.to_string().contains("no answer from the host"), "{e}");
+        }
+        other => panic!("expected a lost connection, got {other:?}"),
+    }
+    assert!(
+        given_up_after < Duration::from_secs(20),
+        "took {given_up_after:?}"
+    );
+    // The next call connects afresh.
+    s.sshd.kill_connections();
+    run(&s.session(), "true").await.unwrap();
+}
