@@ -316,7 +316,9 @@ pub struct Connection {
     pub facts: Option<HostFacts>,
     next_id: AtomicU64,
     pending: Mutex<Pending>,
-    outgoing: mpsc::UnboundedSender<Vec<u8>>,
+    /// Frames for the writer, in two lanes (see [`Lane`]).
+    urgent: mpsc::UnboundedSender<Vec<u8>>,
+    bulk: mpsc::UnboundedSender<Vec<u8>>,
     closed: Mutex<Option<String>>,
     liveness: Arc<Liveness>,
     tasks: Mutex<Vec<AbortHandle>>,
@@ -339,7 +341,8 @@ impl Connection {
             mut writer,
             _keep,
         } = link;
-        let (tx, mut rx) = mpsc::unbounded_channel::<Vec<u8>>();
+        let (urgent_tx, mut urgent) = mpsc::unbounded_channel::<Vec<u8>>();
+        let (bulk_tx, mut bulk) = mpsc::unbounded_channel::<Vec<u8>>();
         let conn = Arc::new(Connection {
             hello,
             agent_path,
@@ -347,7 +350,8 @@ impl Connection {
             facts,
             next_id: AtomicU64::new(1),
             pending: Mutex::new(HashMap::new()),
-            outgoing: tx,
+            urgent: urgent_tx,
+            bulk: bulk_tx,
             closed: Mutex::new(None),
             liveness: Arc::new(Liveness::new()),
             tasks: Mutex::new(Vec::new()),
@@ -358,11 +362,17 @@ impl Connection {
         let weak = Arc::downgrade(&conn);
         let liveness = Arc::clone(&conn.liveness);
         let writer_task = tokio::spawn(async move {
-            while let Some(frame) = rx.recv().await {
+            loop {
+                let frame = tokio::select! {
+                    biased;
+                    Some(frame) = urgent.recv() => frame,
+                    Some(frame) = bulk.recv() => frame,
+                    else => break,
+                };
                 let mut result = write_frame(&mut writer, &frame, &liveness).await;
-                // Coalesce whatever else is queued before flushing.
+                // Coalesce urgent frames queued meanwhile before flushing.
                 while result.is_ok()
-                    && let Ok(more) = rx.try_recv()
+                    && let Ok(more) = urgent.try_recv()
                 {
                     result = write_frame(&mut writer, &more, &liveness).await;
                 }
@@ -460,7 +470,8 @@ impl Connection {
             }
             pending.insert(id, tx);
         }
-        if !self.send_frame(frame) {
+        let lane = Lane::of(&frame);
+        if !self.send_frame(frame, lane) {
             self.pending.lock().unwrap().remove(&id);
             return Err(CallError::ConnectionLost(
                 self.closed_reason()
@@ -469,6 +480,7 @@ impl Connection {
         }
         Ok(Call {
             id,
+            lane,
             rx,
             conn: self.clone(),
             finished: false,
@@ -482,15 +494,19 @@ impl Connection {
             id: HEARTBEAT_ID,
             body: Request::Ping,
         }) {
-            self.send_frame(frame);
+            self.send_frame(frame, Lane::Urgent);
         }
     }
 
     /// Queues a frame for the writer; false if the writer is gone.
-    fn send_frame(&self, frame: Vec<u8>) -> bool {
+    fn send_frame(&self, frame: Vec<u8>, lane: Lane) -> bool {
         let len = frame.len() as u64;
         self.liveness.unsent.fetch_add(len, Ordering::Relaxed);
-        if self.outgoing.send(frame).is_err() {
+        let queue = match lane {
+            Lane::Urgent => &self.urgent,
+            Lane::Bulk => &self.bulk,
+        };
+        if queue.send(frame).is_err() {
             self.liveness.unsent.fetch_sub(len, Ordering::Relaxed);
             return false;
         }
@@ -539,6 +555,28 @@ async fn read_loop(
                 c.fail(reason);
                 return;
             }
+        }
+    }
+}
+
+/// Which queue a frame waits in. The writer always takes urgent frames
+/// first, so a command or a ping never waits behind megabytes of file data
+/// queued by a sync; it waits at most for the frame being written. Order
+/// holds within a lane only, which is all the protocol needs: requests are
+/// independent (a sync sends a commit only once its parts are answered), and
+/// a cancel travels in its request's lane.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lane {
+    Urgent,
+    Bulk,
+}
+
+impl Lane {
+    fn of(frame: &[u8]) -> Lane {
+        if frame.len() >= BULK_FRAME {
+            Lane::Bulk
+        } else {
+            Lane::Urgent
         }
     }
 }
@@ -613,6 +651,9 @@ async fn write_frame(
 /// the agent (an MCP client's cancellation drops the tool future).
 pub struct Call {
     id: RequestId,
+    /// The lane the request went out in: its cancel follows it there, so it
+    /// can never overtake the request it cancels.
+    lane: Lane,
     rx: mpsc::UnboundedReceiver<Response>,
     conn: Arc<Connection>,
     finished: bool,
@@ -644,7 +685,7 @@ impl Drop for Call {
         if !self.finished && self.conn.closed_reason().is_none() {
             self.conn.pending.lock().unwrap().remove(&self.id);
             if let Ok(frame) = encode_frame(&ClientMessage::Cancel { id: self.id }) {
-                let _ = self.conn.outgoing.send(frame);
+                self.conn.send_frame(frame, self.lane);
             }
         }
     }

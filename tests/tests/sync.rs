@@ -634,3 +634,46 @@ async fn a_host_frozen_mid_push_is_given_up() {
     s.sshd.kill_connections();
     run(&s.session(), "true").await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_do_not_queue_behind_a_push_on_a_slow_uplink() {
+    // At 16 Mbit/s the push keeps 16 MiB of requests in flight, 8 s of
+    // sending: a command sent meanwhile must not wait for all of it.
+    let sshd = Sshd::start_in_netns();
+    let state = scratch("sync-lanes");
+    let fleet = fleet(&sshd, state.path());
+    let session = fleet.get(Some(BOX)).unwrap();
+    run(&session, "true").await.unwrap();
+    sshd.netns().unwrap().limit_uplink(16_000);
+    let src = TempDir::new("sync-lanes-src");
+    for i in 0..4u64 {
+        write(
+            src.path(),
+            format!("part{i}.bin").as_bytes(),
+            &noise(4 << 20, 90 + i),
+            0o644,
+        );
+    }
+    let progress = Arc::new(Progress::default());
+    let push = {
+        let (session, progress) = (session.clone(), progress.clone());
+        let remote = sshd.remote_dir().join("lanes").display().to_string();
+        let local = src.path().to_path_buf();
+        tokio::spawn(async move {
+            sync::push(&session, &local, &remote, &SyncOptions::default(), progress).await
+        })
+    };
+    // Once the first part is answered, the pipeline is full.
+    assert!(outpost_e2e::wait_until(Duration::from_secs(30), || {
+        progress.bytes_done.load(Ordering::Relaxed) >= 2 << 20
+    }));
+    let started = std::time::Instant::now();
+    run(&session, "true").await.unwrap();
+    let took = started.elapsed();
+    let report = push.await.unwrap().unwrap();
+    assert_eq!(report.files_sent, 4);
+    assert!(
+        took < Duration::from_millis(3500),
+        "a command took {took:?}"
+    );
+}
