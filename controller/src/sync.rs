@@ -942,7 +942,30 @@ fn plan_parts(size: u64, src: &[ChunkRef], dst: &[ChunkRef], max_data: u64) -> V
             _ => parts.push(part),
         }
     }
-    parts
+    split_data(parts, max_data)
+}
+
+/// Splits data parts longer than `max` (one chunk of a very large file can
+/// be up to 4 MiB) so no request outgrows its budget.
+fn split_data(parts: Vec<Part>, max: u64) -> Vec<Part> {
+    let mut out = Vec::with_capacity(parts.len());
+    for part in parts {
+        match part {
+            Part::Data { offset, len } if len > max => {
+                let mut at = 0;
+                while at < len {
+                    let piece = max.min(len - at);
+                    out.push(Part::Data {
+                        offset: offset + at,
+                        len: piece,
+                    });
+                    at += piece;
+                }
+            }
+            other => out.push(other),
+        }
+    }
+    out
 }
 
 /// Whether `chunks` cover `0..size` exactly, in order.
@@ -2125,6 +2148,22 @@ mod tests {
                 Part::Data {
                     offset: 20,
                     len: 20
+                },
+            ]
+        );
+        // A chunk larger than the bound is split.
+        assert_eq!(
+            plan_parts(60, &chunks(&[(45, 5), (15, 6)]), &[], 20),
+            vec![
+                Part::Data { offset: 0, len: 20 },
+                Part::Data {
+                    offset: 20,
+                    len: 20
+                },
+                Part::Data { offset: 40, len: 5 },
+                Part::Data {
+                    offset: 45,
+                    len: 15
                 },
             ]
         );

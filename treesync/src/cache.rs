@@ -27,7 +27,9 @@ use outpost_protocol::ChunkRef;
 
 use crate::sys::{self, Stat};
 
-const MAGIC: &[u8; 8] = b"OPSTATC1";
+// Version 2: chunk sizes grow with the file (chunk lists of version 1 would
+// not match the other side's).
+const MAGIC: &[u8; 8] = b"OPSTATC2";
 
 /// Files whose ctime is less than this old when hashing starts are not
 /// cached. Generous, because network filesystems stamp times with the

@@ -20,36 +20,69 @@ use outpost_protocol::ChunkRef;
 /// changed chunks.
 pub const CHUNKED_MIN_SIZE: u64 = 1 << 20;
 
-pub const CHUNK_MIN: usize = 16 * 1024;
-pub const CHUNK_AVG: usize = 64 * 1024;
-pub const CHUNK_MAX: usize = 256 * 1024;
+/// Chunk sizes for a file: FastCDC's minimum, average and maximum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkSizes {
+    pub min: usize,
+    pub avg: usize,
+    pub max: usize,
+}
 
-/// Read size for large files: big enough that syscalls are noise next to
-/// hashing, small enough to stay in cache.
+/// Smallest average chunk: an edit costs about this much on the wire.
+const AVG_MIN: usize = 64 * 1024;
+/// Largest average chunk (fastcdc allows up to 4 MiB).
+const AVG_MAX: usize = 1 << 20;
+/// Chunks a file is cut into, about, before the average grows.
+const TARGET_CHUNKS: u64 = 8192;
+
+/// The chunk sizes for a file of `size` bytes: 64 KiB on average up to
+/// 512 MiB, then doubling with the size up to 1 MiB (from 8 GiB), so a chunk
+/// list stays a few hundred KiB where it could otherwise outgrow a frame, and
+/// a 64 GiB checkpoint still gets one (3 MB) instead of being resent whole
+/// after every change. Both ends derive it from the size alone, so they cut
+/// a file alike; a file that crosses a tier is resent once.
+pub fn chunk_sizes(size: u64) -> ChunkSizes {
+    let wanted = (size / TARGET_CHUNKS).max(1).next_power_of_two();
+    let avg = (wanted.min(AVG_MAX as u64) as usize).max(AVG_MIN);
+    ChunkSizes {
+        min: avg / 4,
+        avg,
+        max: avg * 4,
+    }
+}
+
+/// Least read size for large files: big enough that syscalls are noise next
+/// to hashing, small enough to stay in cache. The buffer must also hold two
+/// maximum-size chunks.
 const READ_BUF: usize = 2 << 20;
 
-/// BLAKE3 of the whole file and, when `chunks`, its FastCDC chunks
-/// (min 16 KiB, average 64 KiB, max 256 KiB), read in one pass.
+/// BLAKE3 of the whole file and, when `chunks`, its FastCDC chunks (sizes by
+/// [`chunk_sizes`]), read in one pass.
 pub fn hash_file(path: &Path, chunks: bool) -> std::io::Result<([u8; 32], Vec<ChunkRef>)> {
     let mut file = File::open(path)?;
+    let sizes = chunk_sizes(file.metadata()?.len());
     let mut buf = Vec::new();
-    let (hash, list, _) = hash_reader(&mut file, chunks, &mut buf)?;
+    let (hash, list, _) = hash_reader(&mut file, chunks.then_some(sizes), &mut buf)?;
     Ok((hash, list))
 }
 
 /// Hashes everything `reader` yields; returns the hash, the chunks (when
-/// asked) and the number of bytes read. `buf` is reused between calls.
+/// given chunk sizes) and the number of bytes read. `buf` is reused between
+/// calls.
 pub(crate) fn hash_reader<R: Read>(
     reader: &mut R,
-    chunks: bool,
+    sizes: Option<ChunkSizes>,
     buf: &mut Vec<u8>,
 ) -> io::Result<([u8; 32], Vec<ChunkRef>, u64)> {
-    if buf.len() < READ_BUF {
-        buf.resize(READ_BUF, 0);
+    let chunks = sizes.is_some();
+    let sizes = sizes.unwrap_or(chunk_sizes(0));
+    let want = READ_BUF.max(2 * sizes.max);
+    if buf.len() < want {
+        buf.resize(want, 0);
     }
     let mut hasher = blake3::Hasher::new();
     let mut list = Vec::new();
-    let (mask_s, mask_l) = select_masks(CHUNK_AVG, Normalization::Level1);
+    let (mask_s, mask_l) = select_masks(sizes.avg, Normalization::Level1);
     // buf[pos..end] holds bytes read but not yet cut into chunks.
     let mut pos = 0usize;
     let mut end = 0usize;
@@ -85,12 +118,12 @@ pub(crate) fn hash_reader<R: Read>(
         if chunks {
             // Cut only when a whole maximum-size window is available (or the
             // file has ended), exactly as a streaming chunker would.
-            while pos < end && (eof || end - pos >= CHUNK_MAX) {
+            while pos < end && (eof || end - pos >= sizes.max) {
                 let (_, len) = cut(
                     &buf[pos..end],
-                    CHUNK_MIN,
-                    CHUNK_AVG,
-                    CHUNK_MAX,
+                    sizes.min,
+                    sizes.avg,
+                    sizes.max,
                     mask_s,
                     mask_l,
                     mask_s << 1,
@@ -119,23 +152,52 @@ mod tests {
 
     #[test]
     fn same_cuts_as_streamcdc() {
-        let data = pseudo_random(3 * 1024 * 1024 + 12345, 7);
-        let expected: Vec<(u64, usize)> =
-            fastcdc::v2020::StreamCDC::new(&data[..], CHUNK_MIN, CHUNK_AVG, CHUNK_MAX)
-                .map(|c| {
-                    let c = c.unwrap();
-                    (c.offset, c.length)
-                })
-                .collect();
-        let mut buf = Vec::new();
-        let (hash, list, total) = hash_reader(&mut &data[..], true, &mut buf).unwrap();
-        let got: Vec<(u64, usize)> = list.iter().map(|c| (c.offset, c.len as usize)).collect();
-        assert_eq!(got, expected);
-        assert_eq!(total, data.len() as u64);
-        assert_eq!(hash, *blake3::hash(&data).as_bytes());
-        for c in &list {
-            let s = &data[c.offset as usize..c.offset as usize + c.len as usize];
-            assert_eq!(c.hash, *blake3::hash(s).as_bytes());
+        // The smallest tier, and the largest (whose chunks outgrow the
+        // default read buffer).
+        for (len, sizes) in [
+            (3 * 1024 * 1024 + 12345, chunk_sizes(0)),
+            (21 * 1024 * 1024 + 777, chunk_sizes(1 << 40)),
+        ] {
+            let data = pseudo_random(len, 7);
+            let expected: Vec<(u64, usize)> =
+                fastcdc::v2020::StreamCDC::new(&data[..], sizes.min, sizes.avg, sizes.max)
+                    .map(|c| {
+                        let c = c.unwrap();
+                        (c.offset, c.length)
+                    })
+                    .collect();
+            let mut buf = Vec::new();
+            let (hash, list, total) = hash_reader(&mut &data[..], Some(sizes), &mut buf).unwrap();
+            let got: Vec<(u64, usize)> = list.iter().map(|c| (c.offset, c.len as usize)).collect();
+            assert_eq!(got, expected);
+            assert_eq!(total, data.len() as u64);
+            assert_eq!(hash, *blake3::hash(&data).as_bytes());
+            for c in &list {
+                let s = &data[c.offset as usize..c.offset as usize + c.len as usize];
+                assert_eq!(c.hash, *blake3::hash(s).as_bytes());
+            }
+        }
+    }
+
+    #[test]
+    fn chunk_sizes_grow_with_the_file_in_tiers() {
+        const MIB: u64 = 1 << 20;
+        const GIB: u64 = 1 << 30;
+        let avg = |size| chunk_sizes(size).avg as u64;
+        assert_eq!(avg(0), 64 * 1024);
+        assert_eq!(avg(20 * MIB), 64 * 1024);
+        assert_eq!(avg(512 * MIB), 64 * 1024);
+        assert_eq!(avg(600 * MIB), 128 * 1024);
+        assert_eq!(avg(GIB), 128 * 1024);
+        assert_eq!(avg(10 * GIB), MIB);
+        assert_eq!(avg(1 << 50), MIB);
+        for size in [0, 20 * MIB, 3 * GIB, 64 * GIB] {
+            let s = chunk_sizes(size);
+            assert_eq!((s.min * 4, s.max), (s.avg, s.avg * 4));
+            // About TARGET_CHUNKS chunks or fewer, up to the largest tier;
+            // at 64 GiB 65,536 chunks of ~47 bytes: 3 MB, under the 4 MiB
+            // an entry may take in a scan answer.
+            assert!(size / s.avg as u64 <= 65_536, "{size}");
         }
     }
 

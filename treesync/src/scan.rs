@@ -492,7 +492,7 @@ fn hash_one(root: &Path, rel: &[u8], listed: &Stat, buf: &mut Vec<u8>) -> Hashed
             read_small(&mut file, st.size as usize, buf)
                 .map(|n| (*blake3::hash(&buf[..n]).as_bytes(), Vec::new(), n as u64))
         } else {
-            chunk::hash_reader(&mut file, true, buf)
+            chunk::hash_reader(&mut file, Some(chunk::chunk_sizes(st.size)), buf)
         };
         let (hash, chunks, n) = match read {
             Ok(r) => r,
