@@ -433,7 +433,7 @@ async fn sync(
     bar.finish_and_clear();
     let report = result.map_err(|e| anyhow::anyhow!("{e}"))?;
     println!(
-        "{}{} files sent ({} of content, {} on the wire), {} unchanged, {} dirs created, {} symlinks, {} attribute updates, {} deleted, {:.2} s",
+        "{}{} files sent ({} of content, {} on the wire{}), {} unchanged, {} dirs created, {} symlinks, {} attribute updates, {} deleted, {:.2} s",
         if report.dry_run {
             "dry run: would have "
         } else {
@@ -442,6 +442,11 @@ async fn sync(
         report.files_sent,
         human_bytes(report.bytes_total),
         human_bytes(report.bytes_sent),
+        if report.bytes_resumed > 0 {
+            format!(", {} resumed", human_bytes(report.bytes_resumed))
+        } else {
+            String::new()
+        },
         report.files_unchanged,
         report.dirs_created,
         report.symlinks,

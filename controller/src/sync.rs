@@ -31,8 +31,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use futures::stream::{FuturesUnordered, StreamExt};
 use outpost_protocol::{
     ApplyMeta, ApplyReport, ChunkRef, EntryKind, Expect, FileContent, FilePut, FilterSpec, MetaOp,
-    PartData, PathProblem, PutFiles, PutPart, ReadFiles, ReadSpec, RelPath, Request, Response,
-    ScanRequest, ScanSummary, TreeEntry,
+    PartData, Partial, PathProblem, PutFiles, PutPart, ReadFiles, ReadSpec, RelPath, Request,
+    Response, Resume, ScanRequest, ScanSummary, TreeEntry,
 };
 use outpost_treesync::apply::Applier;
 use outpost_treesync::cache::StatCache;
@@ -101,6 +101,10 @@ pub struct SyncReport {
     pub bytes_total: u64,
     /// Bytes that crossed the link (compressed data, chunk deltas).
     pub bytes_sent: u64,
+    /// Content bytes an interrupted earlier transfer had already delivered,
+    /// taken from its partial file instead of being sent again.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub bytes_resumed: u64,
     /// Per-path problems (permission denied, vanished, disk full…); the rest
     /// of the sync completed.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -115,6 +119,10 @@ pub struct SyncReport {
     /// With dry_run: the paths that would be deleted, likewise capped.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub would_delete: Vec<String>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Paths a dry run lists per kind; the counts cover the rest.
@@ -207,6 +215,7 @@ pub async fn push(
         progress,
         report,
         src_problems,
+        partials: partial_set(&dst_summary.partials),
     };
     run.before_files(&plan).await?;
     let files = PushFiles::new(conn, remote.to_string(), local, &mut run);
@@ -249,6 +258,7 @@ pub async fn pull(
         plan::diff(&src, &dst.entries, &diff_options(options)).map_err(SyncError::Invalid)?;
     spare_unseen(&mut plan, &src_problems);
     let local_exists = dst.summary.root_exists;
+    let partials = partial_set(&dst.summary.partials);
     drop((src, dst));
     if options.dry_run {
         return Ok(dry_run_report(report, &plan, started));
@@ -268,6 +278,7 @@ pub async fn pull(
         progress,
         report,
         src_problems,
+        partials,
     };
     run.before_files(&plan).await?;
     let files = PullFiles::new(conn, remote.to_string(), local, applier, &mut run);
@@ -399,6 +410,8 @@ pub async fn write_remote(
                 path: name.clone(),
                 offset: at as u64 * REQUEST_BYTES,
                 data: PartData::Data(codec::compress(piece)),
+                hash: file.hash,
+                size: file.size,
             }))?;
             acks.push(final_answer(call));
         }
@@ -719,9 +732,36 @@ struct Run {
     /// Source paths the scan already reported a problem for (a file it could
     /// not hash, say), so skipping them does not report them twice.
     src_problems: HashSet<RelPath>,
+    /// Partial files the target scan found: (directory, hash prefix, size).
+    partials: HashSet<(RelPath, [u8; 16], u64)>,
+}
+
+fn partial_set(partials: &[Partial]) -> HashSet<(RelPath, [u8; 16], u64)> {
+    partials
+        .iter()
+        .map(|p| (p.dir.clone(), p.hash_prefix, p.size))
+        .collect()
 }
 
 impl Run {
+    /// Whether an interrupted transfer left a partial file of this change's
+    /// new content that chunks can be checked against.
+    fn resumable(&self, change: &FileChange) -> bool {
+        let src = &change.src;
+        let Some(hash) = src.hash else { return false };
+        let prefix: [u8; 16] = hash[..16].try_into().expect("16 of 32 bytes");
+        tiles(&src.chunks, src.size)
+            && self
+                .partials
+                .contains(&(relpath::parent(&src.path).to_vec(), prefix, src.size))
+    }
+
+    /// Counts the bytes a resumed transfer did not need to send.
+    fn resumed(&mut self, bytes: u64) {
+        self.report.bytes_resumed += bytes;
+        self.progress.bytes_done.fetch_add(bytes, Ordering::Relaxed);
+    }
+
     /// Reports a file that is not sent at all, unless the scan already did.
     fn skip(&mut self, change: &FileChange, message: &str) {
         if !self.src_problems.contains(&change.src.path) {
@@ -883,21 +923,59 @@ fn route(change: &FileChange) -> Route {
             &change.src.chunks,
             dst_chunks,
             REQUEST_BYTES,
+            &HashSet::new(),
         ))
     } else if change.src.size <= INLINE_MAX {
         Route::Inline
     } else {
-        Route::Parts(plan_parts(change.src.size, &[], &[], REQUEST_BYTES))
+        Route::Parts(plan_parts(
+            change.src.size,
+            &[],
+            &[],
+            REQUEST_BYTES,
+            &HashSet::new(),
+        ))
     }
+}
+
+/// The hash and size of a change's new content.
+fn content_of(change: &FileChange) -> ([u8; 32], u64) {
+    (change.src.hash.unwrap_or_default(), change.src.size)
+}
+
+/// A resumed file's parts: what the partial file does not hold yet (copied
+/// from the current file where it has it). Returns the bytes held and the
+/// parts.
+fn resume_plan(change: &FileChange, present: &[u32]) -> (u64, Vec<Part>) {
+    let src = &change.src;
+    let in_place: HashSet<u32> = present
+        .iter()
+        .copied()
+        .filter(|&i| (i as usize) < src.chunks.len())
+        .collect();
+    let held = in_place
+        .iter()
+        .map(|&i| u64::from(src.chunks[i as usize].len))
+        .sum();
+    let dst_chunks = change.dst.as_ref().map_or(&[][..], |d| &d.chunks[..]);
+    let parts = plan_parts(src.size, &src.chunks, dst_chunks, REQUEST_BYTES, &in_place);
+    (held, parts)
 }
 
 /// Describes a file of `size` bytes made of `src` chunks as parts: a chunk
 /// the receiver's current file also has (same hash) is copied from there,
-/// anything else is sent. Adjacent copies from adjacent places become one
-/// copy; adjacent data becomes one part of at most `max_data` bytes. Chunk
-/// lists that do not tile the file exactly (none, or a file changed while it
-/// was described) fall back to sending everything.
-fn plan_parts(size: u64, src: &[ChunkRef], dst: &[ChunkRef], max_data: u64) -> Vec<Part> {
+/// anything else is sent, and chunks whose indices are `in_place` (a resumed
+/// partial file holds them) need nothing. Adjacent copies from adjacent
+/// places become one copy; adjacent data becomes one part of at most
+/// `max_data` bytes. Chunk lists that do not tile the file exactly (none, or
+/// a file changed while it was described) fall back to sending everything.
+fn plan_parts(
+    size: u64,
+    src: &[ChunkRef],
+    dst: &[ChunkRef],
+    max_data: u64,
+    in_place: &HashSet<u32>,
+) -> Vec<Part> {
     let mut parts: Vec<Part> = Vec::new();
     if !tiles(src, size) {
         let mut offset = 0;
@@ -912,7 +990,10 @@ fn plan_parts(size: u64, src: &[ChunkRef], dst: &[ChunkRef], max_data: u64) -> V
     for chunk in dst {
         have.entry(chunk.hash).or_insert(chunk.offset);
     }
-    for chunk in src {
+    for (index, chunk) in src.iter().enumerate() {
+        if in_place.contains(&(index as u32)) {
+            continue;
+        }
         let len = u64::from(chunk.len);
         let part = match have.get(&chunk.hash) {
             Some(&from) => Part::Copy {
@@ -925,18 +1006,25 @@ fn plan_parts(size: u64, src: &[ChunkRef], dst: &[ChunkRef], max_data: u64) -> V
                 len,
             },
         };
+        // Only neighbours merge: a chunk left out in between breaks a run.
         match (parts.last_mut(), part) {
             (
                 Some(Part::Copy {
+                    offset: prev_offset,
                     from: prev_from,
                     len: prev_len,
-                    ..
                 }),
-                Part::Copy { from, len, .. },
-            ) if *prev_from + *prev_len == from => *prev_len += len,
-            (Some(Part::Data { len: prev_len, .. }), Part::Data { len, .. })
-                if *prev_len + len <= max_data =>
-            {
+                Part::Copy { offset, from, len },
+            ) if *prev_from + *prev_len == from && *prev_offset + *prev_len == offset => {
+                *prev_len += len
+            }
+            (
+                Some(Part::Data {
+                    offset: prev_offset,
+                    len: prev_len,
+                }),
+                Part::Data { offset, len },
+            ) if *prev_len + len <= max_data && *prev_offset + *prev_len == offset => {
                 *prev_len += len
             }
             _ => parts.push(part),
@@ -1135,6 +1223,9 @@ enum PushTag {
 struct Staged {
     change: FileChange,
     xfer: u64,
+    /// The receiver holds staging for this transfer (a resume began it, or a
+    /// part was sent): a transfer given up must be aborted there.
+    begun: bool,
     sent: usize,
     settled: usize,
     all_sent: bool,
@@ -1150,6 +1241,7 @@ impl Staged {
         Staged {
             change,
             xfer: next_xfer(),
+            begun: false,
             sent: 0,
             settled: 0,
             all_sent: false,
@@ -1352,9 +1444,28 @@ impl<'r> PushFiles<'r> {
         Ok(())
     }
 
-    async fn send_parts(&mut self, change: FileChange, parts: Vec<Part>) -> Result<(), SyncError> {
+    async fn send_parts(
+        &mut self,
+        change: FileChange,
+        mut parts: Vec<Part>,
+    ) -> Result<(), SyncError> {
         let i = self.staged.len();
+        let resumable = self.run.resumable(&change);
         self.staged.push(Staged::new(change));
+        if resumable {
+            match self.resume(i).await? {
+                Ok(present) => {
+                    self.staged[i].begun = true;
+                    if !present.is_empty() {
+                        let (held, rest) = resume_plan(&self.staged[i].change, &present);
+                        parts = rest;
+                        self.staged[i].counted += held;
+                        self.run.resumed(held);
+                    }
+                }
+                Err(message) => self.fail(i, &message),
+            }
+        }
         for part in parts {
             if self.staged[i].failed {
                 break;
@@ -1393,6 +1504,8 @@ impl<'r> PushFiles<'r> {
                 path: staged.change.src.path.clone(),
                 offset,
                 data,
+                hash: staged.change.src.hash.unwrap_or_default(),
+                size: staged.change.src.size,
             });
             let tag = PushTag::Part {
                 staged: i,
@@ -1405,6 +1518,26 @@ impl<'r> PushFiles<'r> {
         self.staged[i].all_sent = true;
         self.resolve(i);
         Ok(())
+    }
+
+    /// Asks the agent to adopt the partial file of `staged[i]`'s content;
+    /// `Err` is the reason it could not begin the transfer at all.
+    async fn resume(&mut self, i: usize) -> Result<Result<Vec<u32>, String>, SyncError> {
+        let change = &self.staged[i].change;
+        let request = Request::Resume(Resume {
+            root: self.root.clone(),
+            xfer: self.staged[i].xfer,
+            path: change.src.path.clone(),
+            hash: change.src.hash.unwrap_or_default(),
+            size: change.src.size,
+            chunks: change.src.chunks.clone(),
+        });
+        let call = self.pipe.conn.start(request)?;
+        match until_cancelled(&self.run.progress, async { Ok(final_answer(call).await?) }).await? {
+            Response::Resumed { present } => Ok(Ok(present)),
+            Response::Error(e) => Ok(Err(e.message)),
+            other => Err(unexpected("a resume", &other).into()),
+        }
     }
 
     /// Starts a request once there is room, settling answers meanwhile.
@@ -1509,7 +1642,7 @@ impl<'r> PushFiles<'r> {
         progress.files_done.fetch_add(1, Ordering::Relaxed);
         let rest = staged.change.src.size.saturating_sub(staged.counted);
         progress.bytes_done.fetch_add(rest, Ordering::Relaxed);
-        if staged.sent > 0 {
+        if staged.sent > 0 || staged.begun {
             self.aborts.push(staged.xfer);
         }
     }
@@ -1523,7 +1656,10 @@ impl<'r> PushFiles<'r> {
         }
         let mut aborts = std::mem::take(&mut self.aborts);
         for staged in &self.staged {
-            if staged.sent > 0 && !staged.committed && !aborts.contains(&staged.xfer) {
+            if (staged.sent > 0 || staged.begun)
+                && !staged.committed
+                && !aborts.contains(&staged.xfer)
+            {
                 aborts.push(staged.xfer);
             }
         }
@@ -1600,10 +1736,14 @@ impl<'r> PullFiles<'r> {
 
     async fn run(mut self, changes: Vec<FileChange>) -> Result<(), SyncError> {
         let result = self.read_all(changes).await;
-        if result.is_err() {
-            // Reads in flight are cancelled by dropping them; staged files
-            // here are dropped with them.
+        if let Err(err) = &result {
+            // Reads in flight are cancelled by dropping them.
             self.pipe.flights.clear();
+            // Partial files of a lost connection are kept for the next pull
+            // to resume; a cancel or a failure removes them.
+            if matches!(err, SyncError::Call(e) if e.is_connection()) {
+                return result;
+            }
             let xfers: Vec<u64> = self
                 .staged
                 .iter()
@@ -1665,10 +1805,38 @@ impl<'r> PullFiles<'r> {
         self.send(request, PullTag::Batch(batch), bytes).await
     }
 
-    /// Copies what the local file already has, then asks for the rest.
-    async fn read_parts(&mut self, change: FileChange, parts: Vec<Part>) -> Result<(), SyncError> {
+    /// Takes what a partial file of an interrupted pull holds, copies what
+    /// the local file already has, then asks for the rest.
+    async fn read_parts(
+        &mut self,
+        change: FileChange,
+        mut parts: Vec<Part>,
+    ) -> Result<(), SyncError> {
         let i = self.staged.len();
+        let resumable = self.run.resumable(&change);
         self.staged.push(Staged::new(change));
+        if resumable {
+            let applier = Arc::clone(&self.applier);
+            let (xfer, change) = (self.staged[i].xfer, self.staged[i].change.clone());
+            let resumed = blocking(move || {
+                let (hash, size) = content_of(&change);
+                let chunks = &change.src.chunks;
+                lock(&applier).resume(xfer, &change.src.path, (&hash, size), chunks)
+            })
+            .await?;
+            match resumed {
+                Ok(present) => {
+                    self.staged[i].begun = true;
+                    if !present.is_empty() {
+                        let (held, rest) = resume_plan(&self.staged[i].change, &present);
+                        parts = rest;
+                        self.staged[i].counted += held;
+                        self.run.resumed(held);
+                    }
+                }
+                Err(message) => self.staged[i].fail_with(&message, &mut self.run.report),
+            }
+        }
         let copies: Vec<Part> = parts
             .iter()
             .filter(|p| matches!(p, Part::Copy { .. }))
@@ -1678,6 +1846,7 @@ impl<'r> PullFiles<'r> {
             check_cancelled(&self.run.progress)?;
             let applier = Arc::clone(&self.applier);
             let (xfer, path) = (self.staged[i].xfer, self.staged[i].change.src.path.clone());
+            let (hash, size) = content_of(&self.staged[i].change);
             let copied = blocking(move || {
                 let mut applier = lock(&applier);
                 for part in copies {
@@ -1686,7 +1855,7 @@ impl<'r> PullFiles<'r> {
                             from_offset: from,
                             len,
                         };
-                        applier.put_part(xfer, &path, offset, &data)?;
+                        applier.put_part(xfer, &path, (&hash, size), offset, &data)?;
                     }
                 }
                 Ok::<_, String>(())
@@ -1807,10 +1976,11 @@ impl<'r> PullFiles<'r> {
         if !self.staged[i].failed {
             let applier = Arc::clone(&self.applier);
             let (xfer, path) = (self.staged[i].xfer, self.staged[i].change.src.path.clone());
+            let (hash, size) = content_of(&self.staged[i].change);
             let written = blocking(move || {
                 let mut applier = lock(&applier);
                 for (_, offset, data) in pieces {
-                    applier.put_part(xfer, &path, offset, &PartData::Data(data))?;
+                    applier.put_part(xfer, &path, (&hash, size), offset, &PartData::Data(data))?;
                 }
                 Ok::<_, String>(())
             })
@@ -1928,7 +2098,14 @@ fn write_batch(
             _ => {
                 let xfer = next_xfer();
                 let written = pieces.into_iter().try_for_each(|(offset, data)| {
-                    applier.put_part(xfer, &change.src.path, offset, &PartData::Data(data))
+                    let content = (&hash, change.src.size);
+                    applier.put_part(
+                        xfer,
+                        &change.src.path,
+                        content,
+                        offset,
+                        &PartData::Data(data),
+                    )
                 });
                 if let Err(message) = written {
                     lines.push(problem(&change.src.path, &message));
@@ -2041,6 +2218,7 @@ fn unexpected(what: &str, response: &Response) -> CallError {
         Response::JobWaited(_) => "JobWaited",
         Response::JobLog(_) => "JobLog",
         Response::JobEvents(_) => "JobEvents",
+        Response::Resumed { .. } => "Resumed",
     };
     CallError::Protocol(format!("unexpected answer to {what}: {name}"))
 }
@@ -2099,7 +2277,7 @@ mod tests {
         // 2 and 3 kept in order, 9 new, 4 moved ahead, 1 dropped.
         let src = chunks(&[(10, 2), (10, 3), (5, 9), (10, 4)]);
         assert_eq!(
-            plan_parts(35, &src, &dst, 100),
+            plan_parts(35, &src, &dst, 100, &HashSet::new()),
             vec![
                 Part::Copy {
                     offset: 0,
@@ -2121,7 +2299,7 @@ mod tests {
         let dst = chunks(&[(10, 1), (10, 2), (10, 3)]);
         let src = chunks(&[(10, 3), (10, 1)]);
         assert_eq!(
-            plan_parts(20, &src, &dst, 100),
+            plan_parts(20, &src, &dst, 100, &HashSet::new()),
             vec![
                 Part::Copy {
                     offset: 0,
@@ -2140,7 +2318,7 @@ mod tests {
     #[test]
     fn data_parts_are_bounded() {
         let src = chunks(&[(10, 5), (10, 6), (10, 7), (10, 8)]);
-        let parts = plan_parts(40, &src, &[], 25);
+        let parts = plan_parts(40, &src, &[], 25, &HashSet::new());
         assert_eq!(
             parts,
             vec![
@@ -2153,7 +2331,7 @@ mod tests {
         );
         // A chunk larger than the bound is split.
         assert_eq!(
-            plan_parts(60, &chunks(&[(45, 5), (15, 6)]), &[], 20),
+            plan_parts(60, &chunks(&[(45, 5), (15, 6)]), &[], 20, &HashSet::new()),
             vec![
                 Part::Data { offset: 0, len: 20 },
                 Part::Data {
@@ -2169,7 +2347,7 @@ mod tests {
         );
         // No chunk list: plain ranges of at most the bound.
         assert_eq!(
-            plan_parts(50, &[], &[], 20),
+            plan_parts(50, &[], &[], 20, &HashSet::new()),
             vec![
                 Part::Data { offset: 0, len: 20 },
                 Part::Data {
@@ -2190,14 +2368,14 @@ mod tests {
         // A gap, and a list shorter than the file.
         let gap = vec![chunk(0, 10, 1), chunk(15, 10, 2)];
         assert_eq!(
-            plan_parts(25, &gap, &dst, 100),
+            plan_parts(25, &gap, &dst, 100, &HashSet::new()),
             vec![Part::Data { offset: 0, len: 25 }]
         );
         assert_eq!(
-            plan_parts(30, &chunks(&[(10, 1)]), &dst, 100),
+            plan_parts(30, &chunks(&[(10, 1)]), &dst, 100, &HashSet::new()),
             vec![Part::Data { offset: 0, len: 30 }]
         );
-        assert!(plan_parts(0, &[], &[], 100).is_empty());
+        assert!(plan_parts(0, &[], &[], 100, &HashSet::new()).is_empty());
     }
 
     #[test]
@@ -2205,7 +2383,7 @@ mod tests {
         let dst = chunks(&[(7, 1), (9, 2), (11, 3), (13, 4), (5, 5)]);
         let src = chunks(&[(9, 2), (4, 8), (7, 1), (13, 4), (6, 9), (11, 3)]);
         let size = src.iter().map(|c| u64::from(c.len)).sum();
-        let parts = plan_parts(size, &src, &dst, 8);
+        let parts = plan_parts(size, &src, &dst, 8, &HashSet::new());
         let mut end = 0;
         for part in &parts {
             let (Part::Copy { offset, .. } | Part::Data { offset, .. }) = *part;

@@ -104,6 +104,10 @@ pub enum Request {
         after_seq: u64,
         limit: u32,
     },
+    /// Begin staging a large file by adopting the partial file an interrupted
+    /// transfer of the same content left (a scan lists them). Answered by
+    /// `Resumed`; later `PutPart`s with the same `xfer` fill in the rest.
+    Resume(Resume),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -305,6 +309,21 @@ pub struct ScanSummary {
     pub root_exists: bool,
     pub truncated: bool,
     pub problems: Vec<PathProblem>,
+    /// Partial files of interrupted transfers that a `Resume` can adopt
+    /// (hashing scans only).
+    pub partials: Vec<Partial>,
+}
+
+/// The partial content of an interrupted transfer, by the directory of the
+/// file it was for and the identity of the content it was becoming.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Partial {
+    #[serde(with = "serde_bytes")]
+    pub dir: RelPath,
+    /// The first 16 bytes of the BLAKE3 hash of the complete content.
+    pub hash_prefix: [u8; 16],
+    /// The complete content's size.
+    pub size: u64,
 }
 
 /// What a replaced path must still look like for the write to go ahead, so a
@@ -367,6 +386,24 @@ pub struct PutPart {
     /// Where the part goes in the new file.
     pub offset: u64,
     pub data: PartData,
+    /// The whole new file's hash and size: they name its staging file, so
+    /// that an interrupted transfer can be resumed by a later one.
+    pub hash: [u8; 32],
+    pub size: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resume {
+    pub root: String,
+    pub xfer: u64,
+    /// The file being replaced; the partial sits in its directory.
+    #[serde(with = "serde_bytes")]
+    pub path: RelPath,
+    pub hash: [u8; 32],
+    pub size: u64,
+    /// The new content's chunks: the answer lists those the partial already
+    /// holds, checked by hash.
+    pub chunks: Vec<ChunkRef>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -503,6 +540,11 @@ pub enum Response {
     JobLog(JobLog),
     /// Answer to `JobEvents`, oldest first.
     JobEvents(Vec<JobEvent>),
+    /// Answer to `Resume`: indices of the chunks already in place (none when
+    /// there was nothing to adopt).
+    Resumed {
+        present: Vec<u32>,
+    },
 }
 
 impl Response {

@@ -102,6 +102,23 @@ fn sample_messages() -> (Hello, Vec<ClientMessage>, Vec<AgentMessage>) {
                     from_offset: 0,
                     len: 65536,
                 },
+                hash: [3; 32],
+                size: 1 << 30,
+            }),
+        },
+        ClientMessage::Request {
+            id: 80,
+            body: Request::Resume(Resume {
+                root: "/srv/x".into(),
+                xfer: 43,
+                path: b"dir/big".to_vec(),
+                hash: [4; 32],
+                size: 3 << 20,
+                chunks: vec![ChunkRef {
+                    offset: 0,
+                    len: 65536,
+                    hash: [5; 32],
+                }],
             }),
         },
         ClientMessage::Request {
@@ -334,7 +351,18 @@ fn sample_messages() -> (Hello, Vec<ClientMessage>, Vec<AgentMessage>) {
                     path: b"x".to_vec(),
                     message: "Permission denied".into(),
                 }],
+                partials: vec![Partial {
+                    dir: b"models".to_vec(),
+                    hash_prefix: [6; 16],
+                    size: 1 << 33,
+                }],
             }),
+        },
+        AgentMessage::Response {
+            id: 60,
+            body: Response::Resumed {
+                present: vec![0, 2, 3],
+            },
         },
         AgentMessage::Response {
             id: 7,

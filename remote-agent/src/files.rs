@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use outpost_protocol::limits::MAX_FRAME_LEN;
 use outpost_protocol::{
-    AgentError, ApplyMeta, ErrorKind, PutFiles, PutPart, ReadFiles, RequestId, Response,
+    AgentError, ApplyMeta, ErrorKind, PutFiles, PutPart, ReadFiles, RequestId, Response, Resume,
     ScanRequest, TreeEntry,
 };
 use outpost_treesync::apply::{self, Applier};
@@ -263,8 +263,21 @@ pub async fn put_files(req: PutFiles, appliers: &Arc<Appliers>) -> Response {
 pub async fn put_part(req: PutPart, appliers: &Arc<Appliers>) -> Response {
     let root = req.root.clone();
     with_applier(appliers, &root, move |applier| {
-        match applier.put_part(req.xfer, &req.path, req.offset, &req.data) {
+        let content = (&req.hash, req.size);
+        match applier.put_part(req.xfer, &req.path, content, req.offset, &req.data) {
             Ok(()) => Response::Ack,
+            Err(e) => Response::Error(error(ErrorKind::Internal, e)),
+        }
+    })
+    .await
+}
+
+/// Answers a `Resume` with `Resumed`, or an error giving the reason.
+pub async fn resume(req: Resume, appliers: &Arc<Appliers>) -> Response {
+    let root = req.root.clone();
+    with_applier(appliers, &root, move |applier| {
+        match applier.resume(req.xfer, &req.path, (&req.hash, req.size), &req.chunks) {
+            Ok(present) => Response::Resumed { present },
             Err(e) => Response::Error(error(ErrorKind::Internal, e)),
         }
     })

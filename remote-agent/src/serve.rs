@@ -319,6 +319,7 @@ fn start_request(
             Request::PutPart(req) => files::put_part(req, &shared.appliers).await,
             Request::ApplyMeta(req) => files::apply_meta(req, &shared.appliers).await,
             Request::ReadFiles(req) => files::read_files(id, req, &outbox, cancel).await,
+            Request::Resume(req) => files::resume(req, &shared.appliers).await,
             Request::JobStart(spec) => jobs::start(spec).await,
             Request::JobStatus { name } => job_request(move || jobs::status(&name)).await,
             Request::JobList { state } => job_request(move || jobs::list(state)).await,

@@ -484,18 +484,38 @@ async fn other_calls_stay_fast_during_a_large_push() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_agent_killed_mid_push_leaves_only_staging_which_a_later_push_clears() {
-    let s = setup("sync-killed");
-    let src = TempDir::new("sync-killed-src");
+/// SIGKILLs the agents (`serve`) this sshd's connections run.
+fn kill_agents(sshd: &Sshd) {
+    let agents: Vec<i32> =
+        outpost_e2e::pids_with_cmdline(&sshd.remote_dir().join("agents").display().to_string())
+            .into_iter()
+            .filter(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.ends_with(b"serve\0"))
+            })
+            .collect();
+    assert!(!agents.is_empty());
+    for pid in agents {
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+}
+
+fn big_tree(name: &str, seed: u64) -> TempDir {
+    let src = TempDir::new(name);
     for i in 0..2u64 {
         write(
             src.path(),
             format!("big{i}.bin").as_bytes(),
-            &noise(32 << 20, 60 + i),
+            &noise(32 << 20, seed + i),
             0o644,
         );
     }
+    src
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_cut_short_by_a_killed_agent_resumes_where_it_stopped() {
+    let s = setup("sync-killed");
+    let src = big_tree("sync-killed-src", 60);
     let progress = Arc::new(Progress::default());
     let push = {
         let (session, progress) = (s.session(), progress.clone());
@@ -508,46 +528,85 @@ async fn an_agent_killed_mid_push_leaves_only_staging_which_a_later_push_clears(
         })
     };
     assert!(outpost_e2e::wait_until(Duration::from_secs(30), || {
-        progress.bytes_done.load(Ordering::Relaxed) >= 2 << 20
+        progress.bytes_done.load(Ordering::Relaxed) >= 8 << 20
     }));
-    let agents: Vec<i32> =
-        outpost_e2e::pids_with_cmdline(&s.sshd.remote_dir().join("agents").display().to_string())
-            .into_iter()
-            .filter(|pid| {
-                std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.ends_with(b"serve\0"))
-            })
-            .collect();
-    assert!(!agents.is_empty());
-    for pid in agents {
-        unsafe { libc::kill(pid, libc::SIGKILL) };
-    }
+    kill_agents(&s.sshd);
     assert!(push.await.unwrap().is_err());
 
-    // Only staging files are left (a killed agent cleans nothing up), and
-    // no final path holds a partial file.
+    // Only staging files are left, and no final path holds a partial file.
     let target = s.remote("k");
-    let left = leftovers(&target);
-    assert!(!left.is_empty(), "killed too late to test anything");
+    assert!(
+        !leftovers(&target).is_empty(),
+        "killed too late to test anything"
+    );
     for name in ["big0.bin", "big1.bin"] {
         if let Ok(content) = std::fs::read(target.join(name)) {
             assert_eq!(content, std::fs::read(src.path().join(name)).unwrap());
         }
     }
-    // Once they are old enough to be surely dead, the next push removes them.
-    let hour_ago = SystemTime::now() - Duration::from_secs(3600);
-    for name in &left {
-        std::fs::File::options()
-            .write(true)
-            .open(target.join(name))
-            .unwrap()
-            .set_modified(hour_ago)
-            .unwrap();
-    }
+    // The next push takes what arrived from the partial file and sends the
+    // rest; nothing is left behind.
     let report = s.push(src.path(), "k", &SyncOptions::default()).await;
     assert!(report.problems.is_empty(), "{:?}", report.problems);
+    assert!(report.bytes_resumed >= 4 << 20, "{report:?}");
+    // What was resumed is not sent again (zstd frames add a little to
+    // incompressible data).
+    assert!(
+        report.bytes_sent + report.bytes_resumed <= (64 << 20) + (64 << 10),
+        "{report:?}"
+    );
     assert!(leftovers(&target).is_empty(), "{:?}", leftovers(&target));
     assert_eq!(
         without_default_excludes(snapshot(&target)),
+        without_default_excludes(snapshot(src.path()))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pull_cut_short_by_a_killed_agent_resumes_where_it_stopped() {
+    let s = setup("sync-killed-pull");
+    let src = big_tree("sync-killed-pull-src", 70);
+    s.push(src.path(), "p", &SyncOptions::default()).await;
+    let back = TempDir::new("sync-killed-pull-back");
+    let progress = Arc::new(Progress::default());
+    let pull = {
+        let (session, progress) = (s.session(), progress.clone());
+        let (remote, local) = (
+            s.remote("p").display().to_string(),
+            back.path().to_path_buf(),
+        );
+        tokio::spawn(async move {
+            sync::pull(&session, &remote, &local, &SyncOptions::default(), progress).await
+        })
+    };
+    assert!(outpost_e2e::wait_until(Duration::from_secs(30), || {
+        progress.bytes_done.load(Ordering::Relaxed) >= 8 << 20
+    }));
+    kill_agents(&s.sshd);
+    assert!(pull.await.unwrap().is_err());
+    assert!(
+        !leftovers(back.path()).is_empty(),
+        "killed too late to test anything"
+    );
+
+    let report = sync::pull(
+        &s.session(),
+        &s.remote("p").display().to_string(),
+        back.path(),
+        &SyncOptions::default(),
+        Default::default(),
+    )
+    .await
+    .unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    assert!(report.bytes_resumed >= 4 << 20, "{report:?}");
+    assert!(
+        leftovers(back.path()).is_empty(),
+        "{:?}",
+        leftovers(back.path())
+    );
+    assert_eq!(
+        without_default_excludes(snapshot(back.path())),
         without_default_excludes(snapshot(src.path()))
     );
 }

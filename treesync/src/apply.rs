@@ -24,14 +24,22 @@
 //! a crash a path holds either its old content or its complete new content.
 //! Metadata operations fsync the directories they touched once at the end.
 //!
+//! Resuming: a large file is staged under a name made of its new content's
+//! hash and size ([`resumable_name`]). When a transfer is cut short (its
+//! connection goes, its process is killed) that file stays, a sync scan
+//! lists it, and the next transfer of the same content adopts it with
+//! [`Applier::resume`], which says which chunks it already holds (checked by
+//! hash) so only the others are sent. A transfer given up on purpose
+//! (`Abort`, a failed check) removes its staging file.
+//!
 //! Leftovers: a process killed mid-write leaves its `.outpost-*.tmp` files
-//! behind (never at a final path). Staging files of large files are
-//! `flock`ed for as long as an applier holds them, and other temporary files
-//! live for one request, so [`reap_stale_temp`] removes one only when it is
-//! unlocked and older than [`STALE_AFTER`]; scans that prepare a sync call it
-//! for each such file they meet. Removing a live one by mistake would cost a
-//! refused commit, never data: a commit checks that its temporary file is
-//! still the inode it wrote.
+//! behind (never at a final path). Staging files are `flock`ed for as long as
+//! an applier holds them, and other temporary files live for one request, so
+//! [`reap_stale_temp`] removes one only when it is unlocked and older than
+//! [`STALE_AFTER`] ([`RESUMABLE_FOR`] for a resumable partial); scans that
+//! prepare a sync call it for each such file they meet. Removing a live one by
+//! mistake would cost a refused commit, never data: a commit checks that its
+//! temporary file is still the inode it wrote.
 //!
 //! Problems vs errors: every file and every op succeeds or fails on its own; a
 //! failure is a [`PathProblem`] in the report and never touches what is at the
@@ -48,7 +56,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outpost_protocol::{
-    ApplyReport, Expect, FileContent, FilePut, MetaOp, PartData, PathProblem, PutFiles, ReadSpec,
+    ApplyReport, ChunkRef, Expect, FileContent, FilePut, MetaOp, PartData, PathProblem, PutFiles,
+    ReadSpec,
 };
 
 use crate::codec;
@@ -91,6 +100,10 @@ struct Staged {
     /// file is not read back at its commit; `None` once a part came out of
     /// order or was copied (the commit then hashes what is on disk).
     running: Option<(blake3::Hasher, u64)>,
+    /// Named after its content ([`resumable_name`]): left in place, not
+    /// removed, when the applier goes without committing it, so a later
+    /// transfer of the same content can resume it.
+    resumable: bool,
 }
 
 impl Staged {
@@ -112,9 +125,38 @@ fn remove_if_ours(dir: BorrowedFd<'_>, name: &CStr, dev: u64, ino: u64) {
 impl Drop for Applier {
     fn drop(&mut self) {
         for (_, staged) in self.staged.drain() {
-            staged.discard();
+            // A transfer cut short (the connection went) may be resumed; one
+            // given up (`Abort`, a failed check) was removed already.
+            if !staged.resumable {
+                staged.discard();
+            }
         }
     }
+}
+
+/// The staging file name for content of this hash and size: a transfer cut
+/// short leaves it behind, and the next transfer of the same content finds
+/// it by this name.
+pub fn resumable_name(hash: &[u8; 32], size: u64) -> String {
+    let hex: String = hash[..16].iter().map(|b| format!("{b:02x}")).collect();
+    format!("{TEMP_PREFIX}part-{hex}-{size}.tmp")
+}
+
+/// The hash prefix and size a [`resumable_name`] stands for.
+pub fn parse_resumable_name(name: &[u8]) -> Option<([u8; 16], u64)> {
+    let rest = name
+        .strip_prefix(format!("{TEMP_PREFIX}part-").as_bytes())?
+        .strip_suffix(b".tmp")?;
+    let rest = std::str::from_utf8(rest).ok()?;
+    let (hex, size) = rest.split_once('-')?;
+    if hex.len() != 32 || size.is_empty() || !size.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let mut prefix = [0u8; 16];
+    for (i, byte) in prefix.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some((prefix, size.parse().ok()?))
 }
 
 /// A verified temporary file waiting for its rename.
@@ -323,7 +365,8 @@ impl Applier {
         }
     }
 
-    /// Writes one part of a staged file at `offset`.
+    /// Writes one part of a staged file at `offset`. `content` is the hash
+    /// and size of the whole new file.
     ///
     /// The first part of a transfer creates the staging file (and any missing
     /// parent directories, as a commit with `create_parents` would). A failed
@@ -332,50 +375,14 @@ impl Applier {
         &mut self,
         xfer: u64,
         path: &[u8],
+        content: (&[u8; 32], u64),
         offset: u64,
         data: &PartData,
     ) -> Result<(), String> {
         let comps = relpath::components(path)?;
-        let (leaf, parents) = comps.split_last().expect("components are never empty");
+        let (leaf, _) = comps.split_last().expect("components are never empty");
         if !self.staged.contains_key(&xfer) {
-            let root = self.root.clone();
-            let mut dirs = Dirs::new(&root);
-            let dir = dirs.parent(parents, true)?;
-            let name = sys::cstring(format!("{TEMP_PREFIX}part-{xfer}.tmp").as_bytes())
-                .map_err(|e| e.to_string())?;
-            let flags = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
-            let fd = match sys::openat(dir.as_fd(), &name, flags, 0o600) {
-                // A leftover from an agent that died mid-transfer. Removing it
-                // is safe even if it were live: a commit verifies the hash and
-                // that its name still holds its own inode.
-                Err(err) if sys::is_errno(&err, libc::EEXIST) => {
-                    let _ = sys::unlinkat(dir.as_fd(), &name, false);
-                    sys::openat(dir.as_fd(), &name, flags, 0o600)
-                }
-                other => other,
-            }
-            .map_err(|e| format!("cannot create the staging file: {e}"))?;
-            // Held until the file is committed or dropped: tells
-            // `reap_stale_temp` that it is in use, however long it idles.
-            let _ = sys::flock(fd.as_fd(), libc::LOCK_EX | libc::LOCK_NB);
-            let st = sys::fstat(fd.as_fd()).map_err(|e| e.to_string())?;
-            // Parents created here must outlive a crash as the commit will.
-            if let Some(problem) = dirs.sync_touched().into_iter().next() {
-                let _ = sys::unlinkat(dir.as_fd(), &name, false);
-                return Err(problem.message);
-            }
-            self.staged.insert(
-                xfer,
-                Staged {
-                    path: path.to_vec(),
-                    dir,
-                    name,
-                    file: File::from(fd),
-                    dev: st.dev,
-                    ino: st.ino,
-                    running: Some((blake3::Hasher::new(), 0)),
-                },
-            );
+            self.begin_staging(xfer, path, content, false)?;
         }
         let staged = self.staged.get_mut(&xfer).expect("inserted above");
         if staged.path != path {
@@ -451,6 +458,121 @@ impl Applier {
         }
     }
 
+    /// Begins transfer `xfer` of `path` by adopting the partial file an
+    /// interrupted transfer of the same content left in its directory, and
+    /// returns the indices of `chunks` it already holds (checked by hash).
+    /// Without a partial to adopt (none, or one a live transfer holds) the
+    /// transfer starts empty and the answer is empty.
+    pub fn resume(
+        &mut self,
+        xfer: u64,
+        path: &[u8],
+        content: (&[u8; 32], u64),
+        chunks: &[ChunkRef],
+    ) -> Result<Vec<u32>, String> {
+        if self.staged.contains_key(&xfer) {
+            return Err(format!("transfer {xfer} has already begun"));
+        }
+        self.begin_staging(xfer, path, content, true)?;
+        let staged = &self.staged[&xfer];
+        let held = sys::fstat(staged.file.as_fd())
+            .map_err(|e| e.to_string())?
+            .size;
+        let mut present = Vec::new();
+        let mut buf = Vec::new();
+        for (index, chunk) in chunks.iter().enumerate() {
+            let end = chunk.offset.saturating_add(u64::from(chunk.len));
+            if end > held || end > content.1 {
+                continue;
+            }
+            buf.resize(chunk.len as usize, 0);
+            if staged.file.read_exact_at(&mut buf, chunk.offset).is_ok()
+                && blake3::hash(&buf).as_bytes() == &chunk.hash
+            {
+                present.push(index as u32);
+            }
+        }
+        Ok(present)
+    }
+
+    /// Creates the staging file of transfer `xfer`: named after its content
+    /// so it can be resumed, or after the transfer when that name is taken.
+    /// With `adopt`, an existing file of that name that nobody holds is
+    /// taken over with its content.
+    fn begin_staging(
+        &mut self,
+        xfer: u64,
+        path: &[u8],
+        (hash, size): (&[u8; 32], u64),
+        adopt: bool,
+    ) -> Result<(), String> {
+        let comps = relpath::components(path)?;
+        let (_, parents) = comps.split_last().expect("components are never empty");
+        let root = self.root.clone();
+        let mut dirs = Dirs::new(&root);
+        let dir = dirs.parent(parents, true)?;
+        let fresh = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
+        let content_name =
+            sys::cstring(resumable_name(hash, size).as_bytes()).map_err(|e| e.to_string())?;
+        let mut opened = match sys::openat(dir.as_fd(), &content_name, fresh, 0o600) {
+            Ok(fd) => Some((content_name.clone(), fd, true)),
+            Err(err) if adopt && sys::is_errno(&err, libc::EEXIST) => {
+                adopt_partial(&dir, &content_name, size).map(|fd| (content_name.clone(), fd, true))
+            }
+            Err(_) => None,
+        };
+        if let Some((_, fd, _)) = &opened
+            && sys::flock(fd.as_fd(), libc::LOCK_EX | libc::LOCK_NB).is_err()
+        {
+            opened = None;
+        }
+        let (name, fd, resumable) = match opened {
+            Some(found) => found,
+            None => {
+                // The content's name is held by a live transfer: this one
+                // gets a name of its own, which is not resumed later.
+                let name = sys::cstring(format!("{TEMP_PREFIX}part-{xfer}.tmp").as_bytes())
+                    .map_err(|e| e.to_string())?;
+                let fd = match sys::openat(dir.as_fd(), &name, fresh, 0o600) {
+                    // A leftover from an agent that died mid-transfer.
+                    // Removing it is safe even if it were live: a commit
+                    // verifies the hash and that its name still holds its
+                    // own inode.
+                    Err(err) if sys::is_errno(&err, libc::EEXIST) => {
+                        let _ = sys::unlinkat(dir.as_fd(), &name, false);
+                        sys::openat(dir.as_fd(), &name, fresh, 0o600)
+                    }
+                    other => other,
+                }
+                .map_err(|e| format!("cannot create the staging file: {e}"))?;
+                let _ = sys::flock(fd.as_fd(), libc::LOCK_EX | libc::LOCK_NB);
+                (name, fd, false)
+            }
+        };
+        // The lock is held until the file is committed or dropped: it tells
+        // `reap_stale_temp` and other transfers that the file is in use.
+        let st = sys::fstat(fd.as_fd()).map_err(|e| e.to_string())?;
+        // Parents created here must outlive a crash as the commit will.
+        if let Some(problem) = dirs.sync_touched().into_iter().next() {
+            remove_if_ours(dir.as_fd(), &name, st.dev, st.ino);
+            return Err(problem.message);
+        }
+        self.staged.insert(
+            xfer,
+            Staged {
+                path: path.to_vec(),
+                dir,
+                name,
+                file: File::from(fd),
+                dev: st.dev,
+                ino: st.ino,
+                running: (st.size == 0).then(|| (blake3::Hasher::new(), 0)),
+                resumable,
+            },
+        );
+        Ok(())
+    }
+
     /// Applies ops in order; each op succeeds or becomes a problem on its own.
     ///
     /// `Mkdir` creates missing parents and the root; the other ops need their
@@ -499,6 +621,19 @@ impl Applier {
 /// died (a request's own temporary files live for seconds).
 pub const STALE_AFTER: Duration = Duration::from_secs(600);
 
+/// Partial files a later transfer could resume ([`resumable_name`]) are kept
+/// this long.
+pub const RESUMABLE_FOR: Duration = Duration::from_secs(24 * 3600);
+
+/// Opens the partial file `name` for adoption: a regular file, not longer
+/// than the content it was becoming.
+fn adopt_partial(dir: &OwnedFd, name: &CStr, size: u64) -> Option<OwnedFd> {
+    let flags = libc::O_RDWR | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
+    let fd = sys::openat(dir.as_fd(), name, flags, 0).ok()?;
+    let st = sys::fstat(fd.as_fd()).ok()?;
+    (st.is_file() && st.size <= size).then_some(fd)
+}
+
 /// Removes `name` in `dir` if it is a temporary file of ours that nobody
 /// holds: a regular file named `.outpost-*.tmp`, unchanged for
 /// [`STALE_AFTER`], that no applier has locked. Returns whether it did.
@@ -507,9 +642,14 @@ pub fn reap_stale_temp(dir: BorrowedFd<'_>, name: &CStr) -> bool {
     if !bytes.starts_with(TEMP_PREFIX.as_bytes()) || !bytes.ends_with(b".tmp") {
         return false;
     }
+    let keep = if parse_resumable_name(bytes).is_some() {
+        RESUMABLE_FOR
+    } else {
+        STALE_AFTER
+    };
     let stale = |st: &Stat| {
         let age_ns = sys::now_ns().saturating_sub(st.mtime_ns);
-        st.is_file() && age_ns > STALE_AFTER.as_nanos() as i64
+        st.is_file() && age_ns > keep.as_nanos() as i64
     };
     match sys::lstatat(dir, name) {
         Ok(st) if stale(&st) => {}

@@ -22,7 +22,9 @@ use std::os::fd::AsFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use outpost_protocol::{ChunkRef, EntryKind, FilterSpec, PathProblem, ScanSummary, TreeEntry};
+use outpost_protocol::{
+    ChunkRef, EntryKind, FilterSpec, Partial, PathProblem, ScanSummary, TreeEntry,
+};
 
 use crate::apply;
 use crate::cache::StatCache;
@@ -39,8 +41,8 @@ pub struct ScanOptions {
     /// 0: no limit.
     pub max_entries: u64,
     /// Remove Outpost temporary files that a killed process left behind
-    /// (see [`crate::apply::reap_stale_temp`]): for scans that prepare a
-    /// sync, not for listings.
+    /// (see [`crate::apply::reap_stale_temp`]) and list the partial files a
+    /// transfer could resume: for scans that prepare a sync, not listings.
     pub reap_stale_temps: bool,
 }
 
@@ -115,6 +117,7 @@ pub fn scan(
         heap: BinaryHeap::new(),
         problems: Vec::new(),
         reap_stale_temps: options.reap_stale_temps,
+        partials: Vec::new(),
     };
     match DirStream::new(root_fd) {
         Ok(mut dir) => walk.list(&mut dir, b""),
@@ -134,6 +137,7 @@ pub fn scan(
     }
     let truncated = out.summary.truncated;
     out.summary.problems.append(&mut walk.problems);
+    out.summary.partials = std::mem::take(&mut walk.partials);
 
     if options.hashes {
         hash_entries(
@@ -202,6 +206,7 @@ struct Walk<'a> {
     heap: BinaryHeap<Reverse<Item>>,
     problems: Vec<PathProblem>,
     reap_stale_temps: bool,
+    partials: Vec<Partial>,
 }
 
 impl Walk<'_> {
@@ -244,8 +249,16 @@ impl Walk<'_> {
             };
             let name_bytes = name.to_bytes();
             if name_bytes.starts_with(TEMP_PREFIX.as_bytes()) {
-                if self.reap_stale_temps && matches!(d_type, libc::DT_REG | libc::DT_UNKNOWN) {
-                    apply::reap_stale_temp(dir.fd(), &name);
+                if self.reap_stale_temps
+                    && matches!(d_type, libc::DT_REG | libc::DT_UNKNOWN)
+                    && !apply::reap_stale_temp(dir.fd(), &name)
+                    && let Some((hash_prefix, size)) = apply::parse_resumable_name(name_bytes)
+                {
+                    self.partials.push(Partial {
+                        dir: parent.to_vec(),
+                        hash_prefix,
+                        size,
+                    });
                 }
                 continue;
             }

@@ -13,11 +13,11 @@ use std::path::Path;
 use std::time::Instant;
 
 use outpost_protocol::{
-    EntryKind, Expect, FileContent, FilePut, FilterSpec, MetaOp, PartData, PathProblem, PutFiles,
-    ReadSpec, TreeEntry,
+    ChunkRef, EntryKind, Expect, FileContent, FilePut, FilterSpec, MetaOp, PartData, PathProblem,
+    PutFiles, ReadSpec, TreeEntry,
 };
 
-use crate::apply::{Applier, read_file};
+use crate::apply::{self, Applier, read_file};
 use crate::cache::StatCache;
 use crate::chunk::CHUNKED_MIN_SIZE;
 use crate::codec;
@@ -622,8 +622,14 @@ fn symlinks_never_lead_outside() {
     assert_eq!(fs::read_dir(&outside).unwrap().count(), 1);
 
     assert!(
-        ap.put_part(1, b"out/big", 0, &PartData::Data(codec::compress(b"x")))
-            .is_err()
+        ap.put_part(
+            1,
+            b"out/big",
+            (&[1; 32], 1 << 20),
+            0,
+            &PartData::Data(codec::compress(b"x"))
+        )
+        .is_err()
     );
     let mut sink = |_: u64, _: &[u8]| Ok(());
     let spec = |path: &[u8]| ReadSpec {
@@ -851,7 +857,8 @@ fn large_file_edit_changes_few_chunks_and_delta_assembles() {
                 &new[c.offset as usize..c.offset as usize + c.len as usize],
             )),
         };
-        ap.put_part(xfer, b"big", c.offset, &data).unwrap();
+        ap.put_part(xfer, b"big", (&[7; 32], 1 << 20), c.offset, &data)
+            .unwrap();
     }
     assert_eq!(temp_files(&dst).len(), 1);
     let report = put_files(
@@ -877,6 +884,7 @@ fn large_file_edit_changes_few_chunks_and_delta_assembles() {
     ap.put_part(
         8,
         b"big",
+        (&[8; 32], 1 << 20),
         0,
         &PartData::Copy {
             from_offset: 0,
@@ -897,6 +905,7 @@ fn large_file_edit_changes_few_chunks_and_delta_assembles() {
         ap.put_part(
             9,
             b"big",
+            (&[9; 32], 1 << 20),
             0,
             &PartData::Copy {
                 from_offset: 50,
@@ -907,15 +916,140 @@ fn large_file_edit_changes_few_chunks_and_delta_assembles() {
     );
     ap.apply_meta(&[MetaOp::Abort { xfer: 9 }]);
     assert!(temp_files(&dst).is_empty());
-    ap.put_part(10, b"big", 0, &PartData::Data(codec::compress(b"abc")))
-        .unwrap();
+    ap.put_part(
+        10,
+        b"big",
+        (&[10; 32], 1 << 20),
+        0,
+        &PartData::Data(codec::compress(b"abc")),
+    )
+    .unwrap();
     assert!(
-        ap.put_part(10, b"other", 0, &PartData::Data(codec::compress(b"abc")))
-            .is_err()
+        ap.put_part(
+            10,
+            b"other",
+            (&[10; 32], 1 << 20),
+            0,
+            &PartData::Data(codec::compress(b"abc"))
+        )
+        .is_err()
     );
     assert_eq!(temp_files(&dst).len(), 1);
+    // An applier that goes without committing (its connection was lost)
+    // leaves a staging file named after its content, for a later transfer to
+    // resume; a transfer whose content name was taken stages under its own
+    // name, which goes with the applier.
+    let mut other = Applier::new(&dst);
+    other
+        .put_part(
+            11,
+            b"big",
+            (&[10; 32], 1 << 20),
+            0,
+            &PartData::Data(codec::compress(b"x")),
+        )
+        .unwrap();
+    assert_eq!(temp_files(&dst).len(), 2);
+    drop(other);
     drop(ap);
-    assert!(temp_files(&dst).is_empty());
+    let left = temp_files(&dst);
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert!(left[0].ends_with(&apply::resumable_name(&[10; 32], 1 << 20)));
+}
+
+#[test]
+fn an_interrupted_transfer_is_resumed_from_what_arrived() {
+    let t = TempDir::new();
+    let content = pseudo_random(3 << 20, 21);
+    let hash = *blake3::hash(&content).as_bytes();
+    let size = content.len() as u64;
+    let chunks: Vec<ChunkRef> = {
+        let path = t.path().join("source");
+        fs::write(&path, &content).unwrap();
+        let (_, chunks) = crate::chunk::hash_file(&path, true).unwrap();
+        fs::remove_file(&path).unwrap();
+        chunks
+    };
+    assert!(chunks.len() > 10);
+    let part = |c: &ChunkRef| {
+        PartData::Data(codec::compress(
+            &content[c.offset as usize..c.offset as usize + c.len as usize],
+        ))
+    };
+    // The first transfer gets half the chunks across, then its connection
+    // goes (the applier is dropped without a commit).
+    let half = chunks.len() / 2;
+    let mut first = Applier::new(t.path());
+    for c in &chunks[..half] {
+        first
+            .put_part(1, b"d/model.bin", (&hash, size), c.offset, &part(c))
+            .unwrap();
+    }
+    drop(first);
+    // A sync scan lists the partial by directory and content.
+    let reaping = ScanOptions {
+        reap_stale_temps: true,
+        ..opts()
+    };
+    let out = scan(t.path(), &FilterSpec::default(), &reaping, None);
+    assert_eq!(out.summary.partials.len(), 1);
+    let partial = &out.summary.partials[0];
+    assert_eq!(partial.dir, b"d");
+    assert_eq!(
+        (partial.hash_prefix, partial.size),
+        (hash[..16].try_into().unwrap(), size)
+    );
+    // The next transfer adopts it: exactly the chunks that arrived are there.
+    let mut second = Applier::new(t.path());
+    let present = second
+        .resume(2, b"d/model.bin", (&hash, size), &chunks)
+        .unwrap();
+    assert_eq!(present, (0..half as u32).collect::<Vec<_>>());
+    // A third transfer of the same content meanwhile cannot take it over.
+    let mut third = Applier::new(t.path());
+    assert!(
+        third
+            .resume(3, b"d/model.bin", (&hash, size), &chunks)
+            .unwrap()
+            .is_empty()
+    );
+    drop(third);
+    for c in &chunks[half..] {
+        second
+            .put_part(2, b"d/model.bin", (&hash, size), c.offset, &part(c))
+            .unwrap();
+    }
+    let mut put = put(b"d/model.bin", &content, Expect::Absent);
+    put.content = FileContent::Staged { xfer: 2 };
+    let report = put_files(&mut second, vec![put]);
+    assert_eq!(report.done, 1, "{report:?}");
+    assert!(fs::read(t.path().join("d/model.bin")).unwrap() == content);
+    drop(second);
+    assert!(
+        temp_files(t.path()).is_empty(),
+        "{:?}",
+        temp_files(t.path())
+    );
+
+    // A corrupted partial: chunks that no longer match are not counted, and
+    // nothing wrong can reach the final path (the commit checks the hash).
+    let mut first = Applier::new(t.path());
+    for c in &chunks {
+        first
+            .put_part(4, b"e/model.bin", (&hash, size), c.offset, &part(c))
+            .unwrap();
+    }
+    drop(first);
+    let staging = t.path().join("e").join(apply::resumable_name(&hash, size));
+    let mut bytes = fs::read(&staging).unwrap();
+    bytes[chunks[1].offset as usize] ^= 1;
+    fs::write(&staging, &bytes).unwrap();
+    let mut again = Applier::new(t.path());
+    let present = again
+        .resume(5, b"e/model.bin", (&hash, size), &chunks)
+        .unwrap();
+    assert_eq!(present.len(), chunks.len() - 1);
+    assert!(!present.contains(&1));
 }
 
 #[test]
@@ -932,22 +1066,30 @@ fn staged_files_are_checked_against_what_is_on_disk() {
         p
     };
     // In order: committed without reading back.
-    ap.put_part(1, b"f", 0, &data(b"abcd")).unwrap();
-    ap.put_part(1, b"f", 4, &data(b"efgh")).unwrap();
+    ap.put_part(1, b"f", (&[1; 32], 1 << 20), 0, &data(b"abcd"))
+        .unwrap();
+    ap.put_part(1, b"f", (&[1; 32], 1 << 20), 4, &data(b"efgh"))
+        .unwrap();
     assert_eq!(put_files(&mut ap, vec![staged(1, b"abcdefgh")]).done, 1);
     assert_eq!(fs::read(t.path().join("f")).unwrap(), b"abcdefgh");
     // A part rewritten after later ones: the file, not the stream, counts.
-    ap.put_part(2, b"f", 0, &data(b"abcd")).unwrap();
-    ap.put_part(2, b"f", 4, &data(b"efgh")).unwrap();
-    ap.put_part(2, b"f", 0, &data(b"XXXX")).unwrap();
+    ap.put_part(2, b"f", (&[2; 32], 1 << 20), 0, &data(b"abcd"))
+        .unwrap();
+    ap.put_part(2, b"f", (&[2; 32], 1 << 20), 4, &data(b"efgh"))
+        .unwrap();
+    ap.put_part(2, b"f", (&[2; 32], 1 << 20), 0, &data(b"XXXX"))
+        .unwrap();
     let report = put_files(&mut ap, vec![staged(2, b"abcdefgh")]);
     assert_eq!(report.done, 0, "{report:?}");
-    ap.put_part(3, b"f", 4, &data(b"efgh")).unwrap();
-    ap.put_part(3, b"f", 0, &data(b"XXXX")).unwrap();
+    ap.put_part(3, b"f", (&[3; 32], 1 << 20), 4, &data(b"efgh"))
+        .unwrap();
+    ap.put_part(3, b"f", (&[3; 32], 1 << 20), 0, &data(b"XXXX"))
+        .unwrap();
     assert_eq!(put_files(&mut ap, vec![staged(3, b"XXXXefgh")]).done, 1);
     assert_eq!(fs::read(t.path().join("f")).unwrap(), b"XXXXefgh");
     // In order but short of the size: refused.
-    ap.put_part(4, b"f", 0, &data(b"abcd")).unwrap();
+    ap.put_part(4, b"f", (&[4; 32], 1 << 20), 0, &data(b"abcd"))
+        .unwrap();
     assert_eq!(put_files(&mut ap, vec![staged(4, b"abcdefgh")]).done, 0);
     assert!(temp_files(t.path()).is_empty());
 }
@@ -981,14 +1123,43 @@ fn leftovers_of_a_killed_writer_are_reaped_by_the_next_sync_scan() {
     }
     // A live applier's staging file, idle for an hour: locked, so kept.
     let mut ap = Applier::new(t.path());
-    ap.put_part(9, b"d/big", 0, &PartData::Data(codec::compress(b"abc")))
+    ap.put_part(
+        9,
+        b"d/big",
+        (&[9; 32], 1 << 20),
+        0,
+        &PartData::Data(codec::compress(b"abc")),
+    )
+    .unwrap();
+    let live = t
+        .path()
+        .join("d")
+        .join(apply::resumable_name(&[9; 32], 1 << 20));
+    // Older than even a resumable partial is kept, but locked.
+    let two_days_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(2 * 86_400);
+    fs::File::options()
+        .write(true)
+        .open(&live)
+        .unwrap()
+        .set_modified(two_days_ago)
         .unwrap();
-    let live = t.path().join("d/.outpost-part-9.tmp");
-    age(&live);
+    // Partials a later transfer may resume are kept a day, then reaped.
+    let resumable = t.path().join(apply::resumable_name(&[5; 32], 100));
+    let forgotten = t.path().join(apply::resumable_name(&[6; 32], 100));
+    for path in [&resumable, &forgotten] {
+        fs::write(path, b"partial").unwrap();
+    }
+    age(&resumable);
+    fs::File::options()
+        .write(true)
+        .open(&forgotten)
+        .unwrap()
+        .set_modified(two_days_ago)
+        .unwrap();
 
     // Listings never remove anything.
     scan_all(t.path());
-    assert_eq!(temp_files(t.path()).len(), 5);
+    assert_eq!(temp_files(t.path()).len(), 7);
     let reaping = ScanOptions {
         reap_stale_temps: true,
         ..opts()
@@ -999,8 +1170,11 @@ fn leftovers_of_a_killed_writer_are_reaped_by_the_next_sync_scan() {
         "{:?}",
         out.summary.problems
     );
-    assert!(!dead_part.exists() && !dead_temp.exists());
-    assert!(young.exists() && other.exists() && live.exists());
+    assert!(!dead_part.exists() && !dead_temp.exists() && !forgotten.exists());
+    assert!(young.exists() && other.exists() && live.exists() && resumable.exists());
+    let mut partials: Vec<_> = out.summary.partials.iter().map(|p| p.size).collect();
+    partials.sort();
+    assert_eq!(partials, vec![100, 1 << 20]);
     assert!(t.path().join("d/kept.txt").exists());
     // The live transfer still commits.
     let mut staged = put(b"d/big", b"abc", Expect::Any);
