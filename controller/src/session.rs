@@ -628,17 +628,29 @@ impl Liveness {
     }
 }
 
-/// Hands one frame to the link and accounts for it.
+/// Hands one frame to the link and accounts for it. A bulk frame goes in
+/// slices, each one the link accepts being a sign of life: past the first
+/// window's worth, SSH takes more only as the host consumes data (and a pipe
+/// only as the agent reads), so on a slow uplink the heartbeat hears the
+/// host through our own progress while it cannot answer.
 async fn write_frame(
     writer: &mut (impl tokio::io::AsyncWrite + Unpin),
     frame: &[u8],
     liveness: &Liveness,
 ) -> std::io::Result<()> {
-    writer.write_all(frame).await?;
-    liveness
-        .unsent
-        .fetch_sub(frame.len() as u64, Ordering::Relaxed);
-    if frame.len() >= BULK_FRAME {
+    if frame.len() < BULK_FRAME {
+        writer.write_all(frame).await?;
+        liveness
+            .unsent
+            .fetch_sub(frame.len() as u64, Ordering::Relaxed);
+        return Ok(());
+    }
+    for slice in frame.chunks(BULK_FRAME) {
+        writer.write_all(slice).await?;
+        liveness
+            .unsent
+            .fetch_sub(slice.len() as u64, Ordering::Relaxed);
+        liveness.touch();
         // Never 0, which means "no bulk sent yet".
         liveness
             .bulk_ms

@@ -162,6 +162,10 @@ const MAX_IN_FLIGHT_BYTES: u64 = 16 << 20;
 /// even for paths and link targets of the longest kind).
 const META_OPS: usize = 2_000;
 const META_BYTES: usize = 1 << 20;
+/// Most chunks a `Resume` lists, so it fits a frame whatever the offsets
+/// (at most ~47 encoded bytes a chunk). Larger files (hundreds of GiB) are
+/// sent afresh.
+const MAX_RESUME_CHUNKS: usize = outpost_protocol::limits::MAX_FRAME_LEN / 2 / 48;
 /// How often a long wait (a scan) looks at [`Progress::cancelled`].
 const CANCEL_POLL: Duration = Duration::from_millis(100);
 
@@ -751,6 +755,7 @@ impl Run {
         let Some(hash) = src.hash else { return false };
         let prefix: [u8; 16] = hash[..16].try_into().expect("16 of 32 bytes");
         tiles(&src.chunks, src.size)
+            && src.chunks.len() <= MAX_RESUME_CHUNKS
             && self
                 .partials
                 .contains(&(relpath::parent(&src.path).to_vec(), prefix, src.size))
@@ -1453,9 +1458,11 @@ impl<'r> PushFiles<'r> {
         let resumable = self.run.resumable(&change);
         self.staged.push(Staged::new(change));
         if resumable {
+            // From here the agent may hold staging for it, even if this sync
+            // is cancelled before the answer comes.
+            self.staged[i].begun = true;
             match self.resume(i).await? {
                 Ok(present) => {
-                    self.staged[i].begun = true;
                     if !present.is_empty() {
                         let (held, rest) = resume_plan(&self.staged[i].change, &present);
                         parts = rest;

@@ -475,9 +475,15 @@ impl Applier {
         }
         self.begin_staging(xfer, path, content, true)?;
         let staged = &self.staged[&xfer];
-        let held = sys::fstat(staged.file.as_fd())
-            .map_err(|e| e.to_string())?
-            .size;
+        let held = match sys::fstat(staged.file.as_fd()) {
+            Ok(st) => st.size,
+            Err(err) => {
+                if let Some(staged) = self.staged.remove(&xfer) {
+                    staged.discard();
+                }
+                return Err(err.to_string());
+            }
+        };
         let mut present = Vec::new();
         let mut buf = Vec::new();
         for (index, chunk) in chunks.iter().enumerate() {
@@ -514,20 +520,20 @@ impl Applier {
         let fresh = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW;
         let content_name =
             sys::cstring(resumable_name(hash, size).as_bytes()).map_err(|e| e.to_string())?;
-        let mut opened = match sys::openat(dir.as_fd(), &content_name, fresh, 0o600) {
-            Ok(fd) => Some((content_name.clone(), fd, true)),
-            Err(err) if adopt && sys::is_errno(&err, libc::EEXIST) => {
-                adopt_partial(&dir, &content_name, size).map(|fd| (content_name.clone(), fd, true))
+        let opened = match sys::openat(dir.as_fd(), &content_name, fresh, 0o600) {
+            // Ours, unless another transfer adopts it before we lock it.
+            Ok(fd) => lock_staging(&dir, &content_name, fd),
+            // A partial of this content, left by a transfer cut short: taken
+            // over if nobody holds it, with its content when resuming.
+            Err(err) if sys::is_errno(&err, libc::EEXIST) => {
+                adopt_partial(&dir, &content_name, size)
+                    .and_then(|fd| lock_staging(&dir, &content_name, fd))
+                    .filter(|fd| adopt || sys::ftruncate(fd.as_fd(), 0).is_ok())
             }
             Err(_) => None,
         };
-        if let Some((_, fd, _)) = &opened
-            && sys::flock(fd.as_fd(), libc::LOCK_EX | libc::LOCK_NB).is_err()
-        {
-            opened = None;
-        }
         let (name, fd, resumable) = match opened {
-            Some(found) => found,
+            Some(fd) => (content_name, fd, true),
             None => {
                 // The content's name is held by a live transfer: this one
                 // gets a name of its own, which is not resumed later.
@@ -625,6 +631,21 @@ pub const STALE_AFTER: Duration = Duration::from_secs(600);
 /// this long.
 pub const RESUMABLE_FOR: Duration = Duration::from_secs(24 * 3600);
 
+/// Locks a staging file for this applier and checks that `name` still
+/// holds it (a reaper may have unlinked it between our open and our lock).
+/// `None` when another transfer holds it. A filesystem without locks gets
+/// no lock and no refusal.
+fn lock_staging(dir: &OwnedFd, name: &CStr, fd: OwnedFd) -> Option<OwnedFd> {
+    if let Err(err) = sys::flock(fd.as_fd(), libc::LOCK_EX | libc::LOCK_NB)
+        && sys::is_errno(&err, libc::EWOULDBLOCK)
+    {
+        return None;
+    }
+    let held = sys::fstat(fd.as_fd()).ok()?;
+    let named = sys::lstatat(dir.as_fd(), name).ok()?;
+    ((held.dev, held.ino) == (named.dev, named.ino)).then_some(fd)
+}
+
 /// Opens the partial file `name` for adoption: a regular file, not longer
 /// than the content it was becoming.
 fn adopt_partial(dir: &OwnedFd, name: &CStr, size: u64) -> Option<OwnedFd> {
@@ -647,8 +668,12 @@ pub fn reap_stale_temp(dir: BorrowedFd<'_>, name: &CStr) -> bool {
     } else {
         STALE_AFTER
     };
+    // Age by the inode's change time: every write, chmod and utimens moves
+    // it, and unlike the mtime (set to the source's before the rename) it
+    // cannot be set back.
+    let now = sys::now_ns() + clock_skew_ns();
     let stale = |st: &Stat| {
-        let age_ns = sys::now_ns().saturating_sub(st.mtime_ns);
+        let age_ns = now.saturating_sub(st.ctime_ns);
         st.is_file() && age_ns > keep.as_nanos() as i64
     };
     match sys::lstatat(dir, name) {
@@ -659,7 +684,11 @@ pub fn reap_stale_temp(dir: BorrowedFd<'_>, name: &CStr) -> bool {
     let Ok(fd) = sys::openat(dir, name, flags, 0) else {
         return false;
     };
-    if sys::flock(fd.as_fd(), libc::LOCK_EX | libc::LOCK_NB).is_err() {
+    // Held by a live applier. (Where the filesystem has no locks, age alone
+    // decides.)
+    if let Err(err) = sys::flock(fd.as_fd(), libc::LOCK_EX | libc::LOCK_NB)
+        && sys::is_errno(&err, libc::EWOULDBLOCK)
+    {
         return false;
     }
     // Still the file we locked, and still old?
@@ -669,6 +698,23 @@ pub fn reap_stale_temp(dir: BorrowedFd<'_>, name: &CStr) -> bool {
         }
         _ => false,
     }
+}
+
+#[cfg(not(test))]
+fn clock_skew_ns() -> i64 {
+    0
+}
+
+// Tests age files by moving the reaper's clock: a change time cannot be set
+// back.
+#[cfg(test)]
+thread_local! {
+    pub(crate) static CLOCK_SKEW_NS: std::cell::Cell<i64> = const { std::cell::Cell::new(0) };
+}
+
+#[cfg(test)]
+fn clock_skew_ns() -> i64 {
+    CLOCK_SKEW_NS.get()
 }
 
 /// Creates `.outpost-<random>.tmp` in `dir`, mode 0600, exclusively.

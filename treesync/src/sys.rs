@@ -292,6 +292,12 @@ pub(crate) fn syncfs(fd: BorrowedFd<'_>) -> io::Result<()> {
     Ok(())
 }
 
+pub(crate) fn ftruncate(fd: BorrowedFd<'_>, len: u64) -> io::Result<()> {
+    let len = libc::off_t::try_from(len).map_err(|_| io::Error::from_raw_os_error(libc::EFBIG))?;
+    cvt(unsafe { libc::ftruncate(fd.as_raw_fd(), len) })?;
+    Ok(())
+}
+
 /// The wall clock in nanoseconds since the epoch, as mtimes are.
 pub(crate) fn now_ns() -> i64 {
     std::time::SystemTime::now()

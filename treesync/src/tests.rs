@@ -1050,6 +1050,21 @@ fn an_interrupted_transfer_is_resumed_from_what_arrived() {
         .unwrap();
     assert_eq!(present.len(), chunks.len() - 1);
     assert!(!present.contains(&1));
+    drop(again);
+
+    // A transfer that does not resume (no chunk list, say) takes an unheld
+    // partial of its content over from scratch instead of staging a second
+    // copy beside it.
+    let mut fresh = Applier::new(t.path());
+    fresh
+        .put_part(6, b"e/model.bin", (&hash, size), 0, &part(&chunks[0]))
+        .unwrap();
+    let left = temp_files(&t.path().join("e"));
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_eq!(
+        fs::metadata(&staging).unwrap().len(),
+        u64::from(chunks[0].len)
+    );
 }
 
 #[test]
@@ -1097,84 +1112,69 @@ fn staged_files_are_checked_against_what_is_on_disk() {
 #[test]
 fn leftovers_of_a_killed_writer_are_reaped_by_the_next_sync_scan() {
     let t = TempDir::new();
-    let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
-    let age = |path: &Path| {
-        fs::File::options()
-            .write(true)
-            .open(path)
-            .unwrap()
-            .set_modified(hour_ago)
-            .unwrap()
-    };
     fs::create_dir(t.path().join("d")).unwrap();
     fs::write(t.path().join("d/kept.txt"), b"user data").unwrap();
-    // Left behind by a killed writer: old and unlocked.
+    // Temporary files of a writer that was killed.
     let dead_part = t.path().join("d/.outpost-part-3.tmp");
     let dead_temp = t.path().join(".outpost-00000000deadbeef.tmp");
-    // Just written: a request of a live writer may still own it.
-    let young = t.path().join(".outpost-0000000000000001.tmp");
+    // Partials a later transfer may resume.
+    let resumable = t.path().join(apply::resumable_name(&[5; 32], 100));
     // Not one of ours by its name, though it has our prefix.
     let other = t.path().join(".outpost-notes");
-    for path in [&dead_part, &dead_temp, &young, &other] {
+    for path in [&dead_part, &dead_temp, &resumable, &other] {
         fs::write(path, b"partial").unwrap();
     }
-    for path in [&dead_part, &dead_temp, &other] {
-        age(path);
-    }
-    // A live applier's staging file, idle for an hour: locked, so kept.
+    // A verified temporary file carries the source's (old) mtime until its
+    // rename: age must not be read from it.
+    let long_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(30 * 86_400);
+    fs::File::options()
+        .write(true)
+        .open(&dead_temp)
+        .unwrap()
+        .set_modified(long_ago)
+        .unwrap();
+    // A live applier's staging file: locked, so kept however old.
     let mut ap = Applier::new(t.path());
-    ap.put_part(
-        9,
-        b"d/big",
-        (&[9; 32], 1 << 20),
-        0,
-        &PartData::Data(codec::compress(b"abc")),
-    )
-    .unwrap();
+    let data = PartData::Data(codec::compress(b"abc"));
+    ap.put_part(9, b"d/big", (&[9; 32], 1 << 20), 0, &data)
+        .unwrap();
     let live = t
         .path()
         .join("d")
         .join(apply::resumable_name(&[9; 32], 1 << 20));
-    // Older than even a resumable partial is kept, but locked.
-    let two_days_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(2 * 86_400);
-    fs::File::options()
-        .write(true)
-        .open(&live)
-        .unwrap()
-        .set_modified(two_days_ago)
-        .unwrap();
-    // Partials a later transfer may resume are kept a day, then reaped.
-    let resumable = t.path().join(apply::resumable_name(&[5; 32], 100));
-    let forgotten = t.path().join(apply::resumable_name(&[6; 32], 100));
-    for path in [&resumable, &forgotten] {
-        fs::write(path, b"partial").unwrap();
-    }
-    age(&resumable);
-    fs::File::options()
-        .write(true)
-        .open(&forgotten)
-        .unwrap()
-        .set_modified(two_days_ago)
-        .unwrap();
+    assert!(live.exists());
 
-    // Listings never remove anything.
-    scan_all(t.path());
-    assert_eq!(temp_files(t.path()).len(), 7);
     let reaping = ScanOptions {
         reap_stale_temps: true,
         ..opts()
     };
-    let out = scan(t.path(), &FilterSpec::default(), &reaping, None);
-    assert!(
-        out.summary.problems.is_empty(),
-        "{:?}",
-        out.summary.problems
-    );
-    assert!(!dead_part.exists() && !dead_temp.exists() && !forgotten.exists());
-    assert!(young.exists() && other.exists() && live.exists() && resumable.exists());
-    let mut partials: Vec<_> = out.summary.partials.iter().map(|p| p.size).collect();
-    partials.sort();
-    assert_eq!(partials, vec![100, 1 << 20]);
+    let reap_at = |skew_s: i64| {
+        apply::CLOCK_SKEW_NS.set(skew_s * 1_000_000_000);
+        let out = scan(t.path(), &FilterSpec::default(), &reaping, None);
+        apply::CLOCK_SKEW_NS.set(0);
+        assert!(
+            out.summary.problems.is_empty(),
+            "{:?}",
+            out.summary.problems
+        );
+        let mut sizes: Vec<u64> = out.summary.partials.iter().map(|p| p.size).collect();
+        sizes.sort();
+        sizes
+    };
+    // Listings never remove anything, and a sync scan nothing young.
+    apply::CLOCK_SKEW_NS.set(3 * 86_400 * 1_000_000_000);
+    scan_all(t.path());
+    apply::CLOCK_SKEW_NS.set(0);
+    assert_eq!(temp_files(t.path()).len(), 5);
+    assert_eq!(reap_at(0), vec![100, 1 << 20]);
+    assert_eq!(temp_files(t.path()).len(), 5);
+    // An hour on: the dead writer's files go, partials stay a day.
+    assert_eq!(reap_at(3600), vec![100, 1 << 20]);
+    assert!(!dead_part.exists() && !dead_temp.exists());
+    assert!(resumable.exists() && live.exists() && other.exists());
+    // Two days on: unheld partials go too; the held one stays.
+    assert_eq!(reap_at(2 * 86_400), vec![1 << 20]);
+    assert!(!resumable.exists() && live.exists() && other.exists());
     assert!(t.path().join("d/kept.txt").exists());
     // The live transfer still commits.
     let mut staged = put(b"d/big", b"abc", Expect::Any);
