@@ -67,9 +67,19 @@ pub async fn status(session: &Session, name: &str) -> Result<JobInfo, CallError>
     }
 }
 
-pub async fn list(session: &Session, state: Option<JobState>) -> Result<Vec<JobInfo>, CallError> {
-    match ask(session, Request::JobList { state }).await? {
-        Response::Jobs(jobs) => Ok(jobs),
+/// The newest `limit` jobs (0: as many as fit an answer), oldest first, and
+/// how many older ones were left out.
+pub async fn list(
+    session: &Session,
+    state: Option<JobState>,
+    limit: u32,
+) -> Result<(Vec<JobInfo>, u64), CallError> {
+    match ask(session, Request::JobList { state, limit }).await? {
+        Response::Jobs { mut jobs, omitted } => {
+            // Newest first from the host, in start order to the nanosecond.
+            jobs.reverse();
+            Ok((jobs, omitted))
+        }
         other => Err(unexpected("a job list", other)),
     }
 }

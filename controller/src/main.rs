@@ -100,6 +100,9 @@ enum Command {
         /// Only jobs in this state: running, exited, cancelled, lost.
         #[arg(long)]
         state: Option<String>,
+        /// Newest jobs to show (0: as many as one answer holds).
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
         #[command(subcommand)]
         action: Option<JobsAction>,
     },
@@ -116,13 +119,16 @@ enum Command {
 
 #[derive(Subcommand)]
 enum JobsAction {
-    /// NAME STATE EXIT STARTED COMMAND, oldest first.
+    /// NAME STATE EXIT STARTED COMMAND of the newest jobs, oldest first.
     List {
         /// Sandbox (default: the active one).
         host: Option<String>,
         /// Only jobs in this state: running, exited, cancelled, lost.
         #[arg(long)]
         state: Option<String>,
+        /// Newest jobs to show (0: as many as one answer holds).
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
     },
     /// Print a job's log (all of it, or the last --tail lines); --follow
     /// keeps printing until the job ends, then exits like `wait`.
@@ -217,9 +223,10 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         Command::Jobs {
             host,
             state,
+            limit,
             action,
         } => {
-            let action = action.unwrap_or(JobsAction::List { host, state });
+            let action = action.unwrap_or(JobsAction::List { host, state, limit });
             jobs_cli(&fleet, action).await
         }
         Command::Watch { sandboxes } => watch(fleet, sandboxes).await,
@@ -561,15 +568,17 @@ async fn diagnose(fleet: &Fleet, host: Option<String>) -> Result<ExitCode> {
 async fn jobs_cli(fleet: &Fleet, action: JobsAction) -> Result<ExitCode> {
     let session = |host: &Option<String>| fleet.get(host.as_deref()).map_err(anyhow::Error::msg);
     match action {
-        JobsAction::List { host, state } => {
+        JobsAction::List { host, state, limit } => {
             let session = session(&host)?;
             let state = state
                 .as_deref()
                 .map(jobs::parse_state)
                 .transpose()
                 .map_err(anyhow::Error::msg)?;
-            let mut list = jobs::list(&session, state).await?;
-            list.sort_by_key(|j| j.started_unix);
+            let (list, omitted) = jobs::list(&session, state, limit).await?;
+            if omitted > 0 {
+                println!("({omitted} older jobs not shown; --limit 0 shows as many as fit)");
+            }
             println!(
                 "{:<24} {:<9} {:<9} {:<20} COMMAND",
                 "NAME", "STATE", "EXIT", "STARTED"

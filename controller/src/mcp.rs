@@ -326,13 +326,21 @@ pub struct CheckResult {
 pub struct ListTasksParams {
     /// running, exited, cancelled or lost. Default: all.
     pub state: Option<String>,
+    /// Newest jobs to list. Default 50.
+    pub limit: Option<u32>,
     pub sandbox_name: Option<String>,
 }
 
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct ListTasksResult {
     pub tasks: Vec<TaskRow>,
+    /// Older jobs that matched but were not listed.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub older_omitted: u64,
 }
+
+/// Jobs a list tool shows unless asked for more.
+const LIST_DEFAULT: u32 = 50;
 
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct TaskRow {
@@ -505,8 +513,8 @@ pub struct WatchView {
     pub resume_attempts: u32,
 }
 
-fn is_zero(n: &u32) -> bool {
-    *n == 0
+fn is_zero<T: Default + PartialEq>(n: &T) -> bool {
+    *n == T::default()
 }
 
 #[derive(Debug, Serialize, JsonSchema)]
@@ -517,6 +525,9 @@ pub struct WatchResult {
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct WatchesResult {
     pub watches: Vec<WatchView>,
+    /// Older watches that matched but were not listed (the newest 50 are).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub older_omitted: u64,
 }
 
 #[derive(Debug, Serialize, JsonSchema)]
@@ -1104,17 +1115,17 @@ impl OutpostServer {
         }))
     }
 
-    #[tool(description = "Background jobs on a sandbox, oldest first.")]
+    #[tool(description = "Background jobs on a sandbox: the newest `limit`, oldest first.")]
     async fn list_background_tasks(
         &self,
         Parameters(p): Parameters<ListTasksParams>,
     ) -> Result<Json<ListTasksResult>, String> {
         let state = given(&p.state).map(|s| jobs::parse_state(&s)).transpose()?;
         let session = self.job_session(p.sandbox_name.as_deref())?;
-        let mut list = jobs::list(&session, state)
+        let limit = p.limit.unwrap_or(LIST_DEFAULT).max(1);
+        let (list, older_omitted) = jobs::list(&session, state, limit)
             .await
             .map_err(|e| e.to_string())?;
-        list.sort_by_key(|j| j.started_unix);
         let tasks = list
             .into_iter()
             .map(|j| TaskRow {
@@ -1126,7 +1137,10 @@ impl OutpostServer {
                 name: j.name,
             })
             .collect();
-        Ok(Json(ListTasksResult { tasks }))
+        Ok(Json(ListTasksResult {
+            tasks,
+            older_omitted,
+        }))
     }
 
     #[tool(
@@ -1301,12 +1315,14 @@ impl OutpostServer {
             Some(s) => Some(jobs::parse_state(s)?),
         };
         let session = self.job_session(p.sandbox_name.as_deref())?;
-        let mut list = jobs::list(&session, state)
+        let (list, older_omitted) = jobs::list(&session, state, LIST_DEFAULT)
             .await
             .map_err(|e| e.to_string())?;
-        list.sort_by_key(|j| j.started_unix);
         let watches = list.iter().map(|j| watch_view(session.name(), j)).collect();
-        Ok(Json(WatchesResult { watches }))
+        Ok(Json(WatchesResult {
+            watches,
+            older_omitted,
+        }))
     }
 
     #[tool(description = "One watch (background job) by watch_id.")]
@@ -1482,7 +1498,10 @@ impl OutpostServer {
 
 /// The job writing `log_file` (the latest, if several did).
 async fn job_by_log(session: &Session, log_file: &str) -> Result<String, String> {
-    let list = jobs::list(session, None).await.map_err(|e| e.to_string())?;
+    // As many as fit an answer: the job may be an old one.
+    let (list, _) = jobs::list(session, None, 0)
+        .await
+        .map_err(|e| e.to_string())?;
     list.into_iter()
         .filter(|j| log_matches(&j.log_file, log_file))
         .max_by_key(|j| j.started_unix)

@@ -2221,7 +2221,7 @@ fn unexpected(what: &str, response: &Response) -> CallError {
         Response::FileData { .. } => "FileData",
         Response::ReadDone { .. } => "ReadDone",
         Response::Job(_) => "Job",
-        Response::Jobs(_) => "Jobs",
+        Response::Jobs { .. } => "Jobs",
         Response::JobWaited(_) => "JobWaited",
         Response::JobLog(_) => "JobLog",
         Response::JobEvents(_) => "JobEvents",

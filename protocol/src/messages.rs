@@ -90,7 +90,8 @@ pub enum Request {
     /// One job's state. Answered by `Job`.
     JobStatus { name: String },
     /// Jobs, optionally only those in one state. Answered by `Jobs`.
-    JobList { state: Option<JobState> },
+    /// The newest `limit` (0: as many as fit an answer), newest first.
+    JobList { state: Option<JobState>, limit: u32 },
     /// TERM to the job's whole tree, KILL after `grace_ms`. Answered by `Job`.
     JobCancel { name: String, grace_ms: u64 },
     /// Block until the job ends, its new output matches, or it is silent.
@@ -532,8 +533,12 @@ pub enum Response {
     },
     /// Answer to `JobStart`, `JobStatus` and `JobCancel`.
     Job(JobInfo),
-    /// Answer to `JobList`.
-    Jobs(Vec<JobInfo>),
+    /// Answer to `JobList`: newest first, and how many older jobs matched
+    /// but were left out.
+    Jobs {
+        jobs: Vec<JobInfo>,
+        omitted: u64,
+    },
     /// Answer to `JobWait`.
     JobWaited(JobWaited),
     /// Answer to `JobRead`.

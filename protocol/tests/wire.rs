@@ -197,6 +197,7 @@ fn sample_messages() -> (Hello, Vec<ClientMessage>, Vec<AgentMessage>) {
             id: 14,
             body: Request::JobList {
                 state: Some(JobState::Lost),
+                limit: 50,
             },
         },
         ClientMessage::Request {
@@ -393,7 +394,10 @@ fn sample_messages() -> (Hello, Vec<ClientMessage>, Vec<AgentMessage>) {
         },
         AgentMessage::Response {
             id: 14,
-            body: Response::Jobs(vec![job.clone()]),
+            body: Response::Jobs {
+                jobs: vec![job.clone()],
+                omitted: 12,
+            },
         },
         AgentMessage::Response {
             id: 12,

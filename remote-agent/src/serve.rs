@@ -322,7 +322,9 @@ fn start_request(
             Request::Resume(req) => files::resume(req, &shared.appliers).await,
             Request::JobStart(spec) => jobs::start(spec).await,
             Request::JobStatus { name } => job_request(move || jobs::status(&name)).await,
-            Request::JobList { state } => job_request(move || jobs::list(state)).await,
+            Request::JobList { state, limit } => {
+                job_request(move || jobs::list(state, limit)).await
+            }
             Request::JobCancel { name, grace_ms } => {
                 job_request(move || jobs::cancel(&name, grace_ms)).await
             }

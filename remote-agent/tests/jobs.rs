@@ -297,21 +297,18 @@ fn exit_codes_are_exact_and_default_names_never_collide() {
     let failed = host.events(&mut agent, &killed.name).pop().unwrap();
     assert_eq!(failed.detail, "killed by signal 9");
 
-    let listed = match host.call(&mut agent, Request::JobList { state: None }) {
-        Response::Jobs(j) => j,
+    let mut list = |state, limit| match host.call(&mut agent, Request::JobList { state, limit }) {
+        Response::Jobs { jobs, omitted } => (jobs, omitted),
         other => panic!("{other:?}"),
     };
-    assert_eq!(listed.len(), 4);
-    let running = match host.call(
-        &mut agent,
-        Request::JobList {
-            state: Some(JobState::Running),
-        },
-    ) {
-        Response::Jobs(j) => j,
-        other => panic!("{other:?}"),
-    };
-    assert!(running.is_empty());
+    let (listed, omitted) = list(None, 0);
+    assert_eq!((listed.len(), omitted), (4, 0));
+    // The newest first; a limit leaves the older ones out, and says so.
+    let (newest, omitted) = list(None, 1);
+    assert_eq!((newest.len(), omitted), (1, 3));
+    assert_eq!(newest[0].name, both.name);
+    let (running, omitted) = list(Some(JobState::Running), 0);
+    assert!(running.is_empty() && omitted == 0);
 
     // Job files are private.
     use std::os::unix::fs::PermissionsExt;
@@ -744,4 +741,35 @@ fn daemon_cost() {
     measure("watching one job");
     host.wait_end(&mut agent, &j.name);
     measure("idle");
+}
+
+#[test]
+fn a_long_job_list_is_cut_to_fit_one_answer() {
+    // Every job a host ran stays recorded, and a job can carry megabytes of
+    // metadata: the list must still fit a frame, newest first, and say how
+    // many it left out.
+    let mut host = Host::new("jobs-long-list");
+    let mut agent = host.agent();
+    let mut names = Vec::new();
+    for i in 0..3 {
+        let mut s = named(&format!("big-{i}"), "true");
+        s.watch.metadata_json = Some(format!("\"{}\"", "x".repeat(1_500_000)));
+        let started = host.start(&mut agent, s);
+        host.wait_end(&mut agent, &started.name);
+        names.push(started.name);
+    }
+    match host.call(
+        &mut agent,
+        Request::JobList {
+            state: None,
+            limit: 0,
+        },
+    ) {
+        Response::Jobs { jobs, omitted } => {
+            assert!(!jobs.is_empty() && jobs.len() < 3, "{}", jobs.len());
+            assert_eq!(jobs.len() as u64 + omitted, 3);
+            assert_eq!(jobs[0].name, names[2]);
+        }
+        other => panic!("{other:?}"),
+    }
 }

@@ -74,7 +74,14 @@ async fn exit_codes_are_exact_and_names_never_collide() {
     assert!(err && r.to_string().contains("dup"), "{r}");
 
     let (_, r) = call(&client, "list_background_tasks", json!({})).await;
-    assert!(r["tasks"].as_array().unwrap().len() >= 4, "{r}");
+    let all = r["tasks"].as_array().unwrap().len();
+    assert!(all >= 4, "{r}");
+    assert!(r.get("older_omitted").is_none(), "{r}");
+    // A limit keeps the newest and counts the rest.
+    let (_, r) = call(&client, "list_background_tasks", json!({"limit": 2})).await;
+    assert_eq!(r["tasks"].as_array().unwrap().len(), 2, "{r}");
+    assert_eq!(r["older_omitted"], json!(all - 2), "{r}");
+    assert_eq!(r["tasks"][1]["name"], json!("dup"), "{r}");
     client.cancel().await.unwrap();
 }
 

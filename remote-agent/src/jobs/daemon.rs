@@ -797,6 +797,7 @@ fn create(root: &Path, spec: JobSpec) -> Result<(String, PathBuf), outpost_proto
         log: custom_log.unwrap_or_else(|| dir.join(store::LOG)),
         spec,
         created_unix: store::now_unix(),
+        created_ns: u64::try_from(nanos).unwrap_or(u64::MAX),
         cwd,
         token: format!("job.{name}.{nanos:x}"),
     };

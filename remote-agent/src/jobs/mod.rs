@@ -28,8 +28,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use outpost_protocol::{
-    AgentError, ErrorKind, JobLog, JobRead, JobSpec, JobState, JobWait, JobWaited, Response,
-    WaitReason, WatchSpec,
+    AgentError, ErrorKind, JobInfo, JobLog, JobRead, JobSpec, JobState, JobWait, JobWaited,
+    Response, WaitReason, WatchSpec,
 };
 use regex::bytes::Regex;
 use tokio::sync::watch;
@@ -114,15 +114,61 @@ pub fn status(name: &str) -> Result<Response, AgentError> {
     Ok(Response::Job(Snapshot::read(&dir)?.info()))
 }
 
-pub fn list(state: Option<JobState>) -> Result<Response, AgentError> {
+/// `JobList`: the newest `limit` jobs in `state`, newest first, as many as
+/// fit [`LIST_BYTES`] (a host keeps every job it ran, and some commands are
+/// long), and how many older ones were left out.
+pub fn list(state: Option<JobState>, limit: u32) -> Result<Response, AgentError> {
     let root = store::root()?;
-    Ok(Response::Jobs(
-        store::all(&root)
+    let mut matching: Vec<Snapshot> = store::all(&root)
+        .into_iter()
+        .filter(|s| state.is_none_or(|st| s.state == st))
+        .collect();
+    // Oldest first from the store.
+    matching.reverse();
+    let limit = if limit == 0 {
+        usize::MAX
+    } else {
+        limit as usize
+    };
+    let mut jobs = Vec::new();
+    let mut bytes = 0;
+    for snapshot in &matching {
+        let info = snapshot.info();
+        bytes += info_bytes(&info);
+        if jobs.len() >= limit || bytes > LIST_BYTES {
+            break;
+        }
+        jobs.push(info);
+    }
+    let omitted = (matching.len() - jobs.len()) as u64;
+    Ok(Response::Jobs { jobs, omitted })
+}
+
+/// Most estimated bytes of jobs in one `Jobs` answer: half a frame.
+const LIST_BYTES: usize = outpost_protocol::limits::MAX_FRAME_LEN / 2;
+
+/// An upper bound on a job's encoded size: its strings plus fixed fields.
+fn info_bytes(info: &JobInfo) -> usize {
+    let w = &info.watch;
+    let optional = [
+        &w.run_id,
+        &w.watch_name,
+        &w.resume_command,
+        &w.resume_plan_json,
+        &w.checkpoint_path,
+        &w.checkpoint_format,
+        &w.checkpoint_command,
+        &w.metadata_json,
+    ];
+    let strings: usize = [&info.name, &info.command, &info.log_file]
+        .iter()
+        .map(|s| s.len() + 5)
+        .sum::<usize>()
+        + optional
             .iter()
-            .filter(|s| state.is_none_or(|st| s.state == st))
-            .map(Snapshot::info)
-            .collect(),
-    ))
+            .map(|s| s.as_ref().map_or(1, |s| s.len() + 6))
+            .sum::<usize>();
+    strings + 128
 }
 
 pub fn events(name: Option<&str>, after_seq: u64, limit: u32) -> Result<Response, AgentError> {

@@ -172,6 +172,10 @@ fn random_u16() -> u16 {
 pub struct Record {
     pub spec: JobSpec,
     pub created_unix: u64,
+    /// Nanoseconds since the epoch at creation: orders jobs started in the
+    /// same second (0 in records written before it existed).
+    #[serde(default)]
+    pub created_ns: u64,
     /// The working directory, resolved when the job was started.
     pub cwd: PathBuf,
     /// The log, resolved: the spec's `log_file` or `<job dir>/log`.
@@ -398,7 +402,10 @@ pub fn all(root: &Path) -> Vec<Snapshot> {
         .filter(|e| e.file_name().to_str().is_some_and(valid_name))
         .filter_map(|e| Snapshot::read(&e.path()).ok())
         .collect();
-    jobs.sort_by(|a, b| (a.record.created_unix, &a.name).cmp(&(b.record.created_unix, &b.name)));
+    jobs.sort_by(|a, b| {
+        let key = |s: &Snapshot| (s.record.created_unix, s.record.created_ns);
+        (key(a), &a.name).cmp(&(key(b), &b.name))
+    });
     jobs
 }
 
