@@ -163,8 +163,8 @@ const MAX_IN_FLIGHT_BYTES: u64 = 16 << 20;
 const META_OPS: usize = 2_000;
 const META_BYTES: usize = 1 << 20;
 /// Most chunks a `Resume` lists, so it fits a frame whatever the offsets
-/// (at most ~47 encoded bytes a chunk). Larger files (hundreds of GiB) are
-/// sent afresh.
+/// (at most ~47 encoded bytes a chunk): about 85 GiB at the largest chunk
+/// size. Larger files are sent afresh.
 const MAX_RESUME_CHUNKS: usize = outpost_protocol::limits::MAX_FRAME_LEN / 2 / 48;
 /// How often a long wait (a scan) looks at [`Progress::cancelled`].
 const CANCEL_POLL: Duration = Duration::from_millis(100);

@@ -85,6 +85,9 @@ const MAX_REMOVE_DEPTH: usize = 1024;
 pub struct Applier {
     root: PathBuf,
     staged: HashMap<u64, Staged>,
+    /// Transfers given up by `Abort`: a part or resume of one that arrives
+    /// later (requests run concurrently) must not stage it again.
+    aborted: std::collections::HashSet<u64>,
 }
 
 /// A large file being assembled from parts: `.outpost-part-<xfer>.tmp` in the
@@ -169,6 +172,9 @@ struct Ready {
     dev: u64,
     ino: u64,
     expect: Expect,
+    /// A staging file stays open, and so locked, until its rename: another
+    /// transfer of the same content must not take it over in between.
+    _hold: Option<File>,
 }
 
 /// Files of one `put_files` batch written and waiting to be committed
@@ -241,6 +247,7 @@ impl Applier {
         Applier {
             root: root.to_path_buf(),
             staged: HashMap::new(),
+            aborted: Default::default(),
         }
     }
 
@@ -318,6 +325,7 @@ impl Applier {
                     dev: st.dev,
                     ino: st.ino,
                     expect: put.expect.clone(),
+                    _hold: None,
                 };
                 Ok((ready, file))
             }
@@ -350,6 +358,12 @@ impl Applier {
                     staged.discard();
                     return Err(message);
                 }
+                // One descriptor holds the lock until the rename, the other
+                // may serve the batch's flush.
+                let (hold, flush) = match staged.file.try_clone() {
+                    Ok(flush) => (Some(staged.file), flush),
+                    Err(_) => (None, staged.file),
+                };
                 let ready = Ready {
                     path: put.path.clone(),
                     parent,
@@ -359,8 +373,9 @@ impl Applier {
                     dev: staged.dev,
                     ino: staged.ino,
                     expect: put.expect.clone(),
+                    _hold: hold,
                 };
-                Ok((ready, staged.file))
+                Ok((ready, flush))
             }
         }
     }
@@ -382,6 +397,9 @@ impl Applier {
         let comps = relpath::components(path)?;
         let (leaf, _) = comps.split_last().expect("components are never empty");
         if !self.staged.contains_key(&xfer) {
+            if self.aborted.contains(&xfer) {
+                return Err(format!("transfer {xfer} was aborted"));
+            }
             self.begin_staging(xfer, path, content, false)?;
         }
         let staged = self.staged.get_mut(&xfer).expect("inserted above");
@@ -473,6 +491,9 @@ impl Applier {
         if self.staged.contains_key(&xfer) {
             return Err(format!("transfer {xfer} has already begun"));
         }
+        if self.aborted.contains(&xfer) {
+            return Err(format!("transfer {xfer} was aborted"));
+        }
         self.begin_staging(xfer, path, content, true)?;
         let staged = &self.staged[&xfer];
         let held = match sys::fstat(staged.file.as_fd()) {
@@ -522,12 +543,12 @@ impl Applier {
             sys::cstring(resumable_name(hash, size).as_bytes()).map_err(|e| e.to_string())?;
         let opened = match sys::openat(dir.as_fd(), &content_name, fresh, 0o600) {
             // Ours, unless another transfer adopts it before we lock it.
-            Ok(fd) => lock_staging(&dir, &content_name, fd),
+            Ok(fd) => lock_staging(&dir, &content_name, fd, true),
             // A partial of this content, left by a transfer cut short: taken
             // over if nobody holds it, with its content when resuming.
             Err(err) if sys::is_errno(&err, libc::EEXIST) => {
                 adopt_partial(&dir, &content_name, size)
-                    .and_then(|fd| lock_staging(&dir, &content_name, fd))
+                    .and_then(|fd| lock_staging(&dir, &content_name, fd, false))
                     .filter(|fd| adopt || sys::ftruncate(fd.as_fd(), 0).is_ok())
             }
             Err(_) => None,
@@ -604,6 +625,7 @@ impl Applier {
                 ),
                 MetaOp::Remove { path } => (path.as_slice(), remove(&mut dirs, path)),
                 MetaOp::Abort { xfer } => {
+                    self.aborted.insert(*xfer);
                     if let Some(staged) = self.staged.remove(xfer) {
                         staged.discard();
                     }
@@ -633,11 +655,11 @@ pub const RESUMABLE_FOR: Duration = Duration::from_secs(24 * 3600);
 
 /// Locks a staging file for this applier and checks that `name` still
 /// holds it (a reaper may have unlinked it between our open and our lock).
-/// `None` when another transfer holds it. A filesystem without locks gets
-/// no lock and no refusal.
-fn lock_staging(dir: &OwnedFd, name: &CStr, fd: OwnedFd) -> Option<OwnedFd> {
+/// `None` when another transfer holds it. Where the filesystem has no locks,
+/// only a file we `created` ourselves is used: someone else's could be live.
+fn lock_staging(dir: &OwnedFd, name: &CStr, fd: OwnedFd, created: bool) -> Option<OwnedFd> {
     if let Err(err) = sys::flock(fd.as_fd(), libc::LOCK_EX | libc::LOCK_NB)
-        && sys::is_errno(&err, libc::EWOULDBLOCK)
+        && (sys::is_errno(&err, libc::EWOULDBLOCK) || !created)
     {
         return None;
     }

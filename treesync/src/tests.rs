@@ -1106,6 +1106,12 @@ fn staged_files_are_checked_against_what_is_on_disk() {
     ap.put_part(4, b"f", (&[4; 32], 1 << 20), 0, &data(b"abcd"))
         .unwrap();
     assert_eq!(put_files(&mut ap, vec![staged(4, b"abcdefgh")]).done, 0);
+    // An aborted transfer cannot be begun again by a part or a resume that
+    // arrives after its abort.
+    ap.apply_meta(&[MetaOp::Abort { xfer: 5 }]);
+    let late = ap.put_part(5, b"f", (&[5; 32], 1 << 20), 0, &data(b"abcd"));
+    assert!(late.unwrap_err().contains("aborted"));
+    assert!(ap.resume(5, b"f", (&[5; 32], 1 << 20), &[]).is_err());
     assert!(temp_files(t.path()).is_empty());
 }
 

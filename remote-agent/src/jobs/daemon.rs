@@ -691,6 +691,38 @@ fn prepare_resume(dir: &Path) -> bool {
     true
 }
 
+/// Most bytes of text a job spec may carry: every job is kept and listed,
+/// so one job must never crowd the others out of a list answer.
+const MAX_SPEC_BYTES: usize = 1 << 20;
+
+/// The text a spec carries, in bytes.
+fn spec_bytes(spec: &JobSpec) -> usize {
+    let w = &spec.watch;
+    let optional = [
+        &spec.name,
+        &spec.cwd,
+        &spec.log_file,
+        &w.run_id,
+        &w.watch_name,
+        &w.resume_command,
+        &w.resume_plan_json,
+        &w.checkpoint_path,
+        &w.checkpoint_format,
+        &w.checkpoint_command,
+        &w.metadata_json,
+    ];
+    spec.command.len()
+        + spec
+            .env
+            .iter()
+            .map(|(k, v)| k.len() + v.len())
+            .sum::<usize>()
+        + optional
+            .iter()
+            .map(|s| s.as_ref().map_or(0, String::len))
+            .sum::<usize>()
+}
+
 /// Validates a spec and creates its job dir with `spec.json`.
 fn create(root: &Path, spec: JobSpec) -> Result<(String, PathBuf), outpost_protocol::AgentError> {
     let bad = |m: String| error(ErrorKind::BadRequest, m);
@@ -699,6 +731,13 @@ fn create(root: &Path, spec: JobSpec) -> Result<(String, PathBuf), outpost_proto
     }
     if spec.command.contains('\0') {
         return Err(bad("the command contains a NUL byte".into()));
+    }
+    let size = spec_bytes(&spec);
+    if size > MAX_SPEC_BYTES {
+        return Err(bad(format!(
+            "the job's command, environment and watch settings take {size} bytes, more than \
+             the {MAX_SPEC_BYTES} allowed; put long scripts or data in a file and refer to it"
+        )));
     }
     for (name, value) in &spec.env {
         if name.is_empty() || name.contains(['=', '\0']) {

@@ -135,7 +135,8 @@ pub fn list(state: Option<JobState>, limit: u32) -> Result<Response, AgentError>
     for snapshot in &matching {
         let info = snapshot.info();
         bytes += info_bytes(&info);
-        if jobs.len() >= limit || bytes > LIST_BYTES {
+        // The newest always goes in (a spec is at most 1 MiB of text).
+        if jobs.len() >= limit || (bytes > LIST_BYTES && !jobs.is_empty()) {
             break;
         }
         jobs.push(info);
