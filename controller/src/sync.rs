@@ -761,10 +761,17 @@ impl Run {
                 .contains(&(relpath::parent(&src.path).to_vec(), prefix, src.size))
     }
 
-    /// Counts the bytes a resumed transfer did not need to send.
-    fn resumed(&mut self, bytes: u64) {
-        self.report.bytes_resumed += bytes;
-        self.progress.bytes_done.fetch_add(bytes, Ordering::Relaxed);
+    /// Takes a resume's answer in: the chunks the partial file holds count
+    /// as done, and `parts` becomes what is left to send.
+    fn take_resumed(&mut self, staged: &mut Staged, present: &[u32], parts: &mut Vec<Part>) {
+        if present.is_empty() {
+            return;
+        }
+        let (held, rest) = resume_plan(&staged.change, present);
+        *parts = rest;
+        staged.counted += held;
+        self.report.bytes_resumed += held;
+        self.progress.bytes_done.fetch_add(held, Ordering::Relaxed);
     }
 
     /// Reports a file that is not sent at all, unless the scan already did.
@@ -1462,14 +1469,9 @@ impl<'r> PushFiles<'r> {
             // is cancelled before the answer comes.
             self.staged[i].begun = true;
             match self.resume(i).await? {
-                Ok(present) => {
-                    if !present.is_empty() {
-                        let (held, rest) = resume_plan(&self.staged[i].change, &present);
-                        parts = rest;
-                        self.staged[i].counted += held;
-                        self.run.resumed(held);
-                    }
-                }
+                Ok(present) => self
+                    .run
+                    .take_resumed(&mut self.staged[i], &present, &mut parts),
                 Err(message) => self.fail(i, &message),
             }
         }
@@ -1834,12 +1836,8 @@ impl<'r> PullFiles<'r> {
             match resumed {
                 Ok(present) => {
                     self.staged[i].begun = true;
-                    if !present.is_empty() {
-                        let (held, rest) = resume_plan(&self.staged[i].change, &present);
-                        parts = rest;
-                        self.staged[i].counted += held;
-                        self.run.resumed(held);
-                    }
+                    self.run
+                        .take_resumed(&mut self.staged[i], &present, &mut parts);
                 }
                 Err(message) => self.staged[i].fail_with(&message, &mut self.run.report),
             }

@@ -108,6 +108,25 @@ impl Setup {
         .await
         .unwrap()
     }
+
+    /// Starts a push of `local` to `rel` on its own task; its progress is
+    /// returned for the test to watch (and cancel).
+    fn push_in_background(
+        &self,
+        local: &Path,
+        rel: &str,
+    ) -> (
+        tokio::task::JoinHandle<Result<sync::SyncReport, sync::SyncError>>,
+        Arc<Progress>,
+    ) {
+        let progress = Arc::new(Progress::default());
+        let (session, watched) = (self.session(), progress.clone());
+        let (local, remote) = (local.to_path_buf(), self.remote(rel).display().to_string());
+        let push = tokio::spawn(async move {
+            sync::push(&session, &local, &remote, &SyncOptions::default(), watched).await
+        });
+        (push, progress)
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -325,17 +344,7 @@ async fn cancel_leaves_nothing_half_written_and_a_rerun_finishes() {
             0o644,
         );
     }
-    let progress = Arc::new(Progress::default());
-    let push = {
-        let (session, progress) = (s.session(), progress.clone());
-        let (local, remote) = (
-            src.path().to_path_buf(),
-            s.remote("c").display().to_string(),
-        );
-        tokio::spawn(async move {
-            sync::push(&session, &local, &remote, &SyncOptions::default(), progress).await
-        })
-    };
+    let (push, progress) = s.push_in_background(src.path(), "c");
     assert!(outpost_e2e::wait_until(Duration::from_secs(30), || {
         progress.files_done.load(Ordering::Relaxed) >= 5
     }));
@@ -516,17 +525,7 @@ fn big_tree(name: &str, seed: u64) -> TempDir {
 async fn a_push_cut_short_by_a_killed_agent_resumes_where_it_stopped() {
     let s = setup("sync-killed");
     let src = big_tree("sync-killed-src", 60);
-    let progress = Arc::new(Progress::default());
-    let push = {
-        let (session, progress) = (s.session(), progress.clone());
-        let (local, remote) = (
-            src.path().to_path_buf(),
-            s.remote("k").display().to_string(),
-        );
-        tokio::spawn(async move {
-            sync::push(&session, &local, &remote, &SyncOptions::default(), progress).await
-        })
-    };
+    let (push, progress) = s.push_in_background(src.path(), "k");
     assert!(outpost_e2e::wait_until(Duration::from_secs(30), || {
         progress.bytes_done.load(Ordering::Relaxed) >= 8 << 20
     }));
@@ -655,27 +654,14 @@ async fn a_host_frozen_mid_push_is_given_up() {
             0o644,
         );
     }
-    let progress = Arc::new(Progress::default());
-    let push = {
-        let (session, progress) = (s.session(), progress.clone());
-        let (local, remote) = (
-            src.path().to_path_buf(),
-            s.remote("f").display().to_string(),
-        );
-        tokio::spawn(async move {
-            let started = std::time::Instant::now();
-            let result =
-                sync::push(&session, &local, &remote, &SyncOptions::default(), progress).await;
-            (result, started.elapsed())
-        })
-    };
+    let (push, progress) = s.push_in_background(src.path(), "f");
     assert!(outpost_e2e::wait_until(Duration::from_secs(30), || {
         progress.bytes_done.load(Ordering::Relaxed) >= 4 << 20
     }));
     let frozen_at = std::time::Instant::now();
     let stopped = s.sshd.stop_connections();
     assert!(!stopped.is_empty());
-    let (result, _) = push.await.unwrap();
+    let result = push.await.unwrap();
     let given_up_after = frozen_at.elapsed();
     s.sshd.continue_pids(&stopped);
     match result {

@@ -697,20 +697,9 @@ const MAX_SPEC_BYTES: usize = 1 << 20;
 
 /// The text a spec carries, in bytes.
 fn spec_bytes(spec: &JobSpec) -> usize {
-    let w = &spec.watch;
-    let optional = [
-        &spec.name,
-        &spec.cwd,
-        &spec.log_file,
-        &w.run_id,
-        &w.watch_name,
-        &w.resume_command,
-        &w.resume_plan_json,
-        &w.checkpoint_path,
-        &w.checkpoint_format,
-        &w.checkpoint_command,
-        &w.metadata_json,
-    ];
+    let optional = [&spec.name, &spec.cwd, &spec.log_file]
+        .into_iter()
+        .chain(super::watch_texts(&spec.watch));
     spec.command.len()
         + spec
             .env
@@ -718,7 +707,6 @@ fn spec_bytes(spec: &JobSpec) -> usize {
             .map(|(k, v)| k.len() + v.len())
             .sum::<usize>()
         + optional
-            .iter()
             .map(|s| s.as_ref().map_or(0, String::len))
             .sum::<usize>()
 }

@@ -150,8 +150,20 @@ const LIST_BYTES: usize = outpost_protocol::limits::MAX_FRAME_LEN / 2;
 
 /// An upper bound on a job's encoded size: its strings plus fixed fields.
 fn info_bytes(info: &JobInfo) -> usize {
-    let w = &info.watch;
-    let optional = [
+    let strings: usize = [&info.name, &info.command, &info.log_file]
+        .iter()
+        .map(|s| s.len() + 5)
+        .sum::<usize>()
+        + watch_texts(&info.watch)
+            .iter()
+            .map(|s| s.as_ref().map_or(1, |s| s.len() + 6))
+            .sum::<usize>();
+    strings + 128
+}
+
+/// Every optional text of a watch spec.
+pub(crate) fn watch_texts(w: &WatchSpec) -> [&Option<String>; 8] {
+    [
         &w.run_id,
         &w.watch_name,
         &w.resume_command,
@@ -160,16 +172,7 @@ fn info_bytes(info: &JobInfo) -> usize {
         &w.checkpoint_format,
         &w.checkpoint_command,
         &w.metadata_json,
-    ];
-    let strings: usize = [&info.name, &info.command, &info.log_file]
-        .iter()
-        .map(|s| s.len() + 5)
-        .sum::<usize>()
-        + optional
-            .iter()
-            .map(|s| s.as_ref().map_or(1, |s| s.len() + 6))
-            .sum::<usize>();
-    strings + 128
+    ]
 }
 
 pub fn events(name: Option<&str>, after_seq: u64, limit: u32) -> Result<Response, AgentError> {
