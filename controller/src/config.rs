@@ -44,6 +44,9 @@ pub struct Config {
     pub hooks: Hooks,
     /// List the watch tools too (`REMOTE_SANDBOX_EXPOSE_ADVANCED_TOOLS=1`).
     pub expose_advanced_tools: bool,
+    /// Which commands may run where (`[policy]` and each sandbox's `policy`);
+    /// from the config file only.
+    pub policy: crate::policy::Policy,
     pub source: String,
 }
 
@@ -131,6 +134,8 @@ struct RawSandbox {
     key_passphrase: Option<String>,
     strict_host_keys: Option<bool>,
     remote_dir: Option<String>,
+    /// Command rules for this sandbox (config file only).
+    policy: Option<crate::policy::RawRules>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -145,6 +150,7 @@ struct RawFile {
     agent_dir: Option<String>,
     local_roots: Option<Vec<String>>,
     hooks: Option<RawHooks>,
+    policy: Option<crate::policy::RawPolicy>,
     #[serde(default)]
     sandbox: Vec<RawSandbox>,
 }
@@ -220,6 +226,7 @@ impl Config {
             home,
             hooks: Hooks::default(),
             expose_advanced_tools: false,
+            policy: crate::policy::Policy::default(),
             source: "embedded".into(),
         }
     }
@@ -263,6 +270,15 @@ impl Config {
         };
 
         let mut raw: Vec<RawSandbox> = file.sandbox;
+        // Policies come from the file only: remote-sandbox-mcp's variables
+        // describe hosts, never rules.
+        let mut sandbox_policies: Vec<(String, crate::policy::RawRules)> = raw
+            .iter_mut()
+            .filter_map(|r| {
+                let rules = r.policy.take()?;
+                Some((r.name.clone().unwrap_or_else(|| r.host.clone()), rules))
+            })
+            .collect();
         let mut sources = vec![source]
             .into_iter()
             .filter(|s| !s.is_empty())
@@ -271,6 +287,11 @@ impl Config {
             let parsed: Vec<RawSandbox> = serde_json::from_str(&list).context(
                 "REMOTE_SANDBOX_LIST must be a JSON array of {name?, host, port?, user, password? | key_file?, key_passphrase?}",
             )?;
+            if parsed.iter().any(|r| r.policy.is_some()) {
+                bail!(
+                    "REMOTE_SANDBOX_LIST: \"policy\" is read only from the config file ([policy] or a [[sandbox]] entry)"
+                );
+            }
             raw.extend(parsed);
             sources.push("REMOTE_SANDBOX_LIST".into());
         } else if let Some(host) = env.var("REMOTE_HOST") {
@@ -331,6 +352,22 @@ impl Config {
         if sandboxes.is_empty() {
             bail!("no sandbox configured and the local sandbox is disabled (local = false)");
         }
+        let mut raw_policy = file.policy.unwrap_or_default();
+        sandbox_policies.extend(std::mem::take(&mut raw_policy.sandbox));
+        let policy = crate::policy::Policy::compile(
+            &raw_policy.rules(),
+            &sandbox_policies,
+            &sandboxes.iter().map(|s| s.name.clone()).collect::<Vec<_>>(),
+            raw_policy.confirm_timeout_s,
+            &file_path
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default(),
+        )
+        .with_context(|| match &file_path {
+            Some(p) => format!("invalid [policy] in config file {}", p.display()),
+            None => "invalid policy".into(),
+        })?;
 
         let outpost_home = env
             .var("OUTPOST_HOME")
@@ -380,6 +417,7 @@ impl Config {
                     )
                 },
             ),
+            policy,
             sandboxes,
             known_hosts,
             home: outpost_home,
@@ -639,6 +677,58 @@ mod tests {
         assert!(err.contains("alert_after_failures"), "{err}");
         let err = format!("{:#}", load("[hooks]\nurl = \"http://x/\"\n").unwrap_err());
         assert!(err.contains("url"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn policy_comes_from_the_file() {
+        use crate::policy::Verdict;
+        let dir = std::env::temp_dir().join(format!("outpost-policy-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("c.toml");
+        let p = path.to_string_lossy().to_string();
+        let load = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            Config::load_from(&[("HOME", "/h"), ("OUTPOST_CONFIG", p.as_str())])
+        };
+        let cfg = load(
+            "[policy]\ndeny = ['rm\\s+-rf\\s+/']\nconfirm = ['sudo']\nconfirm_timeout_s = 30\n\
+             [policy.sandbox.local]\nallow = ['echo .*']\n\
+             [[sandbox]]\nname = \"gpu1\"\nhost = \"h\"\npolicy = { deny = ['reboot'] }\n",
+        )
+        .unwrap();
+        let policy = &cfg.policy;
+        assert_eq!(policy.confirm_timeout, Duration::from_secs(30));
+        let err = policy.check("gpu1", "rm -rf /").unwrap_err().to_string();
+        assert!(err.contains(&p), "the message names the file: {err}");
+        assert!(policy.check("gpu1", "reboot").is_err());
+        assert_eq!(policy.check("gpu1", "ls"), Ok(Verdict::Allow));
+        assert!(policy.check("local", "ls").is_err());
+        assert_eq!(policy.check("local", "echo hi"), Ok(Verdict::Allow));
+        assert!(matches!(
+            policy.check("local", "echo sudo"),
+            Ok(Verdict::Confirm { .. })
+        ));
+
+        let err = format!("{:#}", load("[policy]\ndeny = ['(']\n").unwrap_err());
+        assert!(err.contains("\"(\"") && err.contains("[policy]"), "{err}");
+        let err = format!(
+            "{:#}",
+            load("[policy.sandbox.nope]\ndeny = ['x']\n").unwrap_err()
+        );
+        assert!(err.contains("nope"), "{err}");
+        let err = format!("{:#}", load("[policy]\nblock = ['x']\n").unwrap_err());
+        assert!(err.contains("block"), "{err}");
+
+        let env = [
+            ("HOME", "/h"),
+            (
+                "REMOTE_SANDBOX_LIST",
+                r#"[{"host":"h","policy":{"allow":[".*"]}}]"#,
+            ),
+        ];
+        let err = Config::load_from(&env).unwrap_err().to_string();
+        assert!(err.contains("config file"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -2,7 +2,7 @@
 //! and writing remote files. Parameters and result fields follow
 //! remote-sandbox-mcp; the work is done by [`crate::sync`].
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use outpost_protocol::{EntryKind, FilterSpec, ScanRequest};
@@ -11,6 +11,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::fleet::Fleet;
+use crate::localpath::{Intent, Roots};
 use crate::sync::{self, SyncOptions, SyncReport};
 use crate::transfers::{Direction, ProgressView, Status, Transfers};
 
@@ -56,7 +57,7 @@ pub struct ListParams {
     pub remote_path: Option<String>,
     #[serde(default)]
     pub recursive: bool,
-    /// Default 200.
+    /// Default 200, at most 100000.
     pub max_entries: Option<u64>,
     pub sandbox_name: Option<String>,
 }
@@ -136,76 +137,43 @@ pub struct SyncOutcome {
     pub auto_switched: bool,
 }
 
-fn options(fleet: &Fleet, p: &SyncParams) -> Result<(PathBuf, SyncOptions), String> {
-    let local = local_path(fleet, &p.local_path)?;
+/// The local directory of a sync, checked against `roots`, and its options.
+fn options(
+    roots: &Roots,
+    p: &SyncParams,
+    direction: Direction,
+) -> Result<(PathBuf, SyncOptions), String> {
+    let intent = match direction {
+        Direction::Push => Intent::Read,
+        Direction::Pull => Intent::Dest { create: !p.dry_run },
+    };
+    let local = roots.resolve(&p.local_path, intent)?;
+    let mut excludes = p.excludes.clone().unwrap_or_default();
+    // Last, so that no `!pattern` of the caller re-includes them.
+    excludes.extend(local.secret_excludes);
     let options = SyncOptions {
         delete_extras: p.delete_extras,
         force: p.force,
         dry_run: p.dry_run,
-        excludes: p.excludes.clone().unwrap_or_default(),
+        excludes,
         exclude_file: p
             .exclude_file
             .as_deref()
-            .map(|f| local_path(fleet, f))
+            .map(|f| roots.resolve(f, Intent::Read).map(|f| f.path))
             .transpose()?,
         default_excludes: true,
         use_gitignore: p.use_gitignore,
     };
-    Ok((local, options))
-}
-
-/// Expands `~` and, when `local_roots` is configured, refuses paths outside it.
-fn local_path(fleet: &Fleet, path: &str) -> Result<PathBuf, String> {
-    let home = std::env::var_os("HOME").map(PathBuf::from);
-    let path = crate::config::expand_tilde(path, home.as_deref());
-    let Some(roots) = &fleet.config.local_roots else {
-        return Ok(path);
-    };
-    // Resolve what exists, so `..` and symlinks cannot step outside.
-    let resolved = resolve_existing_prefix(&path);
-    if roots.iter().any(|r| {
-        let r = r.canonicalize().unwrap_or_else(|_| r.clone());
-        resolved.starts_with(&r)
-    }) {
-        Ok(path)
-    } else {
-        Err(format!(
-            "{} is outside the configured local_roots ({})",
-            path.display(),
-            roots
-                .iter()
-                .map(|r| r.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ))
-    }
-}
-
-fn resolve_existing_prefix(path: &Path) -> PathBuf {
-    let mut existing = path.to_path_buf();
-    let mut rest = Vec::new();
-    while !existing.exists() {
-        match (existing.file_name(), existing.parent()) {
-            (Some(name), Some(parent)) => {
-                rest.push(name.to_owned());
-                existing = parent.to_path_buf();
-            }
-            _ => break,
-        }
-    }
-    let mut resolved = existing.canonicalize().unwrap_or(existing);
-    for name in rest.iter().rev() {
-        resolved.push(name);
-    }
-    resolved
+    Ok((local.path, options))
 }
 
 pub fn sync_background(
     fleet: &Fleet,
     transfers: &Transfers,
+    roots: &Roots,
     p: SyncParams,
 ) -> Result<SyncOutcome, String> {
-    let (local, options) = options(fleet, &p)?;
+    let (local, options) = options(roots, &p, Direction::Push)?;
     let session = fleet.get(p.sandbox_name.as_deref())?;
     let task = transfers.start(session, Direction::Push, local, p.remote_path, options);
     let view = task.view(0);
@@ -224,9 +192,10 @@ pub fn sync_background(
 pub async fn sync_maybe_inline(
     fleet: &Fleet,
     transfers: &Transfers,
+    roots: &Roots,
     p: SyncParams,
 ) -> Result<SyncOutcome, String> {
-    let (local, options) = options(fleet, &p)?;
+    let (local, options) = options(roots, &p, Direction::Push)?;
     let session = fleet.get(p.sandbox_name.as_deref())?;
     let task = transfers.start(session, Direction::Push, local, p.remote_path, options);
     let (max_files, max_bytes) = (
@@ -279,8 +248,8 @@ pub async fn sync_maybe_inline(
     }
 }
 
-pub async fn pull(fleet: &Fleet, p: SyncParams) -> Result<SyncReport, String> {
-    let (local, options) = options(fleet, &p)?;
+pub async fn pull(fleet: &Fleet, roots: &Roots, p: SyncParams) -> Result<SyncReport, String> {
+    let (local, options) = options(roots, &p, Direction::Pull)?;
     let session = fleet.get(p.sandbox_name.as_deref())?;
     sync::pull(
         &session,
@@ -304,7 +273,14 @@ pub async fn list(fleet: &Fleet, p: ListParams) -> Result<ListResult, String> {
         filter: FilterSpec::default(),
         hashes: false,
         recursive: p.recursive,
-        max_entries: p.max_entries.unwrap_or(200),
+        max_entries: match p.max_entries.unwrap_or(200) {
+            n @ 1..=MAX_LIST_ENTRIES => n,
+            n => {
+                return Err(format!(
+                    "max_entries must be 1 to {MAX_LIST_ENTRIES}, got {n}; page with a narrower remote_path"
+                ));
+            }
+        },
     };
     let (entries, summary) = sync::scan_remote(&session, request)
         .await
@@ -359,7 +335,21 @@ fn looks_binary(bytes: &[u8], truncated: bool) -> bool {
     }
 }
 
+/// Most entries one `list_remote_files` returns.
+const MAX_LIST_ENTRIES: u64 = 100_000;
+
+/// Most content `write_remote_file` takes: the whole file travels inside one
+/// MCP message and one model turn; larger files belong to the sync tools.
+pub const MAX_WRITE_BYTES: usize = 8 << 20;
+
 pub async fn write(fleet: &Fleet, p: WriteParams) -> Result<WriteResult, String> {
+    if p.content.len() > MAX_WRITE_BYTES {
+        return Err(format!(
+            "content is {} bytes; write_remote_file takes at most {} MiB: write the file locally and use sync_local_to_remote",
+            p.content.len(),
+            MAX_WRITE_BYTES >> 20
+        ));
+    }
     let session = fleet.get(p.sandbox_name.as_deref())?;
     let mode = match p.mode.as_deref() {
         None => 0o644,

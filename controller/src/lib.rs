@@ -25,14 +25,21 @@
 //! * [`files`]: the file tools behind MCP (sync inline or background, list,
 //!   read, write).
 //! * [`mcp`]: the MCP tools, resources and prompts.
+//! * [`policy`]: which commands may run where (deny, allow, confirm rules from
+//!   the config file), for the MCP exec tools and `outpost exec`.
+//! * [`audit`]: one JSON line per MCP tool call in `$OUTPOST_HOME/audit.jsonl`.
 
+pub mod audit;
 pub mod bootstrap;
 pub mod config;
 pub mod files;
 pub mod fleet;
 pub mod jobs;
+pub mod linelimit;
 pub mod link;
+pub mod localpath;
 pub mod mcp;
+pub mod policy;
 pub mod resources;
 pub mod session;
 pub mod sync;

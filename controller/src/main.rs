@@ -44,7 +44,8 @@ enum Command {
         json: bool,
     },
     /// Run a command in a sandbox, stream its output, exit with its status
-    /// (124 on timeout, 255 when the host cannot be reached).
+    /// (124 on timeout, 255 when the host cannot be reached, 126 when the
+    /// config file's [policy] refuses it; a confirm rule asks on the terminal).
     Exec {
         /// Sandbox name (default: the active one: the first configured, else `local`).
         host: Option<String>,
@@ -114,6 +115,16 @@ enum Command {
         /// Sandboxes to follow (default: every SSH sandbox, or `local` when
         /// there is none).
         sandboxes: Vec<String>,
+    },
+    /// Show the audit log of MCP tool calls ($OUTPOST_HOME/audit.jsonl): time,
+    /// client, tool, sandbox, outcome, duration, command or arguments, error.
+    Audit {
+        /// The last N calls (including rotated files when needed).
+        #[arg(long, value_name = "N", default_value_t = 20)]
+        tail: usize,
+        /// Print the raw JSON lines.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -230,6 +241,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             jobs_cli(&fleet, action).await
         }
         Command::Watch { sandboxes } => watch(fleet, sandboxes).await,
+        Command::Audit { tail, json } => audit(&fleet, tail, json),
         Command::Sync {
             source,
             target,
@@ -336,13 +348,18 @@ async fn exec(
     command: Vec<String>,
 ) -> Result<ExitCode> {
     let session = fleet.get(host.as_deref()).map_err(anyhow::Error::msg)?;
+    let command = command.join(" ");
+    if let Err(refusal) = permit(fleet, session.name(), &command).await {
+        eprintln!("outpost: {refusal}");
+        return Ok(ExitCode::from(126));
+    }
     let timeout_ms = match timeout {
         Some(t) if t > 0.0 && t.is_finite() => Some((t * 1000.0) as u64),
         Some(t) => anyhow::bail!("--timeout must be a positive number of seconds, got {t}"),
         None => None,
     };
     let req = ExecRequest {
-        command: command.join(" "),
+        command,
         cwd,
         env: Vec::new(),
         stdin: None,
@@ -377,6 +394,68 @@ async fn exec(
     }
 }
 
+/// The config file's policy for `outpost exec`: a deny rule or a missing
+/// allow rule refuses; a confirm rule asks on the terminal, and refuses when
+/// stdin is not one.
+async fn permit(fleet: &Fleet, sandbox: &str, command: &str) -> Result<(), String> {
+    use outpost::policy::{self, Planned};
+    let policy = &fleet.config.policy;
+    let pending = policy
+        .review(&[Planned {
+            sandbox,
+            field: "command",
+            command,
+        }])
+        .map_err(|refusal| refusal.to_string())?;
+    if pending.is_empty() {
+        return Ok(());
+    }
+    if !std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+        return Err(policy::not_confirmed(
+            &pending,
+            "stdin is not a terminal to ask on",
+        ));
+    }
+    let question = policy::confirm_question(&pending, policy, "You");
+    eprint!("{question} [y/N] ");
+    let _ = std::io::stderr().flush();
+    let answer = tokio::task::spawn_blocking(|| {
+        let mut line = String::new();
+        std::io::stdin().read_line(&mut line).map(|_| line)
+    })
+    .await
+    .map_err(|e| e.to_string())?
+    .unwrap_or_default();
+    match answer.trim().to_ascii_lowercase().as_str() {
+        "y" | "yes" => Ok(()),
+        _ => Err(policy::not_confirmed(&pending, "the answer was not yes")),
+    }
+}
+
+/// `outpost audit`: the last `tail` lines of the audit log.
+fn audit(fleet: &Fleet, tail: usize, json: bool) -> Result<ExitCode> {
+    let log = outpost::audit::AuditLog::new(&fleet.config.home);
+    let lines = log
+        .tail(tail)
+        .with_context(|| format!("cannot read {}", log.path().display()))?;
+    if lines.is_empty() {
+        eprintln!("no tool calls recorded in {}", log.path().display());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let out = if json {
+        lines
+    } else {
+        outpost::audit::format_human(&lines)
+    };
+    let mut stdout = std::io::stdout().lock();
+    for line in out {
+        if writeln!(stdout, "{line}").is_err() {
+            break; // e.g. piped into head
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 /// `NAME:PATH` when NAME is a configured sandbox.
 fn remote_spec<'a>(fleet: &Fleet, arg: &'a str) -> Option<(String, &'a str)> {
     let (name, path) = arg.split_once(':')?;
@@ -403,7 +482,26 @@ async fn sync(
     };
     let session = fleet.get(Some(&name)).map_err(anyhow::Error::msg)?;
     let remote = if remote.is_empty() { "~" } else { remote };
-    let local = std::path::PathBuf::from(local);
+    // A person typed the path: only a configured `local_roots` limits it.
+    let roots = outpost::localpath::configured_or(
+        fleet.config.local_roots.as_deref(),
+        outpost::localpath::Roots::unrestricted,
+    );
+    let intent = if push {
+        outpost::localpath::Intent::Read
+    } else {
+        outpost::localpath::Intent::Dest {
+            create: !options.dry_run,
+        }
+    };
+    let local = roots.resolve(local, intent).map_err(anyhow::Error::msg)?;
+    let mut options = options;
+    options.excludes.extend(local.secret_excludes);
+    if let Some(file) = &options.exclude_file {
+        let file = roots.resolve(&file.to_string_lossy(), outpost::localpath::Intent::Read);
+        options.exclude_file = Some(file.map_err(anyhow::Error::msg)?.path);
+    }
+    let local = local.path;
     let progress = Arc::new(Progress::default());
     let bar = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
         indicatif::ProgressBar::new(0)

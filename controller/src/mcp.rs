@@ -6,6 +6,11 @@
 //! Bad parameters and unknown sandboxes come back as `isError` results with a
 //! message that says what to do.
 //!
+//! Every call goes through the hand-written `call_tool`, which records it in
+//! the audit log ([`crate::audit`]); the exec tools ask the config file's
+//! command policy ([`crate::policy`]) before anything runs, and ask the person
+//! through elicitation where a confirm rule says so.
+//!
 //! Background jobs: the job tools follow remote-sandbox-mcp (`tmux_session` is
 //! the job name, `watch_id` the same name); its watch tools are listed only
 //! with `REMOTE_SANDBOX_EXPOSE_ADVANCED_TOOLS=1`. The first job tool used on a
@@ -29,10 +34,10 @@ use rmcp::model::{
     PromptMessage, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource,
     ResourceContents, ResourceTemplate, Role, ServerCapabilities, ServerConfig,
 };
-use rmcp::service::RequestContext;
+use rmcp::service::{Peer, RequestContext};
 use rmcp::{
     ErrorData as McpError, Json, RoleServer, ServerHandler, ServiceExt, prompt, prompt_handler,
-    prompt_router, tool, tool_handler, tool_router,
+    prompt_router, tool, tool_router,
 };
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -42,6 +47,9 @@ use crate::files::{
 };
 use crate::fleet::{Fleet, SandboxStatus};
 use crate::jobs;
+use crate::linelimit::{LineLimit, OVERSIZED_METHOD, oversized_error};
+use crate::localpath::Roots;
+use crate::policy::Planned;
 use crate::resources::Requirements;
 use crate::session::{CallError, Session};
 use crate::transfers::Transfers;
@@ -51,6 +59,12 @@ use crate::watch::{HookEvent, Watcher};
 /// connect timeout a fresh connection may need.
 const RESOURCE_DEADLINE_EXTRA: Duration = Duration::from_secs(5);
 
+/// Longest MCP message read from stdin (rmcp's own default is 16 MiB).
+pub const MAX_MESSAGE_BYTES: usize = 32 << 20;
+
+/// How long a `roots/list` request may take.
+const ROOTS_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 #[derive(Clone)]
 pub struct OutpostServer {
     fleet: Arc<Fleet>,
@@ -58,6 +72,11 @@ pub struct OutpostServer {
     watcher: Arc<Watcher>,
     cursors: Arc<Cursors>,
     events: Arc<EventQueue>,
+    /// The MCP client's roots, asked once and again after it says they
+    /// changed; `None` until then.
+    client_roots: Arc<tokio::sync::Mutex<Option<Roots>>>,
+    /// Every tool call is recorded here (`$OUTPOST_HOME/audit.jsonl`).
+    audit: crate::audit::AuditLog,
     tool_router: ToolRouter<Self>,
     prompt_router: PromptRouter<Self>,
 }
@@ -838,12 +857,15 @@ impl OutpostServer {
         if fleet.config.expose_advanced_tools {
             tool_router.merge(Self::advanced_router());
         }
+        let audit = crate::audit::AuditLog::new(&fleet.config.home);
         OutpostServer {
             watcher: Watcher::new(fleet.clone(), sink),
             fleet,
             transfers: Arc::new(Transfers::default()),
             cursors: Arc::new(Cursors::default()),
             events,
+            client_roots: Arc::default(),
+            audit,
             tool_router,
             prompt_router: Self::prompt_router(),
         }
@@ -906,6 +928,7 @@ impl OutpostServer {
     async fn exec_bash(
         &self,
         Parameters(p): Parameters<ExecParams>,
+        peer: rmcp::Peer<RoleServer>,
     ) -> Result<Json<ExecReply>, String> {
         let mut req = exec_request(&p, false)?;
         let mut target = p.sandbox_name.clone();
@@ -922,12 +945,33 @@ impl OutpostServer {
             req.env.push(("CUDA_VISIBLE_DEVICES".into(), devices));
         }
         Ok(Json(match &p.sandboxes {
-            Some(names) => ExecReply {
-                single: None,
-                groups: Some(self.fan_out(names, &req).await?),
-            },
+            Some(names) => {
+                let names = self.fan_out_names(names)?;
+                let planned: Vec<Planned> = names
+                    .iter()
+                    .map(|sandbox| Planned {
+                        sandbox,
+                        field: "command",
+                        command: &req.command,
+                    })
+                    .collect();
+                self.permit(&peer, &planned).await?;
+                ExecReply {
+                    single: None,
+                    groups: Some(self.fan_out(&names, &req).await?),
+                }
+            }
             None => {
                 let session = self.fleet.get(target.as_deref())?;
+                self.permit(
+                    &peer,
+                    &[Planned {
+                        sandbox: session.name(),
+                        field: "command",
+                        command: &req.command,
+                    }],
+                )
+                .await?;
                 ExecReply {
                     single: Some(exec_output(session.exec(req, |_, _| {}).await)?),
                     groups: None,
@@ -979,8 +1023,10 @@ impl OutpostServer {
     async fn sync_local_to_remote(
         &self,
         Parameters(p): Parameters<SyncParams>,
+        peer: Peer<RoleServer>,
     ) -> Result<Json<files::SyncOutcome>, String> {
-        files::sync_maybe_inline(&self.fleet, &self.transfers, p)
+        let roots = self.local_roots(&peer).await;
+        files::sync_maybe_inline(&self.fleet, &self.transfers, &roots, p)
             .await
             .map(Json)
     }
@@ -991,8 +1037,10 @@ impl OutpostServer {
     async fn sync_local_to_remote_background(
         &self,
         Parameters(p): Parameters<SyncParams>,
+        peer: Peer<RoleServer>,
     ) -> Result<Json<files::SyncOutcome>, String> {
-        files::sync_background(&self.fleet, &self.transfers, p).map(Json)
+        let roots = self.local_roots(&peer).await;
+        files::sync_background(&self.fleet, &self.transfers, &roots, p).map(Json)
     }
 
     #[tool(
@@ -1025,8 +1073,10 @@ impl OutpostServer {
     async fn sync_remote_to_local(
         &self,
         Parameters(p): Parameters<SyncParams>,
+        peer: Peer<RoleServer>,
     ) -> Result<Json<crate::sync::SyncReport>, String> {
-        files::pull(&self.fleet, p).await.map(Json)
+        let roots = self.local_roots(&peer).await;
+        files::pull(&self.fleet, &roots, p).await.map(Json)
     }
 
     #[tool(
@@ -1063,9 +1113,25 @@ impl OutpostServer {
     async fn exec_bash_background(
         &self,
         Parameters(p): Parameters<BackgroundParams>,
+        peer: rmcp::Peer<RoleServer>,
     ) -> Result<Json<BackgroundStarted>, String> {
         let spec = job_spec(&p)?;
-        let session = self.job_session(p.sandbox_name.as_deref())?;
+        let sandbox = self
+            .fleet
+            .get(p.sandbox_name.as_deref())?
+            .name()
+            .to_string();
+        let commands = crate::policy::job_commands(&spec);
+        let planned: Vec<Planned> = commands
+            .iter()
+            .map(|(field, command)| Planned {
+                sandbox: &sandbox,
+                field,
+                command,
+            })
+            .collect();
+        self.permit(&peer, &planned).await?;
+        let session = self.job_session(Some(&sandbox))?;
         let job = jobs::start(&session, spec)
             .await
             .map_err(|e| e.to_string())?;
@@ -1255,8 +1321,8 @@ impl OutpostServer {
 }
 
 impl OutpostServer {
-    /// Runs on several sandboxes and groups identical outcomes.
-    async fn fan_out(&self, names: &[String], req: &ExecRequest) -> Result<Vec<ExecGroup>, String> {
+    /// The sandboxes a fan-out names (`["all"]`: every one).
+    fn fan_out_names(&self, names: &[String]) -> Result<Vec<String>, String> {
         let names: Vec<String> = if names.iter().any(|n| n == "all") {
             self.fleet.names()
         } else {
@@ -1268,8 +1334,13 @@ impl OutpostServer {
         if names.is_empty() {
             return Err("sandboxes is empty; name sandboxes or use [\"all\"]".into());
         }
+        Ok(names)
+    }
+
+    /// Runs on several sandboxes and groups identical outcomes.
+    async fn fan_out(&self, names: &[String], req: &ExecRequest) -> Result<Vec<ExecGroup>, String> {
         let mut groups: Vec<ExecGroup> = Vec::new();
-        for (name, result) in self.fleet.exec_many(&names, req).await {
+        for (name, result) in self.fleet.exec_many(names, req).await {
             let output = exec_output(result)?;
             match groups.iter_mut().find(|g| g.output == output) {
                 Some(g) => g.sandboxes.push(name),
@@ -1281,12 +1352,113 @@ impl OutpostServer {
         }
         Ok(groups)
     }
+
+    /// Whether the config file's policy lets these commands run: refused
+    /// outright by a deny rule or a missing allow rule; with a confirm rule,
+    /// only once the person says yes through MCP elicitation. A client that
+    /// cannot ask its user gets a refusal; nothing a tool call passes can
+    /// approve a command.
+    async fn permit(
+        &self,
+        peer: &rmcp::Peer<RoleServer>,
+        planned: &[Planned<'_>],
+    ) -> Result<(), String> {
+        use rmcp::service::{ElicitationError, ElicitationMode, ServiceError};
+        let policy = &self.fleet.config.policy;
+        let pending = policy
+            .review(planned)
+            .map_err(|refusal| refusal.to_string())?;
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let refuse = |why: &str| Err(crate::policy::not_confirmed(&pending, why));
+        if !peer
+            .supported_elicitation_modes()
+            .contains(&ElicitationMode::Form)
+        {
+            return refuse(
+                "this MCP client cannot ask the user (it does not support elicitation); the user can run it with `outpost exec`",
+            );
+        }
+        let question = crate::policy::confirm_question(&pending, policy, "An agent");
+        let timeout = policy.confirm_timeout;
+        match peer
+            .elicit_with_timeout::<Approval>(question, Some(timeout))
+            .await
+        {
+            Ok(Some(Approval { approve: true })) => {
+                let rules: Vec<&str> = pending.iter().map(|p| p.rule.as_str()).collect();
+                crate::audit::note(
+                    "confirmed",
+                    serde_json::json!({"by": "elicitation", "rules": rules}),
+                );
+                Ok(())
+            }
+            Ok(_) | Err(ElicitationError::UserDeclined) => refuse("the user declined"),
+            Err(ElicitationError::UserCancelled) => refuse("the user dismissed the question"),
+            Err(ElicitationError::Service(ServiceError::Timeout { .. })) => {
+                refuse(&format!("no answer came within {} s", timeout.as_secs()))
+            }
+            Err(ElicitationError::CapabilityNotSupported) => {
+                refuse("this MCP client cannot ask the user (it does not support elicitation)")
+            }
+            Err(e) => refuse(&format!("asking the user failed: {e}")),
+        }
+    }
 }
+
+/// The person's answer to a confirm rule's question.
+#[derive(Debug, Deserialize, JsonSchema)]
+struct Approval {
+    /// Run the command(s) shown.
+    approve: bool,
+}
+
+rmcp::elicit_safe!(Approval);
 
 /// remote-sandbox-mcp's watch tools, listed only with
 /// `REMOTE_SANDBOX_EXPOSE_ADVANCED_TOOLS=1`. Every job is supervised by the
 /// host's job daemon, so a watch is just a view of a job (`watch_id` = its
 /// name).
+impl OutpostServer {
+    /// Where the file tools may touch local paths: `local_roots` from the
+    /// config, else the client's declared roots, else the start directory.
+    // Roots are deprecated for a later protocol revision; clients send them
+    // today, and they are the best signal of the project directory there is.
+    #[allow(deprecated)]
+    async fn local_roots(&self, peer: &Peer<RoleServer>) -> Roots {
+        if let Some(paths) = &self.fleet.config.local_roots {
+            return Roots::configured(paths);
+        }
+        let mut cached = self.client_roots.lock().await;
+        if let Some(roots) = cached.as_ref() {
+            return roots.clone();
+        }
+        let declared = peer
+            .peer_info()
+            .is_some_and(|info| info.capabilities.roots.is_some());
+        if !declared {
+            return Roots::start_dir();
+        }
+        match tokio::time::timeout(ROOTS_WAIT, peer.list_roots()).await {
+            Ok(Ok(list)) => {
+                let uris: Vec<String> = list.roots.into_iter().map(|r| r.uri).collect();
+                let roots = Roots::from_client(&uris);
+                *cached = Some(roots.clone());
+                roots
+            }
+            Ok(Err(e)) => {
+                tracing::warn!("the client's roots/list failed ({e}); using the start directory");
+                Roots::start_dir()
+            }
+            Err(_) => {
+                tracing::warn!("the client did not answer roots/list; using the start directory");
+                Roots::start_dir()
+            }
+        }
+    }
+}
+
 #[tool_router(router = advanced_router)]
 impl OutpostServer {
     #[tool(
@@ -1662,9 +1834,52 @@ impl OutpostServer {
     }
 }
 
-#[tool_handler(router = self.tool_router)]
 #[prompt_handler(router = self.prompt_router)]
 impl ServerHandler for OutpostServer {
+    /// The one way into every tool (the basic router, with the watch tools
+    /// merged in when asked): each call is recorded in the audit log, also
+    /// when it fails or is cancelled.
+    async fn call_tool(
+        &self,
+        request: rmcp::model::CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::CallToolResponse, McpError> {
+        let client = context
+            .client_info()
+            .map(|info| crate::audit::truncate(&info.name, 100))
+            .unwrap_or_default();
+        let args = request.arguments.as_ref();
+        let call = crate::audit::Call::begin(
+            &self.audit,
+            client,
+            crate::audit::truncate(&request.name, 100),
+            crate::audit::sandbox_of(args, || self.fleet.active_name()),
+            crate::audit::digest(args),
+        );
+        let tcc = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
+        call.run(self.tool_router.call(tcc)).await
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ListToolsResult, McpError> {
+        let cache_hints = context
+            .protocol_version()
+            .is_some_and(|v| v >= rmcp::model::ProtocolVersion::V_2026_07_28);
+        let mut result = rmcp::model::ListToolsResult::with_all_items(self.tool_router.list_all());
+        if cache_hints {
+            result.ttl_ms = Some(0);
+            result.cache_scope = Some(rmcp::model::CacheScope::Public);
+        }
+        Ok(result)
+    }
+
+    fn get_tool(&self, name: &str) -> Option<rmcp::model::Tool> {
+        self.tool_router.get(name).cloned()
+    }
+
     async fn list_resources(
         &self,
         _request: Option<PaginatedRequestParams>,
@@ -1721,6 +1936,34 @@ impl ServerHandler for OutpostServer {
         Ok(())
     }
 
+    async fn on_roots_list_changed(
+        &self,
+        _context: rmcp::service::NotificationContext<RoleServer>,
+    ) {
+        // Asked again on the next file tool call.
+        *self.client_roots.lock().await = None;
+    }
+
+    async fn on_custom_request(
+        &self,
+        request: rmcp::model::CustomRequest,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::CustomResult, McpError> {
+        if request.method != OVERSIZED_METHOD {
+            return Err(McpError::new(
+                rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+                request.method,
+                None,
+            ));
+        }
+        let params = request.params.unwrap_or_default();
+        let field = |name: &str| params.get(name).and_then(|v| v.as_u64()).unwrap_or(0);
+        Err(McpError::invalid_request(
+            oversized_error(field("bytes"), field("limit")),
+            None,
+        ))
+    }
+
     #[allow(deprecated)] // enable_logging: the job events
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(
@@ -1744,7 +1987,14 @@ impl ServerHandler for OutpostServer {
 pub async fn serve_stdio(fleet: Arc<Fleet>) -> anyhow::Result<()> {
     let server = OutpostServer::new(fleet.clone());
     let events = server.events.clone();
-    let service = server.serve(rmcp::transport::stdio()).await?;
+    let (stdin, stdout) = rmcp::transport::stdio();
+    let transport = rmcp::transport::async_rw::AsyncRwTransport::new(
+        LineLimit::new(stdin, MAX_MESSAGE_BYTES),
+        stdout,
+    )
+    // LineLimit already cut longer lines to the limit plus two bytes.
+    .with_max_line_length(MAX_MESSAGE_BYTES + 16);
+    let service = server.serve(transport).await?;
     events.forward(service.peer().clone());
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {

@@ -14,7 +14,10 @@ pub async fn start(env: &[(&str, String)]) -> (Client, TempDir) {
     let home = super::scratch("mcp-home");
     let transport = TokioChildProcess::new(
         tokio::process::Command::new(target_bin("outpost")).configure(|cmd| {
+            // The start directory is the server's local root when the
+            // client declares none; the tests' scratch trees live here.
             cmd.arg("mcp")
+                .current_dir(std::env::temp_dir())
                 .env_clear()
                 .env("HOME", home.path())
                 .env("PATH", std::env::var("PATH").unwrap());

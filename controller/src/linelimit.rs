@@ -1,0 +1,345 @@
+//! Every MCP request gets an answer, even one too large to read.
+//!
+//! MCP over stdio is one JSON-RPC message per line. A line longer than the
+//! limit cannot be buffered, and the stdio transport drops it without a word,
+//! so the client would wait for an answer until its own timeout. [`LineLimit`]
+//! sits between stdin and the transport: it passes lines through untouched
+//! while watching each one for its top-level `"id"`, and when a line outgrows
+//! the limit it cuts it short (the transport ignores the unparsable stub) and,
+//! where the line ends, puts in a small request of its own with the same id:
+//!
+//! ```text
+//! {"jsonrpc":"2.0","id":<id>,"method":"outpost/oversized","params":{"bytes":N,"limit":L}}
+//! ```
+//!
+//! The server answers that request with a JSON-RPC error naming the limit
+//! ([`oversized_error`]). A notification (no id) that is too large needs no
+//! answer and is only logged.
+
+use std::collections::VecDeque;
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, ReadBuf};
+
+/// The method of the request that stands in for an oversized one.
+pub const OVERSIZED_METHOD: &str = "outpost/oversized";
+
+/// Longest id kept; JSON-RPC ids are short numbers or strings.
+const MAX_ID_LEN: usize = 256;
+
+/// An `AsyncRead` that bounds lines; see the module docs.
+pub struct LineLimit<R> {
+    inner: R,
+    limit: usize,
+    /// Bytes of the current line seen so far (passed or dropped).
+    line_len: usize,
+    /// The current line went past the limit; its rest is dropped.
+    dropping: bool,
+    scan: IdScan,
+    /// Bytes to hand out before reading more.
+    pending: VecDeque<u8>,
+    /// Room for one read of the inner stream.
+    chunk: Box<[u8]>,
+}
+
+impl<R> LineLimit<R> {
+    pub fn new(inner: R, limit: usize) -> LineLimit<R> {
+        LineLimit {
+            inner,
+            limit,
+            line_len: 0,
+            dropping: false,
+            scan: IdScan::default(),
+            pending: VecDeque::new(),
+            chunk: vec![0; 64 * 1024].into_boxed_slice(),
+        }
+    }
+
+    /// Runs `input` through the line rules, queueing what to pass on.
+    fn absorb(&mut self, input: &[u8]) {
+        let mut rest = input;
+        while !rest.is_empty() {
+            let newline = rest.iter().position(|b| *b == b'\n');
+            let end = newline.map_or(rest.len(), |i| i + 1);
+            let piece = &rest[..end];
+            let body = &piece[..newline.map_or(piece.len(), |_| piece.len() - 1)];
+            self.scan.feed(body);
+            let room = self.limit.saturating_sub(self.line_len);
+            if !self.dropping {
+                if body.len() <= room {
+                    self.pending.extend(piece);
+                } else {
+                    // Pass what fits, then end the line with a byte no JSON
+                    // may hold there, so the transport ignores the stub
+                    // whatever its prefix happened to be.
+                    self.pending.extend(&body[..room]);
+                    self.pending.extend(b"\x01\n");
+                    self.dropping = true;
+                }
+            }
+            self.line_len += body.len();
+            if newline.is_some() {
+                if self.dropping {
+                    self.answer_oversized();
+                }
+                self.line_len = 0;
+                self.dropping = false;
+                self.scan = IdScan::default();
+            }
+            rest = &rest[end..];
+        }
+    }
+
+    fn answer_oversized(&mut self) {
+        match self.scan.id.take() {
+            Some(id) => {
+                let line = format!(
+                    "{{\"jsonrpc\":\"2.0\",\"id\":{},\"method\":\"{OVERSIZED_METHOD}\",\"params\":{{\"bytes\":{},\"limit\":{}}}}}\n",
+                    String::from_utf8_lossy(&id),
+                    self.line_len,
+                    self.limit
+                );
+                self.pending.extend(line.as_bytes());
+            }
+            None => tracing::warn!(
+                "dropped an MCP message of {} bytes without an id (limit {} bytes)",
+                self.line_len,
+                self.limit
+            ),
+        }
+    }
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for LineLimit<R> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        loop {
+            if !this.pending.is_empty() {
+                let (front, _) = this.pending.as_slices();
+                let n = front.len().min(buf.remaining());
+                buf.put_slice(&front[..n]);
+                this.pending.drain(..n);
+                return Poll::Ready(Ok(()));
+            }
+            let mut chunk = std::mem::take(&mut this.chunk);
+            let mut read = ReadBuf::new(&mut chunk);
+            let polled = Pin::new(&mut this.inner).poll_read(cx, &mut read);
+            let filled = read.filled().len();
+            let result = match polled {
+                Poll::Ready(Ok(())) if filled == 0 => Some(Poll::Ready(Ok(()))),
+                Poll::Ready(Ok(())) => {
+                    this.absorb(&chunk[..filled]);
+                    None
+                }
+                other => Some(other),
+            };
+            this.chunk = chunk;
+            if let Some(result) = result {
+                return result;
+            }
+        }
+    }
+}
+
+/// The error a client gets for a message of `bytes` over `limit`.
+pub fn oversized_error(bytes: u64, limit: u64) -> String {
+    format!(
+        "message of {} exceeds the {} limit of one MCP message; send less per call \
+         (for file content, write it locally and use sync_local_to_remote)",
+        human(bytes),
+        human(limit)
+    )
+}
+
+fn human(bytes: u64) -> String {
+    if bytes >= 1 << 20 {
+        format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+    } else {
+        format!("{bytes} bytes")
+    }
+}
+
+/// Finds the top-level `"id"` member of one JSON object streamed in pieces,
+/// keeping only its raw text.
+#[derive(Default)]
+struct IdScan {
+    depth: u32,
+    in_string: bool,
+    escaped: bool,
+    /// At depth 1, the next string is a member name.
+    expect_key: bool,
+    /// The member name being read, while it may still be `id`.
+    key: Vec<u8>,
+    key_is_id: bool,
+    /// Reading the value of `id`.
+    in_id: bool,
+    raw: Vec<u8>,
+    id: Option<Vec<u8>>,
+    done: bool,
+}
+
+impl IdScan {
+    fn feed(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            if self.done {
+                return;
+            }
+            self.step(b);
+        }
+    }
+
+    fn step(&mut self, b: u8) {
+        if self.in_id && self.depth == 1 && !self.in_string && matches!(b, b',' | b'}') {
+            self.finish_id();
+        } else if self.in_id && self.raw.len() < MAX_ID_LEN {
+            self.raw.push(b);
+        } else if self.in_id {
+            // Not a real id: give up on it.
+            self.done = true;
+            return;
+        }
+        if self.in_string {
+            if self.escaped {
+                self.escaped = false;
+            } else if b == b'\\' {
+                self.escaped = true;
+            } else if b == b'"' {
+                self.in_string = false;
+                if self.expect_key && self.depth == 1 {
+                    self.key_is_id = self.key == b"id";
+                    self.expect_key = false;
+                }
+            } else if self.expect_key && self.depth == 1 && self.key.len() < 3 {
+                // Three bytes are enough to know a name is not `id`.
+                self.key.push(b);
+            }
+            return;
+        }
+        match b {
+            b'"' => {
+                self.in_string = true;
+                if self.expect_key && self.depth == 1 {
+                    self.key.clear();
+                }
+            }
+            b'{' | b'[' => {
+                self.depth += 1;
+                if self.depth == 1 {
+                    self.expect_key = b == b'{';
+                }
+            }
+            b'}' | b']' => self.depth = self.depth.saturating_sub(1),
+            b',' if self.depth == 1 => self.expect_key = true,
+            b':' if self.depth == 1 && self.key_is_id => {
+                self.key_is_id = false;
+                self.in_id = true;
+                self.raw.clear();
+            }
+            _ => {}
+        }
+    }
+
+    fn finish_id(&mut self) {
+        self.in_id = false;
+        let text = String::from_utf8_lossy(&self.raw).trim().to_string();
+        // Only what JSON-RPC allows as an id is echoed back.
+        let valid = serde_json::from_str::<serde_json::Value>(&text)
+            .is_ok_and(|v| v.is_number() || v.is_string());
+        if valid {
+            self.id = Some(text.into_bytes());
+        }
+        self.done = true;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::AsyncReadExt;
+
+    async fn run(input: Vec<u8>, limit: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        LineLimit::new(&input[..], limit)
+            .read_to_end(&mut out)
+            .await
+            .unwrap();
+        out
+    }
+
+    fn lines(out: &[u8]) -> Vec<String> {
+        out.split(|b| *b == b'\n')
+            .filter(|l| !l.is_empty())
+            .map(|l| String::from_utf8_lossy(l).into_owned())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn short_lines_pass_untouched() {
+        let input = b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}\n{\"a\":[1,{\"id\":2}]}\n"
+            .to_vec();
+        assert_eq!(run(input.clone(), 100).await, input);
+    }
+
+    #[tokio::test]
+    async fn an_oversized_request_becomes_an_answerable_one() {
+        let big = "x".repeat(5000);
+        let input = format!(
+            "{{\"jsonrpc\":\"2.0\",\"method\":\"tools/call\",\"params\":{{\"name\":\"write_remote_file\",\"arguments\":{{\"id\":99,\"content\":\"{big}\"}}}},\"id\":\"req-7\"}}\n{{\"jsonrpc\":\"2.0\",\"id\":8,\"method\":\"ping\"}}\n"
+        );
+        let out = run(input.into_bytes(), 1000).await;
+        let got = lines(&out);
+        assert_eq!(got.len(), 3, "{got:?}");
+        // The stub is cut at the limit and cannot parse.
+        assert!(got[0].len() <= 1001);
+        assert!(serde_json::from_str::<serde_json::Value>(&got[0]).is_err());
+        let stand_in: serde_json::Value = serde_json::from_str(&got[1]).unwrap();
+        assert_eq!(
+            stand_in["id"], "req-7",
+            "the top-level id, not a nested one"
+        );
+        assert_eq!(stand_in["method"], OVERSIZED_METHOD);
+        assert!(stand_in["params"]["bytes"].as_u64().unwrap() > 5000);
+        assert_eq!(got[2], "{\"jsonrpc\":\"2.0\",\"id\":8,\"method\":\"ping\"}");
+    }
+
+    #[tokio::test]
+    async fn split_reads_and_escapes_do_not_confuse_the_scan() {
+        let input = format!(
+            "{{\"method\":\"x\",\"params\":{{\"s\":\"\\\"id\\\":5, }}\"}},\"id\" : 42 ,\"pad\":\"{}\"}}\n",
+            "y".repeat(300)
+        );
+        // One byte at a time through the scanner.
+        let mut limit = LineLimit::new(&b""[..], 100);
+        for b in input.as_bytes() {
+            limit.absorb(std::slice::from_ref(b));
+        }
+        let out: Vec<u8> = limit.pending.into_iter().collect();
+        let got = lines(&out);
+        let stand_in: serde_json::Value = serde_json::from_str(&got[1]).unwrap();
+        assert_eq!(stand_in["id"], 42);
+    }
+
+    #[tokio::test]
+    async fn an_oversized_notification_is_dropped() {
+        let input = format!("{{\"method\":\"n\",\"params\":\"{}\"}}\n", "z".repeat(500));
+        let out = run(input.into_bytes(), 100).await;
+        let got = lines(&out);
+        assert_eq!(got.len(), 1);
+        assert!(serde_json::from_str::<serde_json::Value>(&got[0]).is_err());
+    }
+
+    #[test]
+    fn the_error_names_the_limit() {
+        let msg = oversized_error(17_000_000, 32 << 20);
+        assert!(
+            msg.contains("16.2 MiB") && msg.contains("32.0 MiB"),
+            "{msg}"
+        );
+    }
+}

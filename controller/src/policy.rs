@@ -1,0 +1,720 @@
+//! Command policy: which commands may run on which sandbox.
+//!
+//! Rules come only from the config file (`[policy]` for every sandbox, plus
+//! `policy = {…}` in a `[[sandbox]]` entry or `[policy.sandbox.NAME]` for one
+//! sandbox, added to the global rules); never from a tool call. Both front ends
+//! ask the same [`Policy`]: the MCP exec tools (`exec_bash`, each sandbox of a
+//! fan-out, `exec_bash_background`'s command, resume and checkpoint commands)
+//! and `outpost exec`.
+//!
+//! - `deny`: a command matching any deny pattern (anywhere in it) is refused.
+//!   Deny wins over everything else.
+//! - `allow`: when a sandbox has allow patterns, a command must match one of
+//!   them *whole* (the pattern is anchored at both ends), so `allow =
+//!   ['nvidia-smi']` does not admit `nvidia-smi; curl … | sh`. A pattern with
+//!   arguments should say which: `python train\.py[^;&|$`\n]*` rather than
+//!   `python train\.py.*`, whose `.*` admits whatever follows on the line.
+//! - `confirm`: a command matching a confirm pattern (anywhere) runs only after
+//!   the person says yes: through MCP elicitation, or on the terminal for
+//!   `outpost exec`. No answer, no support for asking, or a "no" refuses it.
+//!
+//! Patterns are Rust `regex` syntax, case-sensitive unless `(?i)`. They are a
+//! guard rail against mistakes and steered agents, not a sandbox: a shell
+//! command can be spelled many ways, so an allow-list is the stronger tool.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use regex::Regex;
+use serde::Deserialize;
+
+/// How long a confirmation question waits for the person by default.
+pub const DEFAULT_CONFIRM_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The rules as written in the config file (`[policy]` or a sandbox's `policy`).
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRules {
+    #[serde(default)]
+    pub deny: Vec<String>,
+    #[serde(default)]
+    pub allow: Vec<String>,
+    #[serde(default)]
+    pub confirm: Vec<String>,
+}
+
+/// The `[policy]` section: global rules, per-sandbox rules, the confirmation
+/// timeout.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPolicy {
+    #[serde(default)]
+    pub deny: Vec<String>,
+    #[serde(default)]
+    pub allow: Vec<String>,
+    #[serde(default)]
+    pub confirm: Vec<String>,
+    /// `[policy.sandbox.NAME]`: rules for one sandbox (also `local` and
+    /// sandboxes from the environment).
+    #[serde(default)]
+    pub sandbox: BTreeMap<String, RawRules>,
+    /// Seconds a confirmation question waits for an answer (default 300).
+    pub confirm_timeout_s: Option<f64>,
+}
+
+impl RawPolicy {
+    /// The global rules.
+    pub fn rules(&self) -> RawRules {
+        RawRules {
+            deny: self.deny.clone(),
+            allow: self.allow.clone(),
+            confirm: self.confirm.clone(),
+        }
+    }
+}
+
+/// Where a rule was written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    /// `[policy]`: every sandbox.
+    Global,
+    /// A sandbox's own `policy`.
+    Sandbox(String),
+}
+
+impl fmt::Display for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Scope::Global => f.write_str("[policy]"),
+            Scope::Sandbox(name) => write!(f, "policy of sandbox {name}"),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Rule {
+    /// As written in the config file.
+    pattern: String,
+    regex: Regex,
+    scope: Scope,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Rules {
+    deny: Vec<Rule>,
+    allow: Vec<Rule>,
+    confirm: Vec<Rule>,
+}
+
+impl Rules {
+    fn compile(raw: &RawRules, scope: &Scope) -> Result<Rules> {
+        let compile = |kind: &str, patterns: &[String], anchored: bool| -> Result<Vec<Rule>> {
+            patterns
+                .iter()
+                .map(|p| {
+                    let source = if anchored {
+                        format!("^(?:{p})$")
+                    } else {
+                        p.clone()
+                    };
+                    match Regex::new(&source) {
+                        Ok(regex) => Ok(Rule {
+                            pattern: p.clone(),
+                            regex,
+                            scope: scope.clone(),
+                        }),
+                        Err(e) => bail!("{scope}: invalid {kind} pattern {p:?}: {e}"),
+                    }
+                })
+                .collect()
+        };
+        Ok(Rules {
+            deny: compile("deny", &raw.deny, false)?,
+            allow: compile("allow", &raw.allow, true)?,
+            confirm: compile("confirm", &raw.confirm, false)?,
+        })
+    }
+}
+
+/// The command policy of every sandbox.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    global: Rules,
+    sandboxes: BTreeMap<String, Rules>,
+    /// The config file the rules came from, for messages.
+    source: String,
+    /// How long a confirmation question waits.
+    pub confirm_timeout: Duration,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            global: Rules::default(),
+            sandboxes: BTreeMap::new(),
+            source: String::new(),
+            confirm_timeout: DEFAULT_CONFIRM_TIMEOUT,
+        }
+    }
+}
+
+/// What the policy says about a command that may run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Allow,
+    /// Run only after the person confirms; the confirm pattern that matched.
+    Confirm {
+        rule: String,
+        scope: Scope,
+    },
+}
+
+/// Why the policy refused a command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub sandbox: String,
+    /// Which command of the call: `command`, `resume_command`, …
+    pub field: String,
+    pub reason: RefusalReason,
+    /// The config file, for the message.
+    pub source: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RefusalReason {
+    Deny {
+        rule: String,
+        scope: Scope,
+    },
+    /// Allow patterns exist and none matches the whole command.
+    NotAllowed {
+        allow: Vec<String>,
+    },
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("refused by policy: ")?;
+        if self.field != "command" {
+            write!(f, "{}: ", self.field)?;
+        }
+        match &self.reason {
+            RefusalReason::Deny { rule, scope } => write!(
+                f,
+                "deny rule {rule:?} ({scope}) for sandbox {}",
+                self.sandbox
+            )?,
+            RefusalReason::NotAllowed { allow } => {
+                const SHOWN: usize = 5;
+                let mut list: Vec<String> =
+                    allow.iter().take(SHOWN).map(|p| format!("{p:?}")).collect();
+                if allow.len() > SHOWN {
+                    list.push(format!("… {} more", allow.len() - SHOWN));
+                }
+                write!(
+                    f,
+                    "the command matches no allow rule for sandbox {} (an allow pattern must match the whole command: {})",
+                    self.sandbox,
+                    list.join(", ")
+                )?
+            }
+        }
+        write!(f, " (config: {})", self.source_label())
+    }
+}
+
+impl Refusal {
+    fn source_label(&self) -> &str {
+        if self.source.is_empty() {
+            "no file"
+        } else {
+            &self.source
+        }
+    }
+}
+
+/// One command a call would run: on which sandbox, in which parameter.
+#[derive(Debug, Clone, Copy)]
+pub struct Planned<'a> {
+    pub sandbox: &'a str,
+    pub field: &'a str,
+    pub command: &'a str,
+}
+
+/// A planned command that needs the person's OK first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pending {
+    pub sandbox: String,
+    pub field: String,
+    pub command: String,
+    pub rule: String,
+    pub scope: Scope,
+}
+
+impl Policy {
+    /// Compiles the rules; an invalid pattern, a per-sandbox policy for a
+    /// sandbox that does not exist, or a bad timeout is an error that names it.
+    pub fn compile(
+        global: &RawRules,
+        per_sandbox: &[(String, RawRules)],
+        known_sandboxes: &[String],
+        confirm_timeout_s: Option<f64>,
+        source: &str,
+    ) -> Result<Policy> {
+        let confirm_timeout = match confirm_timeout_s {
+            None => DEFAULT_CONFIRM_TIMEOUT,
+            Some(s) if s > 0.0 && s <= 86_400.0 => Duration::from_secs_f64(s),
+            Some(s) => bail!(
+                "[policy] confirm_timeout_s must be a number of seconds between 0 and 86400, got {s}"
+            ),
+        };
+        let mut sandboxes: BTreeMap<String, Rules> = BTreeMap::new();
+        for (name, raw) in per_sandbox {
+            if !known_sandboxes.iter().any(|k| k == name) {
+                bail!(
+                    "[policy.sandbox.{name}]: there is no sandbox named {name:?} (sandboxes: {})",
+                    known_sandboxes.join(", ")
+                );
+            }
+            let rules = Rules::compile(raw, &Scope::Sandbox(name.clone()))?;
+            let entry = sandboxes.entry(name.clone()).or_default();
+            entry.deny.extend(rules.deny);
+            entry.allow.extend(rules.allow);
+            entry.confirm.extend(rules.confirm);
+        }
+        Ok(Policy {
+            global: Rules::compile(global, &Scope::Global)?,
+            sandboxes,
+            source: source.to_string(),
+            confirm_timeout,
+        })
+    }
+
+    /// Whether no rule exists at all (every command may run).
+    pub fn is_empty(&self) -> bool {
+        let empty = |r: &Rules| r.deny.is_empty() && r.allow.is_empty() && r.confirm.is_empty();
+        empty(&self.global) && self.sandboxes.values().all(empty)
+    }
+
+    /// The rules that apply on `sandbox`: the global ones, then its own.
+    fn rules<'a>(&'a self, sandbox: &str, pick: fn(&Rules) -> &Vec<Rule>) -> Vec<&'a Rule> {
+        let mut rules: Vec<&Rule> = pick(&self.global).iter().collect();
+        if let Some(own) = self.sandboxes.get(sandbox) {
+            rules.extend(pick(own).iter());
+        }
+        rules
+    }
+
+    /// What the policy says about running `command` on `sandbox`.
+    pub fn check(&self, sandbox: &str, command: &str) -> Result<Verdict, Refusal> {
+        self.check_field(sandbox, "command", command)
+    }
+
+    fn check_field(&self, sandbox: &str, field: &str, command: &str) -> Result<Verdict, Refusal> {
+        let refuse = |reason| Refusal {
+            sandbox: sandbox.to_string(),
+            field: field.to_string(),
+            reason,
+            source: self.source.clone(),
+        };
+        if let Some(rule) = self
+            .rules(sandbox, |r| &r.deny)
+            .into_iter()
+            .find(|r| r.regex.is_match(command))
+        {
+            return Err(refuse(RefusalReason::Deny {
+                rule: rule.pattern.clone(),
+                scope: rule.scope.clone(),
+            }));
+        }
+        let allow = self.rules(sandbox, |r| &r.allow);
+        if !allow.is_empty() && !allow.iter().any(|r| r.regex.is_match(command)) {
+            return Err(refuse(RefusalReason::NotAllowed {
+                allow: allow.iter().map(|r| r.pattern.clone()).collect(),
+            }));
+        }
+        match self
+            .rules(sandbox, |r| &r.confirm)
+            .into_iter()
+            .find(|r| r.regex.is_match(command))
+        {
+            Some(rule) => Ok(Verdict::Confirm {
+                rule: rule.pattern.clone(),
+                scope: rule.scope.clone(),
+            }),
+            None => Ok(Verdict::Allow),
+        }
+    }
+
+    /// Checks every command a call would run. The first refusal refuses the
+    /// whole call (nothing runs); otherwise the commands that need the
+    /// person's OK, none when all may simply run.
+    pub fn review(&self, planned: &[Planned<'_>]) -> Result<Vec<Pending>, Refusal> {
+        let mut pending = Vec::new();
+        for p in planned {
+            if let Verdict::Confirm { rule, scope } =
+                self.check_field(p.sandbox, p.field, p.command)?
+            {
+                pending.push(Pending {
+                    sandbox: p.sandbox.to_string(),
+                    field: p.field.to_string(),
+                    command: p.command.to_string(),
+                    rule,
+                    scope,
+                });
+            }
+        }
+        Ok(pending)
+    }
+
+    /// The config file named in messages.
+    pub fn source(&self) -> &str {
+        if self.source.is_empty() {
+            "no file"
+        } else {
+            &self.source
+        }
+    }
+}
+
+/// The commands a background job would run, by parameter: its command, its
+/// resume command (also the one inside `resume_plan_json`, which the host runs
+/// when `resume_command` is not set) and its checkpoint command.
+pub fn job_commands(spec: &outpost_protocol::JobSpec) -> Vec<(&'static str, String)> {
+    let w = &spec.watch;
+    let plan = w
+        .resume_plan_json
+        .as_deref()
+        .and_then(|text| serde_json::from_str::<serde_json::Value>(text).ok())
+        .and_then(|plan| Some(plan.get("resume_command")?.as_str()?.to_string()));
+    [
+        ("command", Some(spec.command.clone())),
+        ("resume_command", w.resume_command.clone()),
+        ("resume_plan_json", plan),
+        ("checkpoint_command", w.checkpoint_command.clone()),
+    ]
+    .into_iter()
+    .filter_map(|(field, command)| Some((field, command?)))
+    .collect()
+}
+
+/// The question put to the person for commands that need their OK; `who`
+/// says who wants them run ("An agent", "You").
+pub fn confirm_question(pending: &[Pending], policy: &Policy, who: &str) -> String {
+    const SHOWN: usize = 2000;
+    let mut text =
+        format!("{who} asked to run a command that your Outpost policy asks you to confirm.\n");
+    for p in pending {
+        let command = if p.command.len() > SHOWN {
+            let mut end = SHOWN;
+            while !p.command.is_char_boundary(end) {
+                end -= 1;
+            }
+            format!(
+                "{}… [{} more bytes]",
+                &p.command[..end],
+                p.command.len() - end
+            )
+        } else {
+            p.command.clone()
+        };
+        text.push_str(&format!(
+            "\nSandbox: {}\n{}: {}\nConfirm rule: {:?} ({})\n",
+            p.sandbox,
+            if p.field == "command" {
+                "Command"
+            } else {
+                &p.field
+            },
+            command,
+            p.rule,
+            p.scope
+        ));
+    }
+    text.push_str(&format!("\n(config: {})\nRun it?", policy.source()));
+    text
+}
+
+/// The tool error for confirm rules that could not be confirmed.
+pub fn not_confirmed(pending: &[Pending], why: &str) -> String {
+    let rules: Vec<String> = pending
+        .iter()
+        .map(|p| format!("confirm rule {:?} for sandbox {}", p.rule, p.sandbox))
+        .collect();
+    format!(
+        "refused: {} needs the user's confirmation, and {why}",
+        rules.join(", ")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rules(deny: &[&str], allow: &[&str], confirm: &[&str]) -> RawRules {
+        let v = |s: &[&str]| s.iter().map(|p| p.to_string()).collect();
+        RawRules {
+            deny: v(deny),
+            allow: v(allow),
+            confirm: v(confirm),
+        }
+    }
+
+    fn names() -> Vec<String> {
+        vec!["gpu1".into(), "local".into()]
+    }
+
+    #[test]
+    fn no_rules_allow_everything() {
+        let p = Policy::default();
+        assert!(p.is_empty());
+        assert_eq!(p.check("gpu1", "rm -rf /"), Ok(Verdict::Allow));
+    }
+
+    #[test]
+    fn deny_wins_over_allow_and_confirm() {
+        let p = Policy::compile(
+            &rules(&[r"rm\s+-rf\s+/"], &[".*"], &["rm"]),
+            &[],
+            &names(),
+            None,
+            "/c.toml",
+        )
+        .unwrap();
+        let refusal = p.check("gpu1", "cd x && rm  -rf /").unwrap_err();
+        assert_eq!(
+            refusal.to_string(),
+            r#"refused by policy: deny rule "rm\\s+-rf\\s+/" ([policy]) for sandbox gpu1 (config: /c.toml)"#
+        );
+        assert_eq!(
+            p.check("gpu1", "rm x"),
+            Ok(Verdict::Confirm {
+                rule: "rm".into(),
+                scope: Scope::Global
+            })
+        );
+        assert_eq!(p.check("gpu1", "ls"), Ok(Verdict::Allow));
+    }
+
+    #[test]
+    fn allow_patterns_match_whole_commands() {
+        let p = Policy::compile(
+            &rules(&[], &[r"ls( -l)?", r"python train\.py.*"], &[]),
+            &[],
+            &names(),
+            None,
+            "/c.toml",
+        )
+        .unwrap();
+        assert_eq!(p.check("local", "ls -l"), Ok(Verdict::Allow));
+        assert_eq!(
+            p.check("local", "python train.py --lr 1"),
+            Ok(Verdict::Allow)
+        );
+        for bad in [
+            "ls -la",
+            "echo; ls",
+            "python train.py\ncurl x | sh",
+            "cat f",
+        ] {
+            let err = p.check("local", bad).unwrap_err();
+            assert!(
+                matches!(err.reason, RefusalReason::NotAllowed { .. }),
+                "{bad}: {err}"
+            );
+            let text = err.to_string();
+            assert!(
+                text.contains("no allow rule") && text.contains(r#""ls( -l)?""#),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_documented_argument_pattern_keeps_other_commands_out() {
+        let p = Policy::compile(
+            &rules(&[], &["nvidia-smi", r"python train\.py[^;&|$`\n]*"], &[]),
+            &[],
+            &names(),
+            None,
+            "",
+        )
+        .unwrap();
+        for ok in [
+            "nvidia-smi",
+            "python train.py",
+            "python train.py --lr 0.1 > log",
+        ] {
+            assert_eq!(p.check("gpu1", ok), Ok(Verdict::Allow), "{ok}");
+        }
+        for bad in [
+            "nvidia-smi; id",
+            "python train.py; rm -rf ~",
+            "python train.py && id",
+            "python train.py | sh",
+            "python train.py $(id)",
+            "python train.py `id`",
+            "python train.py\nid",
+        ] {
+            assert!(p.check("gpu1", bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn per_sandbox_rules_add_to_the_global_ones() {
+        let p = Policy::compile(
+            &rules(&["shutdown"], &[], &["sudo"]),
+            &[
+                (
+                    "gpu1".into(),
+                    rules(&["nvidia-smi -r"], &["nvidia-smi.*", "sudo .*"], &[]),
+                ),
+                ("gpu1".into(), rules(&[], &[], &["nvidia-smi -pm"])),
+            ],
+            &names(),
+            None,
+            "/c.toml",
+        )
+        .unwrap();
+        // Global deny applies on gpu1 too; its own deny only there.
+        assert!(p.check("gpu1", "shutdown now").is_err());
+        let err = p.check("gpu1", "nvidia-smi -r").unwrap_err();
+        assert_eq!(
+            err.reason,
+            RefusalReason::Deny {
+                rule: "nvidia-smi -r".into(),
+                scope: Scope::Sandbox("gpu1".into())
+            }
+        );
+        assert!(err.to_string().contains("policy of sandbox gpu1"), "{err}");
+        // gpu1's allow-list does not reach local.
+        assert_eq!(p.check("local", "echo hi"), Ok(Verdict::Allow));
+        assert!(p.check("gpu1", "echo hi").is_err());
+        assert!(matches!(
+            p.check("gpu1", "nvidia-smi -pm 1"),
+            Ok(Verdict::Confirm { .. })
+        ));
+        assert!(matches!(
+            p.check("gpu1", "sudo reboot"),
+            Ok(Verdict::Confirm {
+                scope: Scope::Global,
+                ..
+            })
+        ));
+        assert!(matches!(
+            p.check("local", "sudo ls"),
+            Ok(Verdict::Confirm { .. })
+        ));
+    }
+
+    #[test]
+    fn bad_patterns_and_unknown_sandboxes_are_load_errors() {
+        let err = Policy::compile(&rules(&["(unclosed"], &[], &[]), &[], &names(), None, "")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("(unclosed") && err.contains("deny"), "{err}");
+        let err = Policy::compile(
+            &RawRules::default(),
+            &[("gpu1".into(), rules(&[], &["[z-a]"], &[]))],
+            &names(),
+            None,
+            "",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("[z-a]") && err.contains("gpu1"), "{err}");
+        let err = Policy::compile(
+            &RawRules::default(),
+            &[("gpu9".into(), rules(&["x"], &[], &[]))],
+            &names(),
+            None,
+            "",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("gpu9"), "{err}");
+        assert!(Policy::compile(&RawRules::default(), &[], &names(), Some(0.0), "").is_err());
+    }
+
+    #[test]
+    fn review_checks_every_command_and_sandbox() {
+        let p = Policy::compile(
+            &rules(&["curl"], &[], &["sudo"]),
+            &[("gpu1".into(), rules(&["reboot"], &[], &[]))],
+            &names(),
+            None,
+            "/c.toml",
+        )
+        .unwrap();
+        let plan = |sandbox, field, command| Planned {
+            sandbox,
+            field,
+            command,
+        };
+        // Fan-out: refused as a whole when one sandbox refuses.
+        let err = p
+            .review(&[
+                plan("local", "command", "reboot"),
+                plan("gpu1", "command", "reboot"),
+            ])
+            .unwrap_err();
+        assert_eq!(err.sandbox, "gpu1");
+        // A job's resume command is checked too, and named.
+        let err = p
+            .review(&[
+                plan("local", "command", "python x.py"),
+                plan("local", "resume_command", "curl x | sh"),
+            ])
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("refused by policy: resume_command: deny rule \"curl\""),
+            "{err}"
+        );
+        let pending = p
+            .review(&[
+                plan("local", "command", "sudo ls"),
+                plan("gpu1", "command", "ls"),
+            ])
+            .unwrap();
+        assert_eq!(pending.len(), 1);
+        assert_eq!(pending[0].sandbox, "local");
+        let q = confirm_question(&pending, &p, "An agent");
+        assert!(q.contains("sudo ls") && q.contains("\"sudo\""), "{q}");
+        let e = not_confirmed(&pending, "the user declined");
+        assert!(
+            e.starts_with("refused: confirm rule \"sudo\" for sandbox local"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn job_commands_include_resume_and_checkpoint() {
+        let spec = outpost_protocol::JobSpec {
+            name: None,
+            command: "train".into(),
+            env: Vec::new(),
+            log_file: None,
+            cwd: None,
+            watch: outpost_protocol::WatchSpec {
+                resume_command: Some("resume".into()),
+                checkpoint_command: Some("cat ckpt".into()),
+                resume_plan_json: Some(r#"{"resume_command": "plan"}"#.into()),
+                ..Default::default()
+            },
+        };
+        let fields = job_commands(&spec);
+        let fields: Vec<(&str, &str)> = fields.iter().map(|(f, c)| (*f, c.as_str())).collect();
+        assert_eq!(
+            fields,
+            vec![
+                ("command", "train"),
+                ("resume_command", "resume"),
+                ("resume_plan_json", "plan"),
+                ("checkpoint_command", "cat ckpt")
+            ]
+        );
+    }
+}

@@ -1,0 +1,389 @@
+//! The command policy and the audit log through the real `outpost mcp` (driven
+//! by rmcp's MCP client) and the `outpost` CLI, on the zero-config local
+//! sandbox with a config file that has only a `[policy]`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
+
+use outpost_e2e::{TempDir, target_bin};
+use rmcp::model::{
+    CallToolRequestParams, ClientCapabilities, ElicitRequestParams, ElicitResult,
+    ElicitationAction, ElicitationCapability, Implementation, InitializeRequestParams,
+};
+use rmcp::service::{RequestContext, RoleClient, RunningService};
+use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
+use rmcp::{ClientHandler, ErrorData, ServiceExt};
+use serde_json::{Value, json};
+
+/// `outpost-deny-marker` anywhere is denied; `outpost-confirm` needs the
+/// user's OK.
+const CONFIG: &str = r#"
+[policy]
+deny = ['rm\s+-rf\s+/', 'outpost-deny-marker']
+confirm = ['outpost-confirm']
+confirm_timeout_s = 30
+"#;
+
+/// A home with the config file; the audit log lands in `<home>/.outpost`.
+struct Setup {
+    home: TempDir,
+    config: PathBuf,
+}
+
+impl Setup {
+    fn new() -> Setup {
+        let home = TempDir::new("audit-home");
+        let config = home.path().join("config.toml");
+        std::fs::write(&config, CONFIG).unwrap();
+        Setup { home, config }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.home.path().join(name)
+    }
+
+    fn audit_file(&self) -> PathBuf {
+        self.path(".outpost/audit.jsonl")
+    }
+
+    fn audit_lines(&self) -> Vec<Value> {
+        std::fs::read_to_string(self.audit_file())
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(target_bin("outpost"));
+        cmd.args(args)
+            .env_clear()
+            .env("HOME", self.home.path())
+            .env("PATH", std::env::var("PATH").unwrap())
+            .env("OUTPOST_CONFIG", &self.config);
+        cmd
+    }
+
+    fn cli(&self, args: &[&str]) -> Output {
+        self.command(args).stdin(Stdio::null()).output().unwrap()
+    }
+
+    async fn client<H: ClientHandler>(&self, handler: H) -> RunningService<RoleClient, H> {
+        let transport = TokioChildProcess::new(
+            tokio::process::Command::new(target_bin("outpost")).configure(|cmd| {
+                cmd.arg("mcp")
+                    .env_clear()
+                    .env("HOME", self.home.path())
+                    .env("PATH", std::env::var("PATH").unwrap())
+                    .env("OUTPOST_CONFIG", &self.config);
+            }),
+        )
+        .unwrap();
+        handler.serve(transport).await.unwrap()
+    }
+}
+
+/// Calls a tool: whether it was an error, and its structured result (or text).
+async fn call<H: ClientHandler>(
+    client: &RunningService<RoleClient, H>,
+    tool: &'static str,
+    args: Value,
+) -> (bool, Value) {
+    let result = client
+        .call_tool(
+            CallToolRequestParams::new(tool).with_arguments(args.as_object().unwrap().clone()),
+        )
+        .await
+        .unwrap();
+    let value = result.structured_content.clone().unwrap_or_else(|| {
+        json!(
+            result
+                .content
+                .iter()
+                .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+                .collect::<Vec<_>>()
+                .join("\n")
+        )
+    });
+    (result.is_error.unwrap_or(false), value)
+}
+
+fn info(name: &str, elicitation: bool) -> InitializeRequestParams {
+    let mut capabilities = ClientCapabilities::default();
+    if elicitation {
+        capabilities.elicitation = Some(ElicitationCapability::default());
+    }
+    InitializeRequestParams::new(capabilities, Implementation::new(name, "1.0"))
+}
+
+/// A client whose user answers every confirmation the same way: approve
+/// (true), say no in the form (false), or decline to answer (None).
+#[derive(Clone)]
+struct Person {
+    answer: Option<bool>,
+    asked: Arc<Mutex<Vec<String>>>,
+}
+
+impl ClientHandler for Person {
+    fn get_info(&self) -> InitializeRequestParams {
+        info("confirming-client", true)
+    }
+
+    async fn create_elicitation(
+        &self,
+        request: ElicitRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<ElicitResult, ErrorData> {
+        if let ElicitRequestParams::FormElicitationParams { message, .. } = &request {
+            self.asked.lock().unwrap().push(message.clone());
+        }
+        Ok(match self.answer {
+            Some(yes) => {
+                ElicitResult::new(ElicitationAction::Accept).with_content(json!({"approve": yes}))
+            }
+            None => ElicitResult::new(ElicitationAction::Decline),
+        })
+    }
+}
+
+fn exists(path: &Path) -> bool {
+    path.symlink_metadata().is_ok()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn denied_commands_are_refused_not_run_and_every_call_is_audited() {
+    let setup = Setup::new();
+    let client = setup.client(info("plain-client", false)).await;
+    let marker = setup.path("outpost-deny-marker");
+    let touch = format!("touch {}", marker.display());
+
+    let (err, r) = call(&client, "exec_bash", json!({"command": touch})).await;
+    assert!(err, "{r}");
+    let text = r.as_str().unwrap();
+    assert_eq!(
+        text,
+        format!(
+            "refused by policy: deny rule \"outpost-deny-marker\" ([policy]) for sandbox local (config: {})",
+            setup.config.display()
+        )
+    );
+    // Fan-out and a background job's resume command are checked too.
+    let (err, r) = call(
+        &client,
+        "exec_bash",
+        json!({"command": touch, "sandboxes": ["all"]}),
+    )
+    .await;
+    assert!(err && r.to_string().contains("refused by policy"), "{r}");
+    let (err, r) = call(
+        &client,
+        "exec_bash_background",
+        json!({"command": "sleep 0", "resume_command": touch, "auto_resume": true}),
+    )
+    .await;
+    assert!(
+        err && r.to_string().contains("resume_command: deny rule"),
+        "{r}"
+    );
+    // A confirm rule with a client that cannot ask its user: refused.
+    let confirm_marker = setup.path("outpost-confirm-marker");
+    let (err, r) = call(
+        &client,
+        "exec_bash",
+        json!({"command": format!("touch {}", confirm_marker.display())}),
+    )
+    .await;
+    assert!(err, "{r}");
+    assert!(
+        r.to_string().contains("cannot ask the user")
+            && r.to_string()
+                .contains("confirm rule \\\"outpost-confirm\\\""),
+        "{r}"
+    );
+    assert!(!exists(&marker), "a denied command ran");
+    assert!(!exists(&confirm_marker), "an unconfirmed command ran");
+
+    // Allowed calls run; secrets and contents stay out of the log.
+    let (err, r) = call(
+        &client,
+        "exec_bash",
+        json!({"command": "HF_TOKEN=tok-abc-123 echo ran", "sandbox_name": "local"}),
+    )
+    .await;
+    assert!(!err && r["stdout"] == "ran\n", "{r}");
+    let written = setup.path("written.txt");
+    let (err, r) = call(
+        &client,
+        "write_remote_file",
+        json!({"remote_path": written.display().to_string(), "content": "FILE-CONTENT-SECRET-42"}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    assert_eq!(
+        std::fs::read_to_string(&written).unwrap(),
+        "FILE-CONTENT-SECRET-42"
+    );
+    let (err, _) = call(&client, "exec_bash", json!({"command": " "})).await;
+    assert!(err);
+    client.cancel().await.unwrap();
+
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(setup.audit_file())
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o600);
+    let raw = std::fs::read_to_string(setup.audit_file()).unwrap();
+    for secret in ["tok-abc-123", "FILE-CONTENT-SECRET-42"] {
+        assert!(!raw.contains(secret), "{secret} in the audit log:\n{raw}");
+    }
+    let lines = setup.audit_lines();
+    let outcomes: Vec<(&str, &str)> = lines
+        .iter()
+        .map(|l| (l["tool"].as_str().unwrap(), l["outcome"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        outcomes,
+        vec![
+            ("exec_bash", "refused"),
+            ("exec_bash", "refused"),
+            ("exec_bash_background", "refused"),
+            ("exec_bash", "refused"),
+            ("exec_bash", "ok"),
+            ("write_remote_file", "ok"),
+            ("exec_bash", "tool_error"),
+        ]
+    );
+    for l in &lines {
+        assert_eq!(l["client"], "plain-client", "{l}");
+        assert!(l["time"].as_str().unwrap().ends_with('Z'), "{l}");
+        assert!(l["duration_ms"].is_u64(), "{l}");
+    }
+    assert_eq!(lines[0]["sandbox"], "local", "the active sandbox");
+    assert_eq!(lines[0]["args"]["command"], touch.as_str());
+    assert!(
+        lines[0]["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("refused by policy: deny rule"),
+        "{}",
+        lines[0]
+    );
+    assert_eq!(lines[1]["sandbox"], json!(["all"]));
+    assert_eq!(lines[4]["args"]["command"], "HF_TOKEN=[redacted] echo ran");
+    assert_eq!(lines[5]["args"]["content"]["len"], 22);
+    assert!(lines[6]["error"].as_str().unwrap().contains("empty"));
+
+    // `outpost audit`: the raw last line, and aligned lines for people.
+    let out = setup.cli(&["audit", "--tail", "1", "--json"]);
+    assert!(out.status.success(), "{out:?}");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(stdout.trim_end(), raw.lines().last().unwrap());
+    let out = setup.cli(&["audit", "--tail", "3"]);
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let rows: Vec<&str> = stdout.lines().collect();
+    assert_eq!(rows.len(), 3, "{stdout}");
+    assert!(
+        rows[0].contains("plain-client") && rows[0].contains("echo ran"),
+        "{stdout}"
+    );
+    assert!(rows[1].contains("write_remote_file"), "{stdout}");
+    assert!(rows[2].contains("tool_error"), "{stdout}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confirm_rules_ask_the_person_through_elicitation() {
+    let setup = Setup::new();
+    for (answer, name) in [(Some(true), "yes"), (Some(false), "no"), (None, "declined")] {
+        let person = Person {
+            answer,
+            asked: Arc::default(),
+        };
+        let client = setup.client(person.clone()).await;
+        let marker = setup.path(&format!("outpost-confirm-{name}"));
+        let command = format!("touch {}", marker.display());
+        let (err, r) = call(&client, "exec_bash", json!({"command": command})).await;
+        let asked = person.asked.lock().unwrap().clone();
+        assert_eq!(asked.len(), 1, "{name}: {asked:?}");
+        assert!(
+            asked[0].contains(&command) && asked[0].contains("\"outpost-confirm\""),
+            "{}",
+            asked[0]
+        );
+        if answer == Some(true) {
+            assert!(!err, "{r}");
+            assert!(exists(&marker), "approved, so it ran");
+        } else {
+            assert!(err, "{name}: {r}");
+            assert!(r.to_string().contains("declined"), "{r}");
+            assert!(!exists(&marker), "{name}: it ran anyway");
+        }
+        // A denied command is refused before anyone is asked.
+        let (err, _) = call(
+            &client,
+            "exec_bash",
+            json!({"command": "echo outpost-confirm outpost-deny-marker"}),
+        )
+        .await;
+        assert!(err);
+        assert_eq!(
+            person.asked.lock().unwrap().len(),
+            1,
+            "asked about a denied command"
+        );
+        client.cancel().await.unwrap();
+    }
+    let lines = setup.audit_lines();
+    assert_eq!(lines.len(), 6);
+    assert_eq!(lines[0]["client"], "confirming-client");
+    assert_eq!(lines[0]["outcome"], "ok");
+    assert_eq!(lines[0]["notes"]["confirmed"]["by"], "elicitation");
+    assert_eq!(lines[2]["outcome"], "refused");
+    assert!(lines[2].get("notes").is_none(), "{}", lines[2]);
+}
+
+#[test]
+fn the_cli_honours_the_same_policy() {
+    let setup = Setup::new();
+    let marker = setup.path("outpost-deny-marker");
+    let out = setup.cli(&["exec", "--", "touch", &marker.display().to_string()]);
+    assert_eq!(out.status.code(), Some(126), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("refused by policy: deny rule \"outpost-deny-marker\""),
+        "{stderr}"
+    );
+    assert!(!exists(&marker));
+
+    // A confirm rule with no terminal to ask on: refused, not run.
+    let marker = setup.path("outpost-confirm-cli");
+    let out = setup.cli(&[
+        "exec",
+        "local",
+        "--",
+        "touch",
+        &marker.display().to_string(),
+    ]);
+    assert_eq!(out.status.code(), Some(126), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("not a terminal"), "{stderr}");
+    assert!(!exists(&marker));
+
+    let out = setup.cli(&["exec", "--", "echo", "fine"]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "fine\n");
+
+    // The CLI's own commands are not MCP tool calls.
+    let out = setup.cli(&["audit"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no tool calls"));
+
+    // A bad pattern stops everything with a message naming it.
+    std::fs::write(&setup.config, "[policy]\nallow = ['(oops']\n").unwrap();
+    let out = setup.cli(&["exec", "--", "true"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("(oops"), "{stderr}");
+}
