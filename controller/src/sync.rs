@@ -576,10 +576,13 @@ fn local_dir(local: &Path, must_exist: bool) -> Result<PathBuf, SyncError> {
         .map_err(|e| invalid(format!("cannot resolve {}: {e}", local.display())))?;
     match std::fs::metadata(&abs) {
         Ok(m) if m.is_dir() => Ok(abs),
-        Ok(_) => Err(invalid(format!(
-            "local path is not a directory: {}",
-            local.display()
-        ))),
+        Ok(m) => Err(invalid(match special_kind(&m.file_type()) {
+            Some(kind) => format!(
+                "local path {} is {kind}, not a file or directory",
+                local.display()
+            ),
+            None => format!("local path is not a directory: {}", local.display()),
+        })),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             if must_exist {
                 Err(invalid(format!(
@@ -591,6 +594,22 @@ fn local_dir(local: &Path, must_exist: bool) -> Result<PathBuf, SyncError> {
             }
         }
         Err(e) => Err(invalid(format!("cannot read {}: {e}", local.display()))),
+    }
+}
+
+/// What a path that is neither a file nor a directory is, if it is that.
+fn special_kind(kind: &std::fs::FileType) -> Option<&'static str> {
+    use std::os::unix::fs::FileTypeExt;
+    if kind.is_char_device() {
+        Some("a character device")
+    } else if kind.is_block_device() {
+        Some("a block device")
+    } else if kind.is_fifo() {
+        Some("a fifo")
+    } else if kind.is_socket() {
+        Some("a socket")
+    } else {
+        None
     }
 }
 
@@ -681,6 +700,10 @@ fn spare_unseen(plan: &mut Plan, src_problems: &HashSet<RelPath>) {
 /// the scan reports it as a problem with an empty path.
 fn root_problem(root: &str, summary: &ScanSummary) -> Result<(), SyncError> {
     match summary.problems.iter().find(|p| p.path.is_empty()) {
+        // "a character device, not a file or directory"
+        Some(p) if p.message.ends_with(", not a file or directory") => {
+            Err(SyncError::Invalid(format!("{root} is {}", p.message)))
+        }
         Some(p) => Err(SyncError::Invalid(format!("{root}: {}", p.message))),
         None => Ok(()),
     }
@@ -1657,8 +1680,9 @@ impl<'r> PushFiles<'r> {
     }
 
     /// After a cancel or an error: let what is in flight land (a part still
-    /// in flight could otherwise recreate staging after the abort), then
-    /// drop every uncommitted transfer. Committed files stay.
+    /// in flight could otherwise stage again after the abort), then end
+    /// every uncommitted transfer. Committed files stay; so do the partial
+    /// files of large ones, for the next sync to resume.
     async fn wind_down(&mut self) {
         while let Some(landed) = self.pipe.next().await {
             let _ = self.settle(landed);
@@ -1748,8 +1772,9 @@ impl<'r> PullFiles<'r> {
         if let Err(err) = &result {
             // Reads in flight are cancelled by dropping them.
             self.pipe.flights.clear();
-            // Partial files of a lost connection are kept for the next pull
-            // to resume; a cancel or a failure removes them.
+            // Partial files are kept for the next pull to resume, whether
+            // the connection was lost or the pull cancelled; an abort only
+            // releases them here (see `Applier::apply_meta`).
             if matches!(err, SyncError::Call(e) if e.is_connection()) {
                 return result;
             }
@@ -2256,6 +2281,38 @@ fn now_ns() -> i64 {
 mod tests {
     use super::*;
 
+    #[test]
+    fn special_files_say_what_they_are() {
+        let err = local_dir(Path::new("/dev/zero"), true).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "local path /dev/zero is a character device, not a file or directory"
+        );
+        // Pulling into one is refused the same way.
+        assert!(local_dir(Path::new("/dev/null"), false).is_err());
+        let dir = std::env::temp_dir().join(format!("outpost-sync-fifo-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("fifo");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let err = local_dir(&fifo, true).unwrap_err().to_string();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(err.ends_with("is a fifo, not a file or directory"), "{err}");
+        // A remote root (the agent's scan says what it is).
+        let summary = ScanSummary {
+            root_exists: true,
+            problems: vec![PathProblem {
+                path: Vec::new(),
+                message: "a character device, not a file or directory".into(),
+            }],
+            ..Default::default()
+        };
+        assert_eq!(
+            root_problem("/dev/zero", &summary).unwrap_err().to_string(),
+            "/dev/zero is a character device, not a file or directory"
+        );
+    }
+
     fn chunk(offset: u64, len: u32, tag: u8) -> ChunkRef {
         ChunkRef {
             offset,
@@ -2521,5 +2578,25 @@ mod tests {
         };
         let err = filter_spec(&bad, Path::new("/x")).unwrap_err();
         assert!(err.to_string().contains("a{b"), "{err}");
+        // Refused too, though the gitignore parser alone would take them
+        // (an unclosed class as a literal, `#…` as a comment), from the
+        // options and from an exclude file alike.
+        for pattern in ["src/[abc", "#scratch"] {
+            let bad = SyncOptions {
+                excludes: vec![pattern.into()],
+                ..SyncOptions::default()
+            };
+            let err = filter_spec(&bad, Path::new("/x")).unwrap_err();
+            assert!(err.to_string().contains(pattern), "{err}");
+        }
+        let file = std::env::temp_dir().join(format!("outpost-excludes-{}", std::process::id()));
+        std::fs::write(&file, "# a comment\n*.o\nbuild/[ab\n").unwrap();
+        let from_file = SyncOptions {
+            exclude_file: Some(file.clone()),
+            ..SyncOptions::default()
+        };
+        let err = filter_spec(&from_file, Path::new("/x")).unwrap_err();
+        std::fs::remove_file(&file).unwrap();
+        assert!(err.to_string().contains("build/[ab"), "{err}");
     }
 }

@@ -431,7 +431,9 @@ pub enum MetaOp {
         #[serde(with = "serde_bytes")]
         path: RelPath,
     },
-    /// Drop staging files of a transfer that will not be committed.
+    /// End a transfer that will not be committed: its resumable partial is
+    /// kept (and unlocked) for the next transfer of the same content, other
+    /// staging files are removed.
     Abort { xfer: u64 },
 }
 

@@ -505,6 +505,64 @@ impl Rng {
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+/// Rounds of the fuzz loop: `OUTPOST_FUZZ_ITERS`, else 20 000 (about a
+/// second). `scripts/test` asks for more under CI.
+fn fuzz_iters() -> u64 {
+    std::env::var("OUTPOST_FUZZ_ITERS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(20_000)
+}
+
+/// The fuzz loop's seed: `OUTPOST_FUZZ_SEED` (to replay or explore), else a
+/// fixed one, so a failure reproduces.
+fn fuzz_seed() -> u64 {
+    std::env::var("OUTPOST_FUZZ_SEED")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0x9e37_79b9_7f4a_7c15)
+}
+
+/// A valid frame, random bytes, or several frames run together, then
+/// damaged: bytes overwritten (sometimes in a length prefix), cut short, a
+/// stretch repeated, or a stretch cut out.
+fn fuzz_input(rng: &mut Rng, valid: &[Vec<u8>], round: u64) -> Vec<u8> {
+    let mut bytes = match round % 4 {
+        0 | 2 => valid[rng.below(valid.len())].clone(),
+        1 => {
+            let len = rng.below(256);
+            (0..len).map(|_| rng.next() as u8).collect()
+        }
+        _ => (0..1 + rng.below(3))
+            .flat_map(|_| valid[rng.below(valid.len())].clone())
+            .collect(),
+    };
+    for _ in 0..rng.below(4) {
+        if bytes.is_empty() {
+            break;
+        }
+        let i = rng.below(bytes.len());
+        match rng.below(8) {
+            0 => bytes.truncate(i),
+            1 => {
+                let end = (i + 1 + rng.below(16)).min(bytes.len());
+                let copy = bytes[i..end].to_vec();
+                bytes.splice(i..i, copy);
+            }
+            2 => {
+                let end = (i + 1 + rng.below(16)).min(bytes.len());
+                bytes.drain(i..end);
+            }
+            _ => bytes[i] = rng.next() as u8,
+        }
+    }
+    bytes
 }
 
 #[test]
@@ -513,21 +571,10 @@ fn random_and_mutated_input_never_panics() {
     let mut valid: Vec<Vec<u8>> = vec![encode_frame(&hello).unwrap()];
     valid.extend(client.iter().map(|m| encode_frame(m).unwrap()));
     valid.extend(agent.iter().map(|m| encode_frame(m).unwrap()));
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-    for round in 0..20_000 {
-        let mut bytes = if round % 2 == 0 {
-            valid[(rng.next() as usize) % valid.len()].clone()
-        } else {
-            let len = (rng.next() % 256) as usize;
-            (0..len).map(|_| rng.next() as u8).collect()
-        };
-        // Flip a few bytes, sometimes in the length prefix.
-        for _ in 0..(rng.next() % 4) {
-            if !bytes.is_empty() {
-                let i = (rng.next() as usize) % bytes.len();
-                bytes[i] = rng.next() as u8;
-            }
-        }
+    let (iters, seed) = (fuzz_iters(), fuzz_seed());
+    let mut rng = Rng(seed | 1);
+    for round in 0..iters {
+        let bytes = fuzz_input(&mut rng, &valid, round);
         let mut dec = if round % 3 == 0 {
             let mut d = FrameDecoder::after_preamble();
             d.push(&PREAMBLE);
@@ -535,21 +582,33 @@ fn random_and_mutated_input_never_panics() {
         } else {
             FrameDecoder::framed()
         };
-        dec.push(&bytes);
-        loop {
-            match dec.next_event() {
-                Ok(Some(DecodeEvent::Frame(p))) => {
-                    let _ = decode::<ClientMessage>(&p);
-                    let _ = decode::<AgentMessage>(&p);
-                    let _ = decode::<Hello>(&p);
+        // Whole, or in pieces as a pipe delivers them.
+        let pieces: Vec<&[u8]> = if round % 5 == 4 && !bytes.is_empty() {
+            bytes.chunks(1 + rng.below(bytes.len())).collect()
+        } else {
+            vec![&bytes[..]]
+        };
+        'input: for piece in pieces {
+            dec.push(piece);
+            loop {
+                match dec.next_event() {
+                    Ok(Some(DecodeEvent::Frame(p))) => {
+                        let _ = decode::<ClientMessage>(&p);
+                        let _ = decode::<AgentMessage>(&p);
+                        let _ = decode::<Hello>(&p);
+                    }
+                    Ok(Some(DecodeEvent::Noise(_))) => {}
+                    Ok(None) => break,
+                    Err(_) => break 'input,
                 }
-                Ok(Some(DecodeEvent::Noise(_))) => {}
-                Ok(None) | Err(_) => break,
             }
         }
         // Whatever the input claimed, the decoder never holds more than it was given
         // plus one frame-sized reservation.
-        assert!(dec.buffered() <= bytes.len() + PREAMBLE.len());
+        assert!(
+            dec.buffered() <= bytes.len() + PREAMBLE.len(),
+            "round {round} of seed {seed}"
+        );
     }
 }
 

@@ -8,7 +8,9 @@
 //! controller can be told to install its agent into.
 //!
 //! Requirements: run as root (sshd must switch to the test user) after
-//! `scripts/setup-test-env`, which installs sshd and creates `outpost-test`.
+//! `scripts/setup-test-env`, which installs sshd and creates `outpost-test`
+//! with no usable password (`*`). A test that logs in by password gets one
+//! made for this process ([`Sshd::password`]), taken back when it exits.
 //!
 //! The free helpers locate workspace binaries ([`target_bin`]), find
 //! processes ([`pids_with_cmdline`]), signal them ([`continue_pids`]) and poll
@@ -19,7 +21,7 @@ use std::fs;
 use std::hash::{BuildHasher, Hasher};
 use std::io::{Read, Seek, SeekFrom};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,8 +29,6 @@ use std::time::{Duration, Instant};
 
 /// The account the tests log in as; created by `scripts/setup-test-env`.
 pub const TEST_USER: &str = "outpost-test";
-/// Its password, also set by `scripts/setup-test-env`.
-pub const TEST_PASSWORD: &str = "outpost-test-pw";
 /// Passphrase of [`Sshd::client_key_with_passphrase`].
 pub const KEY_PASSPHRASE: &str = "secret-pass";
 
@@ -183,8 +183,12 @@ impl Sshd {
         TEST_USER
     }
 
+    /// The test account's password for this test process: random, set on
+    /// first use and put back to `*` (no password) when the process exits.
+    /// The system's own sshd, if any, is not the concern here: the account
+    /// has a password only while tests run, and nobody can know it.
     pub fn password(&self) -> &'static str {
-        TEST_PASSWORD
+        test_password()
     }
 
     /// Unencrypted ed25519 key, authorized for every user.
@@ -435,7 +439,7 @@ impl Sshd {
              KbdInteractiveAuthentication no\n\
              PubkeyAuthentication yes\n\
              UsePAM no\n\
-             PermitRootLogin yes\n\
+             PermitRootLogin prohibit-password\n\
              AllowUsers {user} root\n\
              Subsystem sftp internal-sftp\n\
              LogLevel VERBOSE\n\
@@ -599,9 +603,104 @@ fn check_prerequisites() {
     if unsafe { libc::geteuid() } != 0 {
         panic!("the end-to-end tests must run as root: sshd has to log in as {TEST_USER}");
     }
+    // sshd without PAM refuses every login, keys included, to an account
+    // whose password field starts with `!` (locked).
+    if shadow_password_field(TEST_USER).is_some_and(|f| f.starts_with('!')) {
+        panic!("user {TEST_USER} is locked (`!` in /etc/shadow): {SETUP_HINT}");
+    }
     // sshd's privilege-separation directory lives on a tmpfs; recreate it
     // if the machine rebooted since setup.
     let _ = fs::create_dir_all("/run/sshd");
+}
+
+/// Where a test process holding the test account's password keeps its
+/// lock, so that concurrent test processes take turns (the second waits for
+/// the first to exit) instead of changing each other's password.
+const PASSWORD_LOCK: &str = "/run/outpost-e2e-password.lock";
+
+/// The test account's password while this process runs; see
+/// [`Sshd::password`]. Never written anywhere but `/etc/shadow` (hashed, by
+/// `chpasswd`, which reads it on stdin), never logged, never on a command
+/// line.
+fn test_password() -> &'static str {
+    static PASSWORD: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PASSWORD.get_or_init(|| {
+        check_prerequisites();
+        let lock = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .mode(0o600)
+            .open(PASSWORD_LOCK)
+            .unwrap_or_else(|e| panic!("cannot open {PASSWORD_LOCK}: {e}"));
+        // SAFETY: flock(2) on a descriptor we own.
+        if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) } != 0 {
+            panic!(
+                "cannot lock {PASSWORD_LOCK}: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        // Held until the process exits, after the reset below has run.
+        std::mem::forget(lock);
+        let mut raw = [0u8; 24];
+        fs::File::open("/dev/urandom")
+            .and_then(|mut f| f.read_exact(&mut raw))
+            .expect("read /dev/urandom");
+        let password: String = raw.iter().map(|b| format!("{b:02x}")).collect();
+        // SAFETY: registers a plain function with no preconditions.
+        unsafe {
+            libc::atexit(reset_password);
+        }
+        if let Err(message) = chpasswd(&format!("{TEST_USER}:{password}\n"), false) {
+            panic!("cannot set a password for {TEST_USER}: {message}; {SETUP_HINT}");
+        }
+        password
+    })
+}
+
+/// Takes the test account's password away again (`*`: no password login,
+/// keys still work) as the test process exits.
+extern "C" fn reset_password() {
+    let _ = chpasswd(&format!("{TEST_USER}:*\n"), true);
+}
+
+/// Runs `chpasswd` (`-e`: the field as given) with `line` on its stdin.
+fn chpasswd(line: &str, verbatim: bool) -> Result<(), String> {
+    use std::io::Write;
+    let mut command = Command::new("chpasswd");
+    if verbatim {
+        command.arg("-e");
+    }
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run chpasswd: {e}"))?;
+    let written = child
+        .stdin
+        .take()
+        .map(|mut stdin| stdin.write_all(line.as_bytes()));
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("chpasswd: {e}"))?;
+    match written {
+        Some(Ok(())) if out.status.success() => Ok(()),
+        _ => Err(format!(
+            "chpasswd failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )),
+    }
+}
+
+/// The password field of a user in /etc/shadow.
+fn shadow_password_field(user: &str) -> Option<String> {
+    let text = fs::read_to_string("/etc/shadow").ok()?;
+    text.lines().find_map(|line| {
+        let mut f = line.split(':');
+        (f.next() == Some(user)).then(|| f.next().unwrap_or("").to_string())
+    })
 }
 
 /// (uid, gid) of a user from /etc/passwd (avoids non-reentrant getpwnam).

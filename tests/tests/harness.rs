@@ -320,3 +320,57 @@ fn temp_dir_is_removed_on_drop() {
     drop(t);
     assert!(!path.exists());
 }
+
+/// The password field of the test account in /etc/shadow.
+fn shadow_field() -> String {
+    let text = fs::read_to_string("/etc/shadow").expect("read /etc/shadow (tests run as root)");
+    text.lines()
+        .find_map(|line| {
+            let mut fields = line.split(':');
+            (fields.next() == Some(outpost_e2e::TEST_USER))
+                .then(|| fields.next().unwrap_or("").to_string())
+        })
+        .expect("the test account is in /etc/shadow")
+}
+
+/// Run by [`the_test_account_has_a_password_only_while_a_test_needs_one`] in
+/// a process of its own.
+#[test]
+#[ignore = "a helper, run in a child process"]
+fn password_helper() {
+    let sshd = Sshd::start();
+    let password = sshd.password();
+    assert!(password.len() >= 32);
+    // The same one for the whole process.
+    assert_eq!(sshd.password(), password);
+    let field = shadow_field();
+    assert!(field.starts_with('$'), "no password hash set");
+    println!("hash-prefix={}", &field[..field.len().min(8)]);
+}
+
+#[test]
+fn the_test_account_has_a_password_only_while_a_test_needs_one() {
+    // Set up with no password at all: `*` allows no password login anywhere
+    // (and, unlike `!`, still lets keys in where they are authorized).
+    let hint = "run scripts/setup-test-env again";
+    assert_eq!(shadow_field(), "*", "{hint}");
+    let child = || {
+        let out = Command::new(std::env::current_exe().unwrap())
+            .args(["password_helper", "--exact", "--ignored", "--nocapture"])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // Taken back as the process ended.
+        assert_eq!(shadow_field(), "*");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let (first, second) = (child(), child());
+    assert!(first.contains("hash-prefix=$"), "{first}");
+    assert!(second.contains("hash-prefix=$"), "{second}");
+}

@@ -1,6 +1,6 @@
 //! Tree sync against a real sshd, both ways: byte-exact trees (modes, mtimes,
 //! symlinks, empty dirs, odd names), deltas, per-path problems, a full disk,
-//! cancellation, and delete_extras' limits.
+//! cancellation (and resuming after it), and delete_extras' limits.
 
 // Tests run on a multi-threaded runtime: the harness blocks while the
 // controller's background tasks must keep running.
@@ -599,6 +599,119 @@ async fn a_pull_cut_short_by_a_killed_agent_resumes_where_it_stopped() {
     .unwrap();
     assert!(report.problems.is_empty(), "{:?}", report.problems);
     assert!(report.bytes_resumed >= 4 << 20, "{report:?}");
+    assert!(
+        leftovers(back.path()).is_empty(),
+        "{:?}",
+        leftovers(back.path())
+    );
+    assert_eq!(
+        without_default_excludes(snapshot(back.path())),
+        without_default_excludes(snapshot(src.path()))
+    );
+}
+
+/// Bytes of the files of `src` that are not yet at their final path in
+/// `target` (with their full content).
+fn missing_bytes(src: &Path, target: &Path) -> u64 {
+    std::fs::read_dir(src)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|path| {
+            let there = std::fs::read(target.join(path.file_name().unwrap()));
+            there.ok() != Some(std::fs::read(path).unwrap())
+        })
+        .map(|path| std::fs::metadata(path).unwrap().len())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_push_resumes_where_it_stopped() {
+    let s = setup("sync-cancel-big");
+    let src = big_tree("sync-cancel-big-src", 80);
+    let (push, progress) = s.push_in_background(src.path(), "cb");
+    assert!(outpost_e2e::wait_until(Duration::from_secs(30), || {
+        progress.bytes_done.load(Ordering::Relaxed) >= 8 << 20
+    }));
+    progress.cancelled.store(true, Ordering::Relaxed);
+    let result = push.await.unwrap();
+    assert!(
+        matches!(result, Err(sync::SyncError::Cancelled)),
+        "{result:?}"
+    );
+
+    // Like a transfer cut short: partial files beside their targets, never
+    // at a final path.
+    let target = s.remote("cb");
+    assert!(
+        !leftovers(&target).is_empty(),
+        "cancelled too late to test anything"
+    );
+    for name in ["big0.bin", "big1.bin"] {
+        if let Ok(content) = std::fs::read(target.join(name)) {
+            assert_eq!(content, std::fs::read(src.path().join(name)).unwrap());
+        }
+    }
+    // Running it again sends only what had not arrived.
+    let missing = missing_bytes(src.path(), &target);
+    let report = s.push(src.path(), "cb", &SyncOptions::default()).await;
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    assert!(report.bytes_resumed >= 4 << 20, "{report:?}");
+    let moved = report.bytes_sent + report.bytes_resumed;
+    assert!(
+        moved + (64 << 10) >= missing && moved <= missing + (64 << 10),
+        "{missing} bytes missing: {report:?}"
+    );
+    assert!(leftovers(&target).is_empty(), "{:?}", leftovers(&target));
+    assert_eq!(
+        without_default_excludes(snapshot(&target)),
+        without_default_excludes(snapshot(src.path()))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_pull_resumes_where_it_stopped() {
+    let s = setup("sync-cancel-pull");
+    let src = big_tree("sync-cancel-pull-src", 90);
+    s.push(src.path(), "cp", &SyncOptions::default()).await;
+    let back = TempDir::new("sync-cancel-pull-back");
+    let pull_in_background = |progress: Arc<Progress>| {
+        let session = s.session();
+        let (remote, local) = (
+            s.remote("cp").display().to_string(),
+            back.path().to_path_buf(),
+        );
+        tokio::spawn(async move {
+            sync::pull(&session, &remote, &local, &SyncOptions::default(), progress).await
+        })
+    };
+    let progress = Arc::new(Progress::default());
+    let pull = pull_in_background(progress.clone());
+    assert!(outpost_e2e::wait_until(Duration::from_secs(30), || {
+        progress.bytes_done.load(Ordering::Relaxed) >= 8 << 20
+    }));
+    progress.cancelled.store(true, Ordering::Relaxed);
+    let result = pull.await.unwrap();
+    assert!(
+        matches!(result, Err(sync::SyncError::Cancelled)),
+        "{result:?}"
+    );
+    assert!(
+        !leftovers(back.path()).is_empty(),
+        "cancelled too late to test anything"
+    );
+
+    let missing = missing_bytes(src.path(), back.path());
+    let report = pull_in_background(Default::default())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    assert!(report.bytes_resumed >= 4 << 20, "{report:?}");
+    let moved = report.bytes_sent + report.bytes_resumed;
+    assert!(
+        moved + (64 << 10) >= missing && moved <= missing + (64 << 10),
+        "{missing} bytes missing: {report:?}"
+    );
     assert!(
         leftovers(back.path()).is_empty(),
         "{:?}",

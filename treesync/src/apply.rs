@@ -29,8 +29,11 @@
 //! connection goes, its process is killed) that file stays, a sync scan
 //! lists it, and the next transfer of the same content adopts it with
 //! [`Applier::resume`], which says which chunks it already holds (checked by
-//! hash) so only the others are sent. A transfer given up on purpose
-//! (`Abort`, a failed check) removes its staging file.
+//! hash) so only the others are sent. A transfer given up by its sender
+//! (`Abort`: a cancel, or a file the sender could not read) leaves its
+//! partial in the same way, so running the sync again resumes it too; a
+//! staging file that could not be written, or whose content failed its hash
+//! check at the commit, is removed.
 //!
 //! Leftovers: a process killed mid-write leaves its `.outpost-*.tmp` files
 //! behind (never at a final path). Staging files are `flock`ed for as long as
@@ -104,15 +107,27 @@ struct Staged {
     /// order or was copied (the commit then hashes what is on disk).
     running: Option<(blake3::Hasher, u64)>,
     /// Named after its content ([`resumable_name`]): left in place, not
-    /// removed, when the applier goes without committing it, so a later
+    /// removed, when its transfer ends without a commit, so a later
     /// transfer of the same content can resume it.
     resumable: bool,
+    /// A write into the staging file failed (a full disk, an I/O error, a
+    /// corrupt part): what it holds is not worth keeping.
+    damaged: bool,
 }
 
 impl Staged {
     /// Removes the staging file, unless its name now belongs to another file.
     fn discard(self) {
         remove_if_ours(self.dir.as_fd(), &self.name, self.dev, self.ino);
+    }
+
+    /// Ends a transfer that will not be committed. A resumable partial is
+    /// kept for a later transfer of the same content (closing it releases
+    /// its lock); anything else is removed.
+    fn release(self) {
+        if !self.resumable || self.damaged {
+            self.discard();
+        }
     }
 }
 
@@ -128,11 +143,8 @@ fn remove_if_ours(dir: BorrowedFd<'_>, name: &CStr, dev: u64, ino: u64) {
 impl Drop for Applier {
     fn drop(&mut self) {
         for (_, staged) in self.staged.drain() {
-            // A transfer cut short (the connection went) may be resumed; one
-            // given up (`Abort`, a failed check) was removed already.
-            if !staged.resumable {
-                staged.discard();
-            }
+            // A transfer cut short (the connection went) may be resumed.
+            staged.release();
         }
     }
 }
@@ -439,6 +451,7 @@ impl Applier {
                 .map(drop)
                 .map_err(|e| {
                     staged.running = None;
+                    staged.damaged = true;
                     format!("cannot write the staging file: {e}")
                 })
             }
@@ -464,8 +477,12 @@ impl Applier {
                     ));
                 }
                 let copied = copy_range(&source, *from_offset, &staged.file, offset, *len)
-                    .map_err(|e| format!("copy failed: {e}"))?;
+                    .map_err(|e| {
+                        staged.damaged = true;
+                        format!("copy failed: {e}")
+                    })?;
                 if copied < *len {
+                    staged.damaged = true;
                     return Err(format!(
                         "the current file ends before {} (copied {copied} of {len} bytes)",
                         from_offset + len
@@ -595,6 +612,7 @@ impl Applier {
                 ino: st.ino,
                 running: (st.size == 0).then(|| (blake3::Hasher::new(), 0)),
                 resumable,
+                damaged: false,
             },
         );
         Ok(())
@@ -625,9 +643,12 @@ impl Applier {
                 ),
                 MetaOp::Remove { path } => (path.as_slice(), remove(&mut dirs, path)),
                 MetaOp::Abort { xfer } => {
+                    // Given up by its sender (a cancel, a file it could not
+                    // read): kept for a resume like one whose connection
+                    // went.
                     self.aborted.insert(*xfer);
                     if let Some(staged) = self.staged.remove(xfer) {
-                        staged.discard();
+                        staged.release();
                     }
                     (&[][..], Ok(()))
                 }

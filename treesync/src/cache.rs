@@ -30,6 +30,9 @@ use crate::sys::{self, Stat};
 // Version 2: chunk sizes grow with the file (chunk lists of version 1 would
 // not match the other side's).
 const MAGIC: &[u8; 8] = b"OPSTATC2";
+/// Bytes of a record without chunks: dev, ino, size, mtime, ctime, hash,
+/// chunk count.
+const RECORD_MIN_LEN: usize = 5 * 8 + 32 + 4;
 
 /// Files whose ctime is less than this old when hashing starts are not
 /// cached. Generous, because network filesystems stamp times with the
@@ -174,7 +177,7 @@ impl StatCache {
         &mut self.records
     }
 
-    fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(16 + self.records.len() * 100);
         out.extend_from_slice(MAGIC);
         out.extend_from_slice(&(self.records.len() as u64).to_le_bytes());
@@ -199,7 +202,7 @@ impl StatCache {
 }
 
 /// Parses a cache file; None when it is not one of ours or is damaged.
-fn decode(bytes: &[u8]) -> Option<HashMap<(u64, u64), Record>> {
+pub(crate) fn decode(bytes: &[u8]) -> Option<HashMap<(u64, u64), Record>> {
     let body_len = bytes.len().checked_sub(32)?;
     let (body, sum) = bytes.split_at(body_len);
     if blake3::hash(body).as_bytes() != sum {
@@ -210,7 +213,10 @@ fn decode(bytes: &[u8]) -> Option<HashMap<(u64, u64), Record>> {
         return None;
     }
     let count = r.u64()?;
-    let mut records = HashMap::with_capacity(count.min(1 << 20) as usize);
+    // Reserve no more than the rest could hold (a damaged count must not
+    // allocate for records that are not there).
+    let room = (r.bytes.len() / RECORD_MIN_LEN) as u64;
+    let mut records = HashMap::with_capacity(count.min(room).min(1 << 20) as usize);
     for _ in 0..count {
         let dev = r.u64()?;
         let ino = r.u64()?;

@@ -89,7 +89,12 @@ pub fn decompress(data: &[u8], max_len: usize) -> Result<Vec<u8>, String> {
                 "compressed data claims {size} bytes, more than the {max_len} allowed"
             ));
         }
-        if let Ok(out) = with_decompressor(|d| d.decompress(data, size as usize)) {
+        // The buffer is allocated before a byte is decoded, so a size
+        // claimed beyond what our own frames hold is not taken on trust:
+        // the streaming path grows the output as data really comes.
+        if size <= TRUSTED_SIZE
+            && let Ok(out) = with_decompressor(|d| d.decompress(data, size as usize))
+        {
             return Ok(out);
         }
         // Several frames, or a lying header: the streaming path decides.
@@ -160,6 +165,10 @@ pub fn decompress_into(
 /// Raw bytes handed to a sink at a time: small enough to stay in the CPU
 /// cache between decompression and the write.
 const PIECE: usize = 256 * 1024;
+
+/// Largest declared frame size [`decompress`] allocates up front; our frames
+/// hold at most a few MiB.
+const TRUSTED_SIZE: u64 = 16 << 20;
 
 fn zstd_error(code: usize) -> String {
     zstd::zstd_safe::get_error_name(code).to_string()
@@ -268,6 +277,23 @@ mod tests {
             Err(io::Error::other("disk full"))
         });
         assert!(failed.unwrap_err().contains("disk full"));
+    }
+
+    #[test]
+    fn a_frame_claiming_a_huge_size_is_not_allocated_up_front() {
+        // Magic, a single-segment header with an 8-byte content size of
+        // 1 TiB, and one raw last block of one byte.
+        let mut frame = vec![0x28, 0xb5, 0x2f, 0xfd, 0xe0];
+        frame.extend((1u64 << 40).to_le_bytes());
+        frame.extend([0x09, 0x00, 0x00, b'x']);
+        assert!(matches!(
+            zstd::zstd_safe::get_frame_content_size(&frame),
+            Ok(Some(size)) if size == 1 << 40
+        ));
+        assert!(decompress(&frame, 1 << 20).is_err());
+        // Allowed any size, it is still an error (it ends early), found
+        // without reserving a terabyte.
+        assert!(decompress(&frame, usize::MAX).is_err());
     }
 
     #[test]

@@ -61,6 +61,7 @@ impl Filter {
         // would then wrongly strip the first component of `src/main.rs`.
         let mut builder = GitignoreBuilder::new("/");
         for pattern in &spec.excludes {
+            check_pattern(pattern)?;
             builder
                 .add_line(None, pattern)
                 .map_err(|err| format!("bad exclude pattern {pattern:?}: {err}"))?;
@@ -175,6 +176,26 @@ impl Filter {
     }
 }
 
+/// Refuses one of the caller's patterns that the gitignore parser would take
+/// as something else than was meant: it reads an unclosed `[` as a literal
+/// and a leading `#` as a comment, so the pattern would silently match
+/// nothing the caller expects. (A `.gitignore` inside the tree keeps git's
+/// leniency.)
+fn check_pattern(pattern: &str) -> Result<(), String> {
+    if pattern.starts_with('#') {
+        return Err(format!(
+            "bad exclude pattern {pattern:?}: a leading # makes it a comment; write \\# to exclude names that start with #"
+        ));
+    }
+    let glob = pattern.strip_prefix('!').unwrap_or(pattern);
+    globset::GlobBuilder::new(glob)
+        .literal_separator(true)
+        .backslash_escape(true)
+        .build()
+        .map(drop)
+        .map_err(|err| format!("bad exclude pattern {pattern:?}: {err}"))
+}
+
 /// Reads an exclude file: one gitignore pattern per line.
 ///
 /// Blank lines and `#` comments are skipped; a trailing `\r` is dropped.
@@ -233,10 +254,34 @@ mod tests {
 
     #[test]
     fn bad_pattern_is_an_error() {
-        let err = Filter::new(Path::new("/x"), &spec(&["a{b"], false))
-            .err()
-            .unwrap();
-        assert!(err.contains("a{b"), "{err}");
+        // Each is refused with an error that names it; the gitignore parser
+        // alone takes an unclosed `[` literally and `#…` as a comment.
+        for bad in [
+            "a{b", "[", "src/[abc", "![", "*.[ch", "#notes", "a\\", "[z-a]",
+        ] {
+            let err = Filter::new(Path::new("/x"), &spec(&["*.o", bad], false))
+                .err()
+                .unwrap_or_else(|| panic!("{bad:?} was accepted"));
+            assert!(err.contains(&format!("{bad:?}")), "{err}");
+        }
+        // Escapes and classes that close are fine.
+        for good in [
+            "\\#notes",
+            "\\[x",
+            "[[]x",
+            "*.[ch]",
+            "!keep.[ch]",
+            "a/**/b",
+            "/build/",
+        ] {
+            assert!(
+                Filter::new(Path::new("/x"), &spec(&[good], false)).is_ok(),
+                "{good:?} was refused"
+            );
+        }
+        let f = Filter::new(Path::new("/x"), &spec(&["\\#notes", "\\[x"], false)).unwrap();
+        assert!(f.excluded(b"#notes", false));
+        assert!(f.excluded(b"[x", false));
     }
 
     #[test]

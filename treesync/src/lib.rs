@@ -25,6 +25,8 @@ pub mod scan;
 mod sys;
 
 #[cfg(test)]
+mod fuzz;
+#[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod testutil;

@@ -88,7 +88,7 @@ pub fn scan(
         Err(err) => {
             out.summary.root_exists = true;
             let message = if sys::is_errno(&err, libc::ENOTDIR) {
-                "not a directory".to_string()
+                not_a_directory(root)
             } else {
                 format!("cannot open: {err}")
             };
@@ -311,6 +311,29 @@ impl Walk<'_> {
             }));
         }
     }
+}
+
+/// Why a root that exists cannot be scanned: `"not a directory"` for a
+/// file, and for anything else what it is (`"a character device, not a file
+/// or directory"`), which neither side can sync.
+fn not_a_directory(root: &Path) -> String {
+    use std::os::unix::fs::FileTypeExt;
+    // Followed like the open that failed: a root may be a symlink.
+    let Ok(kind) = std::fs::metadata(root).map(|m| m.file_type()) else {
+        return "not a directory".to_string();
+    };
+    let special = if kind.is_char_device() {
+        "a character device"
+    } else if kind.is_block_device() {
+        "a block device"
+    } else if kind.is_fifo() {
+        "a fifo"
+    } else if kind.is_socket() {
+        "a socket"
+    } else {
+        return "not a directory".to_string();
+    };
+    format!("{special}, not a file or directory")
 }
 
 fn describe(err: &io::Error, what: &str) -> String {

@@ -282,6 +282,28 @@ fn scan_root_cases() {
     assert!(file.summary.root_exists);
     assert_eq!(file.summary.problems[0].message, "not a directory");
     assert!(file.entries.is_empty());
+    // Special files say what they are rather than "not found" or "not a
+    // directory"; a symlink to one is followed like the root itself.
+    let fifo = t.path().join("fifo");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    symlink("/dev/zero", t.path().join("zero")).unwrap();
+    for (root, message) in [
+        (
+            Path::new("/dev/zero"),
+            "a character device, not a file or directory",
+        ),
+        (
+            &t.path().join("zero"),
+            "a character device, not a file or directory",
+        ),
+        (&fifo, "a fifo, not a file or directory"),
+    ] {
+        let out = scan_all(root);
+        assert!(out.summary.root_exists, "{}", root.display());
+        assert_eq!(out.summary.problems[0].message, message);
+        assert!(out.entries.is_empty());
+    }
 }
 
 #[test]
@@ -1113,6 +1135,113 @@ fn staged_files_are_checked_against_what_is_on_disk() {
     assert!(late.unwrap_err().contains("aborted"));
     assert!(ap.resume(5, b"f", (&[5; 32], 1 << 20), &[]).is_err());
     assert!(temp_files(t.path()).is_empty());
+}
+
+#[test]
+fn a_cancelled_transfer_leaves_its_partial_for_the_next_one() {
+    let t = TempDir::new();
+    let content = pseudo_random(3 << 20, 22);
+    let hash = *blake3::hash(&content).as_bytes();
+    let size = content.len() as u64;
+    let chunks: Vec<ChunkRef> = {
+        let path = t.path().join("source");
+        fs::write(&path, &content).unwrap();
+        let (_, chunks) = crate::chunk::hash_file(&path, true).unwrap();
+        fs::remove_file(&path).unwrap();
+        chunks
+    };
+    let half = chunks.len() / 2;
+    assert!(half > 4);
+    let part = |c: &ChunkRef| {
+        PartData::Data(codec::compress(
+            &content[c.offset as usize..c.offset as usize + c.len as usize],
+        ))
+    };
+    let reaping = ScanOptions {
+        reap_stale_temps: true,
+        ..opts()
+    };
+    let staging = |dir: &str| t.path().join(dir).join(apply::resumable_name(&hash, size));
+
+    // Half the chunks arrive, then the sender gives the transfer up (a
+    // cancel) on a connection that stays open.
+    let mut ap = Applier::new(t.path());
+    for c in &chunks[..half] {
+        ap.put_part(1, b"d/model.bin", (&hash, size), c.offset, &part(c))
+            .unwrap();
+    }
+    let report = ap.apply_meta(&[MetaOp::Abort { xfer: 1 }]);
+    assert!(report.problems.is_empty(), "{report:?}");
+    // The partial stays, as for a transfer cut short; nothing at the final
+    // path, and a part that lands after the abort does not stage it again.
+    assert!(staging("d").exists());
+    assert!(!t.path().join("d/model.bin").exists());
+    let late = ap.put_part(1, b"d/model.bin", (&hash, size), 0, &part(&chunks[0]));
+    assert!(late.unwrap_err().contains("aborted"));
+    let out = scan(t.path(), &FilterSpec::default(), &reaping, None);
+    assert_eq!(out.summary.partials.len(), 1, "{:?}", out.summary.partials);
+    // The next transfer, on the same connection, adopts what arrived.
+    let present = ap
+        .resume(2, b"d/model.bin", (&hash, size), &chunks)
+        .unwrap();
+    assert_eq!(present, (0..half as u32).collect::<Vec<_>>());
+    for c in &chunks[half..] {
+        ap.put_part(2, b"d/model.bin", (&hash, size), c.offset, &part(c))
+            .unwrap();
+    }
+    let mut staged = put(b"d/model.bin", &content, Expect::Absent);
+    staged.content = FileContent::Staged { xfer: 2 };
+    assert_eq!(put_files(&mut ap, vec![staged]).done, 1);
+    assert!(fs::read(t.path().join("d/model.bin")).unwrap() == content);
+    assert!(
+        temp_files(t.path()).is_empty(),
+        "{:?}",
+        temp_files(t.path())
+    );
+
+    // A staging file a write failed on is not kept.
+    ap.put_part(3, b"e/model.bin", (&hash, size), 0, &part(&chunks[0]))
+        .unwrap();
+    let corrupt = PartData::Data(b"not zstd at all".to_vec());
+    let offset = chunks[1].offset;
+    assert!(
+        ap.put_part(3, b"e/model.bin", (&hash, size), offset, &corrupt)
+            .is_err()
+    );
+    ap.apply_meta(&[MetaOp::Abort { xfer: 3 }]);
+    assert!(
+        temp_files(t.path()).is_empty(),
+        "{:?}",
+        temp_files(t.path())
+    );
+
+    // Nor is one staged under the transfer's own name (its content's name
+    // was held by another live transfer): it could never be resumed.
+    ap.put_part(4, b"f/model.bin", (&hash, size), 0, &part(&chunks[0]))
+        .unwrap();
+    ap.put_part(5, b"f/model.bin", (&hash, size), 0, &part(&chunks[0]))
+        .unwrap();
+    assert_eq!(temp_files(&t.path().join("f")).len(), 2);
+    ap.apply_meta(&[MetaOp::Abort { xfer: 5 }]);
+    let left = temp_files(&t.path().join("f"));
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert!(staging("f").exists());
+
+    // A released partial that nothing resumes goes with the next sync scan
+    // a day on; until then it is kept.
+    ap.apply_meta(&[MetaOp::Abort { xfer: 4 }]);
+    assert!(staging("f").exists());
+    apply::CLOCK_SKEW_NS.set(3600 * 1_000_000_000);
+    scan(t.path(), &FilterSpec::default(), &reaping, None);
+    assert!(staging("f").exists());
+    apply::CLOCK_SKEW_NS.set(2 * 86_400 * 1_000_000_000);
+    scan(t.path(), &FilterSpec::default(), &reaping, None);
+    apply::CLOCK_SKEW_NS.set(0);
+    assert!(
+        temp_files(t.path()).is_empty(),
+        "{:?}",
+        temp_files(t.path())
+    );
 }
 
 #[test]
