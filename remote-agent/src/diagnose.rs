@@ -255,6 +255,11 @@ fn source_status(result: &Result<gpu::Reading, String>) -> String {
 }
 
 fn leases(r: &mut String) {
+    let (dir, status) = leases::table_status();
+    match status {
+        Ok(()) => field(r, "lease table", &dir.display().to_string()),
+        Err(problem) => field(r, "lease table", &problem),
+    }
     let leases = leases::live();
     if leases.is_empty() {
         field(r, "leases", "none");

@@ -4,7 +4,8 @@
 //! The command runs as `bash -c` in its own session, marked with a random
 //! `OUTPOST_EXEC_TOKEN` so that [`crate::proctree`] can find every process it
 //! started when it has to be stopped. A command that ends on its own is never
-//! cleaned up after: `cmd &` is how people start daemons.
+//! cleaned up after: `cmd &` is how people start daemons. One still running
+//! when `serve` dies, however it dies, is killed by the [guard](crate::guard).
 
 use std::future::Future;
 use std::io;
@@ -26,8 +27,8 @@ use tokio::sync::watch;
 
 use crate::capture::Capture;
 use crate::outbox::Outbox;
-use crate::paths;
 use crate::proctree::{self, TOKEN_VAR};
+use crate::{guard, paths};
 
 /// After the main process exits, how long leftover background processes may
 /// hold the pipes open before the result goes out without waiting for EOF.
@@ -294,9 +295,15 @@ pub async fn run(
         Err(e) => return Response::Error(e),
     };
     let token = new_token();
+    // Under the guard from before the spawn until the command ended (or was
+    // killed), so that a dying serve never leaves it running.
+    let supervised = guard::watch(&token);
     let mut child = match spawn(&plan, &token) {
         Ok(child) => child,
-        Err(e) => return Response::Error(e),
+        Err(e) => {
+            supervised.ended();
+            return Response::Error(e);
+        }
     };
     let (Some(pid), Some(stdout), Some(stderr)) =
         (child.id(), child.stdout.take(), child.stderr.take())
@@ -304,6 +311,7 @@ pub async fn run(
         return Response::Error(error(ErrorKind::Internal, "spawned child lacks its pipes"));
     };
     let pid = pid as i32;
+    supervised.rooted(pid);
 
     // Stdin is fed by its own task so a command that never reads it cannot
     // stall output capture; EPIPE from a command that exits early is normal.
@@ -386,6 +394,9 @@ pub async fn run(
                 Err(_) => None,
             };
         }
+        // Ended on its own or killed: what is left (`cmd &`) is not the
+        // guard's to kill, even while the output is still drained.
+        supervised.ended();
 
         if !pumps_done {
             let grace = tokio::time::sleep(EOF_GRACE);

@@ -1,22 +1,37 @@
-//! GPU leases, kept on the host so that every agent (and so every controller)
-//! sees them.
+//! GPU leases, kept in one table per host, so that every agent of every user
+//! (and so every controller, whatever its remote dir) sees them.
 //!
-//! The leases are one JSON object per line in `<state dir>/run/gpu-leases`
-//! (see [`paths::state_dir`]). Every change happens under an exclusive `flock`
-//! of `gpu-leases.lock` beside it and replaces the file by rename, so readers
-//! never see half a file and need no lock.
+//! The table is a directory all users share: `$OUTPOST_GPU_LEASE_DIR`, else
+//! `/tmp/outpost-gpu-leases`. Like `/tmp` it is sticky and world-writable
+//! (1777): everyone may add leases, and only remove their own. Each lease is
+//! one file, `<lease id>.lease` (JSON, 0644), owned by the user who took it.
+//! Every change happens under an exclusive `flock` of `lock` in the
+//! directory, which everyone opens read-only (a lock needs no write
+//! access), so two users can never take the same GPU. A lease file is
+//! written aside and linked into place, so readers, who take no lock, never
+//! see half of one.
 //!
 //! A lease belongs to one `serve` process, named by pid, start time and boot
-//! id so that a recycled pid cannot keep a dead lease alive. A lease lives as
-//! long as that process: leases of processes that are gone are dropped on
-//! every change and ignored on every read, and `serve` releases its own
-//! leases when it ends. That also covers SIGKILL and reboots.
+//! id so that a recycled pid cannot keep a dead lease alive, and that
+//! process must run as the file's owner, so nobody can make a lease outlive
+//! their own processes (by naming init as its holder, say). A lease lives as
+//! long as its holder: `serve` releases its own leases when it ends, and a
+//! dead holder's file is ignored by everyone and removed by its own user at
+//! their next change (in a sticky directory nobody else can). That also
+//! covers SIGKILL and reboots.
+//!
+//! The directory is used only while it is a real directory, sticky and
+//! world-writable, owned by root or by this user: any other owner could
+//! remove or fake everyone's leases. Anything else is refused with an error
+//! that says so; there is no fallback to a weaker table. The first user to
+//! lease creates the directory, so on a host shared by several users an
+//! administrator creates it once, owned by root (see the error's advice).
 
-use std::fs::{DirBuilder, File, OpenOptions};
-use std::io::Write;
+use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::path::PathBuf;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -24,13 +39,21 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use outpost_protocol::{AgentError, ErrorKind, GpuInfo, GpuLease, GpuLeaseRequest, GpuReport};
 use serde::{Deserialize, Serialize};
 
-use crate::{gpu, paths, proctree};
+use crate::{gpu, proctree};
 
+/// Names the table's directory, for tests and for hosts that want it
+/// elsewhere.
+pub const DIR_VAR: &str = "OUTPOST_GPU_LEASE_DIR";
+const DEFAULT_DIR: &str = "/tmp/outpost-gpu-leases";
+const LOCK_FILE: &str = "lock";
+const LEASE_SUFFIX: &str = ".lease";
+/// Larger lease files are not ours to read.
+const MAX_LEASE_FILE: u64 = 64 * 1024;
 /// How long a change waits for the lock before giving up.
 const LOCK_WAIT: Duration = Duration::from_secs(5);
 const MIB: u64 = 1024 * 1024;
 
-/// One line of the lease file.
+/// One lease file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lease {
     pub id: String,
@@ -59,41 +82,67 @@ pub fn lease(req: &GpuLeaseRequest) -> Result<GpuLease, AgentError> {
         return Err(no_gpus(&report));
     }
     let me = holder()?;
+    let table = Table::open(true)?;
+    let _lock = table.lock()?;
+    let leases: Vec<Lease> = table
+        .read()
+        .into_iter()
+        .filter_map(|stored| table.live_or_clean(stored))
+        .collect();
+    let chosen = choose(&report.gpus, &leases, req)?;
     LEASED.store(true, Ordering::Relaxed);
-    change(|leases| {
-        let chosen = choose(&report.gpus, leases, req)?;
-        let lease = Lease {
-            id: new_id(),
-            indices: chosen.iter().map(|g| g.index).collect(),
-            uuids: chosen.iter().map(|g| g.uuid.clone()).collect(),
-            holder_pid: me.pid,
-            holder_start_time: me.start_time,
-            holder_boot_id: me.boot_id.clone(),
-            created_unix: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
-        };
-        let granted = GpuLease {
-            lease_id: lease.id.clone(),
-            indices: lease.indices.clone(),
-            uuids: lease.uuids.clone(),
-        };
-        leases.push(lease);
-        Ok(granted)
-    })?
+    let mut lease = Lease {
+        id: String::new(),
+        indices: chosen.iter().map(|g| g.index).collect(),
+        uuids: chosen.iter().map(|g| g.uuid.clone()).collect(),
+        holder_pid: me.pid,
+        holder_start_time: me.start_time,
+        holder_boot_id: me.boot_id.clone(),
+        created_unix: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    };
+    // An id is taken by linking its file into place; one somebody else
+    // took (or planted) is skipped.
+    let mut tries = 0;
+    loop {
+        lease.id = new_id();
+        match table.write(&lease) {
+            Ok(()) => break,
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && tries < 10 => tries += 1,
+            Err(e) => {
+                return Err(table.internal(&format!("cannot write lease {}", lease.id), e));
+            }
+        }
+    }
+    Ok(GpuLease {
+        lease_id: lease.id,
+        indices: lease.indices,
+        uuids: lease.uuids,
+    })
 }
 
-/// Ends a live lease, whoever holds it (leases are per user, and the id is
-/// only known to whoever got it).
+/// Ends a live lease of this user (the id is only known to whoever got it,
+/// and a lease of another user is not ours to end).
 pub fn release(id: &str) -> Result<(), AgentError> {
-    change(|leases| {
-        let before = leases.len();
-        leases.retain(|l| l.id != id);
-        if leases.len() == before {
-            return Err(error(ErrorKind::BadRequest, format!("no such lease: {id}")));
-        }
-        Ok(())
-    })?
+    let no_such = || error(ErrorKind::BadRequest, format!("no such lease: {id}"));
+    if !valid_id(id) || !table_dir().exists() {
+        return Err(no_such());
+    }
+    let table = Table::open(false)?;
+    let _lock = table.lock()?;
+    let Some(stored) = table.read_one(&table.dir.join(format!("{id}{LEASE_SUFFIX}"))) else {
+        return Err(no_such());
+    };
+    if stored.owner != my_uid() {
+        return Err(error(
+            ErrorKind::BadRequest,
+            format!("lease {id} belongs to another user (uid {})", stored.owner),
+        ));
+    }
+    let live = stored.is_live();
+    table.remove(&stored);
+    if live { Ok(()) } else { Err(no_such()) }
 }
 
 /// Ends every lease of this process; for the end of `serve`.
@@ -104,20 +153,44 @@ pub fn release_own() {
     let Ok(me) = holder() else {
         return;
     };
-    if let Err(e) = change(|leases| leases.retain(|l| !me.holds(l))) {
+    let ended = Table::open(false).and_then(|table| {
+        let _lock = table.lock()?;
+        for stored in table.read() {
+            if stored.owner == my_uid() && me.holds(&stored.lease) {
+                table.remove(&stored);
+            }
+        }
+        Ok(())
+    });
+    if let Err(e) = ended {
         // The leases still end with this process, by the liveness rule.
         eprintln!("outpost-agent: cannot release GPU leases: {}", e.message);
     }
 }
 
-/// The live leases, read without locking.
+/// The live leases, read without locking; none when the table is missing
+/// or refused (a lease then fails and says why).
 pub fn live() -> Vec<Lease> {
-    let Some(file) = lease_file() else {
+    let Ok(table) = Table::open(false) else {
         return Vec::new();
     };
-    let mut leases = read(&file);
-    leases.retain(is_live);
-    leases
+    table
+        .read()
+        .into_iter()
+        .filter(Stored::is_live)
+        .map(|s| s.lease)
+        .collect()
+}
+
+/// Where the table is, and what is wrong with it if it cannot be used: for
+/// `diagnose`.
+pub fn table_status() -> (PathBuf, Result<(), String>) {
+    let dir = table_dir();
+    let status = match fs::symlink_metadata(&dir) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        _ => Table::open(false).map(drop).map_err(|e| e.message),
+    };
+    (dir, status)
 }
 
 /// Fills each GPU's `lease` with the live lease holding it.
@@ -249,6 +322,11 @@ fn holder() -> Result<Holder, AgentError> {
     .ok_or_else(|| error(ErrorKind::Internal, "cannot read /proc/self/stat"))
 }
 
+fn my_uid() -> u32 {
+    // SAFETY: getuid cannot fail.
+    unsafe { libc::getuid() }
+}
+
 fn boot_id() -> String {
     proctree::boot_id().to_string()
 }
@@ -256,6 +334,13 @@ fn boot_id() -> String {
 /// State and start time of a process.
 fn stat_of(pid: u32) -> Option<(u8, u64)> {
     proctree::state_and_start(pid as i32)
+}
+
+/// The real uid a process runs as (`Uid:` in `/proc/<pid>/status`).
+fn uid_of(pid: u32) -> Option<u32> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("Uid:"))?;
+    line.split_ascii_whitespace().nth(1)?.parse().ok()
 }
 
 fn is_live(lease: &Lease) -> bool {
@@ -270,108 +355,259 @@ fn is_live(lease: &Lease) -> bool {
     }
 }
 
-fn lease_file() -> Option<PathBuf> {
-    paths::state_dir().map(|d| d.join("run").join("gpu-leases"))
+/// Lease ids as this agent makes them (`gl-<pid>-<n>-<hex>`); anything else
+/// could name a path outside the table.
+fn valid_id(id: &str) -> bool {
+    (1..=64).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
 }
 
-/// Lines that do not parse are skipped: one bad line must not drop, or block,
-/// everyone else's leases.
-fn read(file: &std::path::Path) -> Vec<Lease> {
-    let Ok(text) = std::fs::read_to_string(file) else {
-        return Vec::new();
-    };
-    text.lines()
-        .filter(|l| !l.trim().is_empty())
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
+fn table_dir() -> PathBuf {
+    std::env::var_os(DIR_VAR)
+        .map(PathBuf::from)
+        .filter(|d| d.is_absolute())
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_DIR))
 }
 
-/// Runs `f` on the live leases under the lock and saves what it leaves, if
-/// anything changed.
-fn change<T>(f: impl FnOnce(&mut Vec<Lease>) -> T) -> Result<T, AgentError> {
-    let internal =
-        |what: &str, e: std::io::Error| error(ErrorKind::Internal, format!("{what}: {e}"));
-    let file = lease_file().ok_or_else(|| {
-        error(
-            ErrorKind::Internal,
-            "no state directory ($HOME unset and no passwd entry)",
-        )
-    })?;
-    let dir = file.parent().expect("lease file has a parent");
-    DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(|e| internal(&format!("cannot create {}", dir.display()), e))?;
-    let lock_path = dir.join("gpu-leases.lock");
-    let lock = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .open(&lock_path)
-        .map_err(|e| internal(&format!("cannot open {}", lock_path.display()), e))?;
-    lock_exclusive(&lock)?;
+/// A lease file as found: the lease, and who owns the file.
+struct Stored {
+    lease: Lease,
+    owner: u32,
+    path: PathBuf,
+}
 
-    let stored = read(&file);
-    let mut leases = stored.clone();
-    leases.retain(is_live);
-    let result = f(&mut leases);
-    if leases != stored {
-        write(&file, &leases)
-            .map_err(|e| internal(&format!("cannot write {}", file.display()), e))?;
+impl Stored {
+    /// The holder lives, and runs as the user who owns the file.
+    fn is_live(&self) -> bool {
+        is_live(&self.lease) && uid_of(self.lease.holder_pid) == Some(self.owner)
     }
-    // Dropping `lock` closes it, which releases the flock.
-    Ok(result)
 }
 
-fn lock_exclusive(lock: &File) -> Result<(), AgentError> {
-    let deadline = Instant::now() + LOCK_WAIT;
-    loop {
-        // SAFETY: plain syscall on an open descriptor.
-        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-            return Ok(());
+/// The lease table: a checked directory.
+struct Table {
+    dir: PathBuf,
+}
+
+impl Table {
+    /// The table's directory, checked (see the module docs), and created
+    /// when `create` and it is missing.
+    fn open(create: bool) -> Result<Table, AgentError> {
+        let dir = table_dir();
+        let refuse = |why: String| {
+            error(
+                ErrorKind::Unavailable,
+                format!("the GPU lease table {} is not used: {why}", dir.display()),
+            )
+        };
+        let meta = match fs::symlink_metadata(&dir) {
+            Ok(meta) => meta,
+            Err(e) if e.kind() == io::ErrorKind::NotFound && create => {
+                // Made private first, opened to all once complete.
+                match DirBuilder::new().mode(0o700).create(&dir) {
+                    Ok(()) => {
+                        fs::set_permissions(&dir, fs::Permissions::from_mode(0o1777)).map_err(
+                            |e| internal(&format!("cannot open up {}", dir.display()), e),
+                        )?;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                    Err(e) => {
+                        return Err(internal(&format!("cannot create {}", dir.display()), e));
+                    }
+                }
+                fs::symlink_metadata(&dir)
+                    .map_err(|e| internal(&format!("cannot inspect {}", dir.display()), e))?
+            }
+            Err(e) => return Err(internal(&format!("cannot inspect {}", dir.display()), e)),
+        };
+        if meta.file_type().is_symlink() {
+            return Err(refuse("it is a symbolic link".into()));
         }
-        let e = std::io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EWOULDBLOCK)
-            && e.kind() != std::io::ErrorKind::Interrupted
+        if !meta.is_dir() {
+            return Err(refuse("it is not a directory".into()));
+        }
+        let me = my_uid();
+        if meta.uid() != 0 && meta.uid() != me {
+            return Err(refuse(format!(
+                "it belongs to uid {}, who could remove or fake anyone's leases; \
+                 an administrator can make it shared with `chown root: {}` \
+                 (or point {DIR_VAR} elsewhere)",
+                meta.uid(),
+                dir.display()
+            )));
+        }
+        if meta.mode() & 0o1777 != 0o1777 {
+            if meta.uid() != me {
+                return Err(refuse(format!(
+                    "its mode is {:o}, not 1777 (sticky, open to every user); \
+                     an administrator can fix it with `chmod 1777 {}`",
+                    meta.mode() & 0o7777,
+                    dir.display()
+                )));
+            }
+            // Ours, and left narrower (a umask, an older agent): open it up.
+            fs::set_permissions(&dir, fs::Permissions::from_mode(0o1777))
+                .map_err(|e| internal(&format!("cannot open up {}", dir.display()), e))?;
+        }
+        Ok(Table { dir })
+    }
+
+    fn internal(&self, what: &str, e: io::Error) -> AgentError {
+        internal(&format!("{what} in {}", self.dir.display()), e)
+    }
+
+    /// Takes the table's lock; held until the file is dropped. The lock file
+    /// is opened read-only, so whoever created it, everyone can lock it.
+    fn lock(&self) -> Result<File, AgentError> {
+        let path = self.dir.join(LOCK_FILE);
+        let open = || {
+            OpenOptions::new()
+                .read(true)
+                // Neither a planted symlink nor a FIFO (which would block).
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+                .open(&path)
+        };
+        let lock = match open() {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                match OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o644)
+                    .open(&path)
+                {
+                    Ok(f) => {
+                        // Readable by everyone whatever the umask.
+                        let _ = f.set_permissions(fs::Permissions::from_mode(0o644));
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                    Err(e) => return Err(self.internal("cannot create the lock", e)),
+                }
+                open()
+            }
+            other => other,
+        }
+        .map_err(|e| self.internal("cannot open the lock", e))?;
+        if !lock.metadata().is_ok_and(|m| m.is_file()) {
+            return Err(error(
+                ErrorKind::Unavailable,
+                format!("{} is not a regular file", path.display()),
+            ));
+        }
+        let deadline = Instant::now() + LOCK_WAIT;
+        loop {
+            // SAFETY: plain syscall on an open descriptor.
+            if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+                return Ok(lock);
+            }
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EWOULDBLOCK) && e.kind() != io::ErrorKind::Interrupted
+            {
+                return Err(self.internal("cannot lock the lease table", e));
+            }
+            if Instant::now() >= deadline {
+                return Err(error(
+                    ErrorKind::Unavailable,
+                    format!(
+                        "the GPU lease table {} stayed locked by another process for 5 s",
+                        self.dir.display()
+                    ),
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Every lease file that parses. A file that does not, or that is not
+    /// what a lease file is, is skipped: one bad file must not drop, or
+    /// block, everyone else's leases.
+    fn read(&self) -> Vec<Stored> {
+        let Ok(entries) = fs::read_dir(&self.dir) else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_str()
+                    .is_some_and(|n| n.ends_with(LEASE_SUFFIX))
+            })
+            .filter_map(|e| self.read_one(&e.path()))
+            .collect()
+    }
+
+    fn read_one(&self, path: &Path) -> Option<Stored> {
+        let file = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(path)
+            .ok()?;
+        let meta = file.metadata().ok()?;
+        if !meta.is_file() || meta.len() > MAX_LEASE_FILE {
+            return None;
+        }
+        let mut text = Vec::new();
+        file.take(MAX_LEASE_FILE).read_to_end(&mut text).ok()?;
+        let lease: Lease = serde_json::from_slice(&text).ok()?;
+        // The name is the id: nobody can pass a file off as another lease.
+        let name = path.file_name()?.to_str()?;
+        if name.strip_suffix(LEASE_SUFFIX) != Some(lease.id.as_str()) {
+            return None;
+        }
+        Some(Stored {
+            lease,
+            owner: meta.uid(),
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// The lease of a live holder; a dead holder's file is removed if it is
+    /// this user's (others cannot remove it, and ignore it).
+    fn live_or_clean(&self, stored: Stored) -> Option<Lease> {
+        if stored.is_live() {
+            return Some(stored.lease);
+        }
+        if stored.owner == my_uid() {
+            self.remove(&stored);
+        }
+        None
+    }
+
+    fn remove(&self, stored: &Stored) {
+        if let Err(e) = fs::remove_file(&stored.path)
+            && e.kind() != io::ErrorKind::NotFound
         {
-            return Err(error(
-                ErrorKind::Internal,
-                format!("cannot lock the lease file: {e}"),
-            ));
+            eprintln!(
+                "outpost-agent: cannot remove {}: {e}",
+                stored.path.display()
+            );
         }
-        if Instant::now() >= deadline {
-            return Err(error(
-                ErrorKind::Internal,
-                "the lease file stayed locked by another process for 5 s",
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(10));
+    }
+
+    /// Writes `lease` aside, then links it into place: readers see the whole
+    /// file or none, and an existing file (whoever made it) is never
+    /// replaced. Called under the lock, so a temp file is never shared.
+    fn write(&self, lease: &Lease) -> io::Result<()> {
+        let text = serde_json::to_vec(lease).map_err(io::Error::other)?;
+        let path = self.dir.join(format!("{}{LEASE_SUFFIX}", lease.id));
+        let tmp = self.dir.join(format!(".{}.tmp", lease.id));
+        let result = (|| {
+            let mut out = OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o644)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&tmp)?;
+            // Readable by every user's agent whatever the umask.
+            out.set_permissions(fs::Permissions::from_mode(0o644))?;
+            out.write_all(&text)?;
+            drop(out);
+            fs::hard_link(&tmp, &path)
+        })();
+        let _ = fs::remove_file(&tmp);
+        result
     }
 }
 
-/// Replaces the file by rename. No fsync: a crash that loses the file also
-/// ends every process that held a lease in it.
-fn write(file: &std::path::Path, leases: &[Lease]) -> std::io::Result<()> {
-    let mut text = String::new();
-    for lease in leases {
-        text.push_str(&serde_json::to_string(lease).map_err(std::io::Error::other)?);
-        text.push('\n');
-    }
-    let tmp = file.with_file_name(format!(".gpu-leases.{}.tmp", std::process::id()));
-    let mut out = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    out.write_all(text.as_bytes())?;
-    drop(out);
-    std::fs::rename(&tmp, file).inspect_err(|_| {
-        let _ = std::fs::remove_file(&tmp);
-    })
+fn internal(what: &str, e: io::Error) -> AgentError {
+    error(ErrorKind::Internal, format!("{what}: {e}"))
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ mod diagnose;
 mod exec;
 mod files;
 mod gpu;
+mod guard;
 mod identity;
 mod jobs;
 mod leases;
@@ -58,6 +59,8 @@ fn main() -> ExitCode {
         ["daemon", "--started-by", how] => jobs::daemon::main(how),
         ["shim", dir] => jobs::shim::run(std::path::Path::new(dir), false),
         ["shim", dir, "--resume"] => jobs::shim::run(std::path::Path::new(dir), true),
+        // Not in the usage: only `serve` starts it, with a pipe on stdin.
+        ["guard"] => guard::main(),
         ["--version" | "-V" | "version"] => {
             println!("{}", identity::version_line());
             0

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 pub const TOKEN_VAR: &str = "OUTPOST_EXEC_TOKEN";
 
 /// How long processes get to exit after SIGTERM before SIGKILL.
-const TERM_GRACE: Duration = Duration::from_millis(500);
+pub const TERM_GRACE: Duration = Duration::from_millis(500);
 /// How long SIGKILL is repeated against processes that keep appearing.
 const KILL_WINDOW: Duration = Duration::from_secs(1);
 const POLL: Duration = Duration::from_millis(20);

@@ -24,7 +24,7 @@ use tokio::task::JoinSet;
 use crate::files::Appliers;
 use crate::metrics::Monitor;
 use crate::outbox::{self, Outbox};
-use crate::{cleanup, exec, files, gpu, identity, jobs, leases};
+use crate::{cleanup, exec, files, gpu, guard, identity, jobs, leases};
 
 /// How long shutdown waits for cancelled commands to report.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(2);
@@ -101,6 +101,8 @@ async fn session() -> i32 {
         }
     };
     let (outbox, writer) = outbox::start(hello);
+    // Commands must not outlive this process, even if it is SIGKILLed.
+    guard::start();
     tokio::task::spawn_blocking(cleanup::remove_stale_versions);
     // Jobs left running or lost while no daemon watched get one again.
     jobs::nudge();

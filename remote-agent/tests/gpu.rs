@@ -2,7 +2,8 @@
 //! (built here from `tests/fake_nvml/fake_nvml.c`) and fake `nvidia-smi`
 //! scripts that describe the same two GPUs.
 //!
-//! Every test gets its own HOME (leases live under it) and a PATH holding only
+//! Every test gets its own HOME, its own GPU lease table (the host-wide one
+//! would be shared by every test and every user) and a PATH holding only
 //! what it needs, so a real NVIDIA stack on the test host cannot leak in.
 
 mod common;
@@ -100,6 +101,7 @@ impl Host {
             .env("HOME", self.home())
             .env("PATH", self.root.path().join("bin"))
             .env("OUTPOST_NVML_LIB", nvml)
+            .env("OUTPOST_GPU_LEASE_DIR", self.lease_dir())
             .env("FAKE_NVML_PID", self.gpu_user_pid().to_string());
         cmd
     }
@@ -113,8 +115,25 @@ impl Host {
         self.agent(&self.root.path().join("missing/libnvidia-ml.so.1"))
     }
 
-    fn lease_file(&self) -> PathBuf {
-        self.home().join(".outpost/run/gpu-leases")
+    /// This host's lease table; the first agent to lease creates it.
+    fn lease_dir(&self) -> PathBuf {
+        self.root.path().join("leases")
+    }
+
+    /// Ids of the lease files in the table.
+    fn lease_files(&self) -> Vec<String> {
+        let mut ids: Vec<String> = std::fs::read_dir(self.lease_dir())
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|e| {
+                        let name = e.file_name().into_string().ok()?;
+                        name.strip_suffix(".lease").map(str::to_string)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        ids.sort();
+        ids
     }
 }
 
@@ -397,39 +416,42 @@ fn leases_are_shared_by_agents_and_end_with_their_holder() {
     assert_eq!(both.indices, [0, 1]);
     assert_eq!(both.uuids, [UUID0, UUID1]);
 
-    // A holder that ends normally removes its leases from the file.
-    let file = host.lease_file();
-    assert!(
-        std::fs::read_to_string(&file)
-            .unwrap()
-            .contains(&both.lease_id)
-    );
+    // A holder that ends normally removes its lease files.
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    let dir = host.lease_dir();
+    assert!(host.lease_files().contains(&both.lease_id));
+    assert_eq!(mode(&dir), 0o1777);
+    assert_eq!(mode(&dir.join(format!("{}.lease", both.lease_id))), 0o644);
     b.close_stdin();
     assert_eq!(b.wait_exit(Duration::from_secs(5)), Some(0));
-    assert_eq!(std::fs::read_to_string(&file).unwrap(), "");
-
-    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
-    assert_eq!(mode(file.parent().unwrap()), 0o700);
-    assert_eq!(mode(&file), 0o600);
-    assert_eq!(mode(&host.home().join(".outpost")), 0o700);
+    assert!(host.lease_files().is_empty(), "{:?}", host.lease_files());
 }
 
 #[test]
-fn leases_live_beside_a_custom_install() {
-    let host = Host::new("lease-dir");
+fn leases_are_host_wide_across_installs() {
+    // A custom remote dir has its own state dir, but not its own GPUs.
+    let host = Host::new("lease-installs");
     let install = host.root.path().join("custom/agents/v1");
     std::fs::create_dir_all(&install).unwrap();
     let exe = install.join("outpost-agent");
     std::fs::copy(BIN, &exe).unwrap();
-    let mut agent = Agent::start_with(&mut host.command(&exe, fake_nvml()));
-    let l = lease_ok(&mut agent, 1, 1, 0);
-    let file = host.root.path().join("custom/run/gpu-leases");
+    let mut custom = Agent::start_with(&mut host.command(&exe, fake_nvml()));
+    let mut usual = host.agent(fake_nvml());
+    let l = lease_ok(&mut custom, 1, 1, 0);
+    assert_eq!(host.lease_files(), std::slice::from_ref(&l.lease_id));
+    let (kind, message) = lease_error(&mut usual, 2, 2, 0);
+    assert_eq!(kind, ErrorKind::Unavailable);
     assert!(
-        std::fs::read_to_string(&file)
-            .unwrap()
-            .contains(&l.lease_id)
+        message.contains(&format!("GPU 1 is leased by {}", l.lease_id)),
+        "{message}"
     );
-    assert!(!host.lease_file().exists());
+    assert_eq!(
+        leases_of(&usual.metrics(3)),
+        [None, Some(l.lease_id.clone())]
+    );
+    // Another agent of the same user may end it, as before.
+    assert_eq!(release(&mut usual, 4, &l.lease_id), Response::Released);
+    assert!(host.lease_files().is_empty());
 }
 
 /// CPU time and memory of a sampling agent, for people tuning the sampler:
@@ -463,4 +485,151 @@ fn sampler_cost() {
         "sampler: {:.3}% of one core ({used:.2} s CPU in {secs:.0} s), {rss}",
         used / secs * 100.0
     );
+}
+
+/// The account the multi-user tests run a second agent as.
+const OTHER_USER: &str = "outpost-test";
+
+/// (uid, gid) of `user` from /etc/passwd, when this test runs as root and
+/// can act as it; else None, and the caller says why it skips.
+fn other_user(user: &str) -> Option<(u32, u32)> {
+    // SAFETY: getuid cannot fail.
+    if unsafe { libc::getuid() } != 0 {
+        return None;
+    }
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|line| {
+        let f: Vec<&str> = line.split(':').collect();
+        (f.len() >= 4 && f[0] == user).then(|| Some((f[2].parse().ok()?, f[3].parse().ok()?)))?
+    })
+}
+
+fn chown(path: &Path, (uid, gid): (u32, u32)) {
+    std::os::unix::fs::chown(path, Some(uid), Some(gid)).unwrap();
+}
+
+#[test]
+fn two_users_share_one_table() {
+    use std::os::unix::process::CommandExt;
+    let Some(other) = other_user(OTHER_USER) else {
+        eprintln!("skipped: needs root and the user {OTHER_USER}");
+        return;
+    };
+    let host = Host::new("lease-users");
+    let other_home = host.root.path().join("other-home");
+    std::fs::create_dir_all(&other_home).unwrap();
+    chown(&other_home, other);
+    let other_agent = || {
+        let mut cmd = host.command(Path::new(BIN), fake_nvml());
+        cmd.env("HOME", &other_home).uid(other.0).gid(other.1);
+        Agent::start_with(&mut cmd)
+    };
+
+    // Root leases first and so creates the table, owned by root.
+    let mut root = host.agent(fake_nvml());
+    let mut user = other_agent();
+    let lr = lease_ok(&mut root, 1, 1, 0);
+    assert_eq!(lr.indices, [1]);
+    let (kind, message) = lease_error(&mut user, 2, 2, 0);
+    assert_eq!(kind, ErrorKind::Unavailable);
+    assert!(
+        message.contains(&format!("GPU 1 is leased by {}", lr.lease_id)),
+        "{message}"
+    );
+    let lu = lease_ok(&mut user, 3, 1, 0);
+    assert_eq!(lu.indices, [0]);
+    assert_eq!(
+        leases_of(&root.metrics(4)),
+        [Some(lu.lease_id.clone()), Some(lr.lease_id.clone())]
+    );
+    // Nobody ends another user's lease.
+    match release(&mut user, 5, &lr.lease_id) {
+        Response::Error(e) => assert!(e.message.contains("another user"), "{}", e.message),
+        other => panic!("{other:?}"),
+    }
+
+    // Root's agent is killed outright: its file stays (the other user
+    // cannot remove it from the sticky table), but it holds nothing.
+    root.child.kill().unwrap();
+    root.child.wait().unwrap();
+    let again = lease_ok(&mut user, 6, 1, 0);
+    assert_eq!(again.indices, [1]);
+    assert!(host.lease_files().contains(&lr.lease_id));
+
+    // A forged lease: a file of the other user naming init as its holder
+    // holds nothing, since init does not run as that user.
+    assert_eq!(release(&mut user, 7, &again.lease_id), Response::Released);
+    let init_start = std::fs::read_to_string("/proc/1/stat").unwrap();
+    let init_start: u64 = init_start[init_start.rfind(')').unwrap() + 2..]
+        .split_whitespace()
+        .nth(19)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    let forged = host.lease_dir().join("gl-1-1-1.lease");
+    std::fs::write(
+        &forged,
+        format!(
+            r#"{{"id":"gl-1-1-1","indices":[1],"uuids":["{UUID1}"],"holder_pid":1,"holder_start_time":{init_start},"holder_boot_id":"{}","created_unix":0}}"#,
+            boot.trim()
+        ),
+    )
+    .unwrap();
+    chown(&forged, other);
+    let mut root = host.agent(fake_nvml());
+    assert_eq!(
+        leases_of(&root.metrics(8)),
+        [Some(lu.lease_id.clone()), None]
+    );
+    assert_eq!(lease_ok(&mut root, 9, 1, 0).indices, [1]);
+}
+
+#[test]
+fn a_table_others_could_tamper_with_is_refused() {
+    let host = Host::new("lease-refused");
+    let dir = host.lease_dir();
+    let refused_to = |uid_gid: Option<(u32, u32)>, why: &str| {
+        let mut cmd = host.command(Path::new(BIN), fake_nvml());
+        if let Some((uid, gid)) = uid_gid {
+            use std::os::unix::process::CommandExt;
+            cmd.uid(uid).gid(gid);
+        }
+        let mut agent = Agent::start_with(&mut cmd);
+        let (kind, message) = lease_error(&mut agent, 1, 1, 0);
+        assert_eq!(kind, ErrorKind::Unavailable, "{message}");
+        assert!(
+            message.contains("is not used") && message.contains(why),
+            "{message}"
+        );
+        assert_eq!(leases_of(&agent.metrics(2)), [None, None]);
+    };
+    let refused = |why: &str| refused_to(None, why);
+
+    // A symlink to a perfectly good table.
+    let real = host.root.path().join("real-table");
+    std::fs::create_dir(&real).unwrap();
+    std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    symlink(&real, &dir).unwrap();
+    refused("symbolic link");
+    std::fs::remove_file(&dir).unwrap();
+
+    if let Some(other) = other_user(OTHER_USER) {
+        // Another user made it first, 1777 or not.
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        chown(&dir, other);
+        refused(&format!("belongs to uid {}", other.0));
+        // Root's, but not sticky: anyone could remove anyone's lease (root
+        // itself would just fix its own directory).
+        chown(&dir, (0, 0));
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        refused_to(Some(other), "not 1777");
+        // An administrator fixes it; nothing else needed.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let mut agent = host.agent(fake_nvml());
+        lease_ok(&mut agent, 1, 1, 0);
+    } else {
+        eprintln!("skipped the other-user cases: needs root and the user {OTHER_USER}");
+    }
 }

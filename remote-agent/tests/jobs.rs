@@ -534,8 +534,8 @@ fn a_lost_job_is_reported_and_resumed_once() {
             kill(-child, libc::SIGKILL);
         }
     };
-    // First only the shim: what is left of the run is killed before the
-    // resume, so the two never run side by side.
+    // First only the shim: what is left of the run is ended before the
+    // loss is recorded, so the two runs never run side by side.
     lose(&host, false);
     assert!(
         wait_until(Duration::from_secs(5), || {
@@ -548,7 +548,7 @@ fn a_lost_job_is_reported_and_resumed_once() {
     assert!(
         interrupted
             .detail
-            .contains("1 of its processes still run and are killed before the resume"),
+            .contains("its remaining process was ended"),
         "{}",
         interrupted.detail
     );

@@ -183,7 +183,16 @@ async fn mcp_resources_prompts_fan_out_and_auto_selection() {
 async fn mcp_gpu_metrics_placement_and_leases() {
     // The local sandbox's agent inherits OUTPOST_NVML_LIB: two fake GPUs.
     let nvml = outpost_e2e::fake_nvml_lib();
-    let (client, _home) = start(&[("OUTPOST_NVML_LIB", nvml.display().to_string())]).await;
+    // A lease table of this test's own, whoever created the host's default one.
+    let leases = outpost_e2e::TempDir::new("gpu-leases");
+    let (client, _home) = start(&[
+        ("OUTPOST_NVML_LIB", nvml.display().to_string()),
+        (
+            "OUTPOST_GPU_LEASE_DIR",
+            leases.path().join("table").display().to_string(),
+        ),
+    ])
+    .await;
 
     let (_, r) = call(&client, "list_sandboxes", json!({"check_resources": true})).await;
     let res = &r["sandboxes"][0]["resources"];

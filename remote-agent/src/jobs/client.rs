@@ -161,11 +161,21 @@ async fn connect(state: &Path) -> Option<UnixStream> {
         candidates.push(usual);
     }
     for socket in candidates {
-        if let Ok(stream) = UnixStream::connect(&socket).await {
+        if let Ok(stream) = UnixStream::connect(&socket).await
+            && served_by_us(&stream)
+        {
             return Some(stream);
         }
     }
     None
+}
+
+/// Whether the peer runs as this user: a job spec (commands, environment)
+/// goes to nobody else, whatever socket path an old `daemon.json` names.
+fn served_by_us(stream: &UnixStream) -> bool {
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    stream.peer_cred().is_ok_and(|c| c.uid() == uid)
 }
 
 /// Whether this state dir's daemon answers on its socket.

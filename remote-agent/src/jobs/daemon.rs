@@ -3,13 +3,14 @@
 //! Jobs must outlive the SSH connection, so they cannot be children of
 //! `serve`. The daemon starts them (one [shim](super::shim) each), notices
 //! jobs whose shim died without an exit record (lost: a SIGKILL, an OOM kill,
-//! a reboot), records that once, and resumes them when their watch settings
-//! ask for it. It holds no state the files do not: a killed daemon loses
+//! a reboot), ends whatever of such a job still runs (nothing may run that
+//! no shim will record), records the loss once, and resumes them when their
+//! watch settings ask for it. It holds no state the files do not: a killed daemon loses
 //! nothing, and the next one re-adopts every job from the job dirs.
 //!
 //! One daemon per state dir, by an exclusive `flock` on `run/daemon.lock`. It
 //! listens on a unix socket in a private (0700, owned, not a symlink)
-//! directory with a short path, speaks the agent's framing (no preamble, no
+//! directory with a short path (see [`socket_path`]), speaks the agent's framing (no preamble, no
 //! hello) and answers `JobStart` and `Ping`. `run/daemon.json` says where the
 //! socket is and how the daemon was started. With no running job, no pending
 //! resume and no client for [`IDLE_EXIT`], it exits; `serve` starts it again
@@ -72,32 +73,109 @@ pub fn info_path(state: &Path) -> PathBuf {
     run_dir(state).join("daemon.json")
 }
 
-/// The daemon's socket for the state dir `state`: in
-/// `$XDG_RUNTIME_DIR/outpost-<uid>-<hash>/` when that is set and writable,
-/// else in `/tmp/outpost-<uid>-<hash>/`, where `<hash>` is 8 hex digits of
-/// BLAKE3 of the state dir (two installs of one user must not share a
-/// socket). Both stay far below the 108-byte limit of socket paths, which
-/// a deep home directory would break.
+/// The socket's name, in whichever directory holds it.
+const SOCKET_NAME: &str = "daemon.sock";
+/// The longest path a unix socket can have: `sun_path` holds 108 bytes,
+/// the terminating NUL included.
+const SOCKET_PATH_MAX: usize = 107;
+/// `run/socket-dir`: the short directory made for the socket when neither
+/// of the usual ones will do.
+const SOCKET_DIR_RECORD: &str = "socket-dir";
+
+/// The daemon's socket for the state dir `state`, where the daemon puts it
+/// and where a client looks when no `daemon.json` says otherwise:
+///
+/// 1. `$XDG_RUNTIME_DIR/outpost-<hash>/` when that variable names a private
+///    directory of this user (owned, 0700, not a symlink); `<hash>` is 8 hex
+///    digits of BLAKE3 of the state dir, since two installs of one user must
+///    not share a socket;
+/// 2. else `<state>/run/`, when the socket's path fits in `sun_path`;
+/// 3. else a directory with an unpredictable name made under `/tmp`
+///    (`mkdtemp`) and recorded in `run/socket-dir`.
+///
+/// Never a predictable name in a shared directory: another local user
+/// could create it first and so block every job of this user.
 pub fn socket_path(state: &Path) -> PathBuf {
-    use std::os::unix::ffi::OsStrExt;
-    // SAFETY: getuid cannot fail.
-    let uid = unsafe { libc::getuid() };
-    let hash = blake3::hash(state.as_os_str().as_bytes()).to_hex();
-    let dir_name = format!("outpost-{uid}-{}", &hash[..8]);
-    let base = std::env::var_os("XDG_RUNTIME_DIR")
-        .map(PathBuf::from)
-        .filter(|d| d.is_absolute() && writable_dir(d))
-        .unwrap_or_else(|| PathBuf::from("/tmp"));
-    base.join(dir_name).join("daemon.sock")
+    let dir = runtime_socket_dir(state)
+        .or_else(|| Some(run_dir(state)).filter(|d| fits(d)))
+        .or_else(|| recorded_socket_dir(state))
+        // None made yet: the daemon makes one when it starts.
+        .unwrap_or_else(|| run_dir(state));
+    dir.join(SOCKET_NAME)
 }
 
-fn writable_dir(dir: &Path) -> bool {
+/// The daemon's side of [`socket_path`]: the directory to listen in,
+/// created or checked, and the short one made and recorded if needed.
+fn prepare_socket_dir(state: &Path) -> Result<PathBuf, String> {
     use std::os::unix::ffi::OsStrExt;
-    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
-        return false;
-    };
-    // SAFETY: `c` is a valid NUL-terminated path.
-    dir.is_dir() && unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) } == 0
+    if let Some(dir) = runtime_socket_dir(state) {
+        private_dir(&dir)?;
+        return Ok(dir);
+    }
+    let run = run_dir(state);
+    if fits(&run) {
+        private_dir(&run)?;
+        return Ok(run);
+    }
+    // A recorded directory that is gone, or no longer private, is replaced
+    // (never re-created under its old, by now known, name).
+    if let Some(dir) = recorded_socket_dir(state).filter(|d| is_private_dir(d)) {
+        return Ok(dir);
+    }
+    let dir = make_temp_dir()?;
+    let record = run.join(SOCKET_DIR_RECORD);
+    store::write_atomic(&record, dir.as_os_str().as_bytes(), false)
+        .map_err(|e| format!("cannot write {}: {e}", record.display()))?;
+    Ok(dir)
+}
+
+/// Whether a socket in `dir` has a path short enough to bind.
+fn fits(dir: &Path) -> bool {
+    dir.join(SOCKET_NAME).as_os_str().len() <= SOCKET_PATH_MAX
+}
+
+/// `$XDG_RUNTIME_DIR/outpost-<hash>`, when `$XDG_RUNTIME_DIR` is a private
+/// directory of this user and the socket's path fits.
+fn runtime_socket_dir(state: &Path) -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    let runtime = PathBuf::from(std::env::var_os("XDG_RUNTIME_DIR")?);
+    if !runtime.is_absolute() || !is_private_dir(&runtime) {
+        return None;
+    }
+    let hash = blake3::hash(state.as_os_str().as_bytes()).to_hex();
+    Some(runtime.join(format!("outpost-{}", &hash[..8]))).filter(|d| fits(d))
+}
+
+/// The short directory recorded in `run/socket-dir`, if any.
+fn recorded_socket_dir(state: &Path) -> Option<PathBuf> {
+    use std::os::unix::ffi::OsStringExt;
+    let bytes = fs::read(run_dir(state).join(SOCKET_DIR_RECORD)).ok()?;
+    Some(PathBuf::from(std::ffi::OsString::from_vec(bytes))).filter(|d| d.is_absolute() && fits(d))
+}
+
+/// Makes `/tmp/outpost-XXXXXX` (0700) with an unpredictable name.
+fn make_temp_dir() -> Result<PathBuf, String> {
+    use std::os::unix::ffi::OsStringExt;
+    let mut template = b"/tmp/outpost-XXXXXX\0".to_vec();
+    // SAFETY: `template` is a NUL-terminated buffer mkdtemp may rewrite.
+    let made = unsafe { libc::mkdtemp(template.as_mut_ptr().cast()) };
+    if made.is_null() {
+        return Err(format!(
+            "cannot make a directory for the socket in /tmp: {}",
+            io::Error::last_os_error()
+        ));
+    }
+    template.pop();
+    Ok(PathBuf::from(std::ffi::OsString::from_vec(template)))
+}
+
+/// Whether `dir` is a directory (not a symlink) of this user that nobody
+/// else may enter.
+fn is_private_dir(dir: &Path) -> bool {
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    fs::symlink_metadata(dir)
+        .is_ok_and(|m| m.file_type().is_dir() && m.uid() == uid && m.mode() & 0o077 == 0)
 }
 
 /// Creates `dir` (0700) or checks that the existing one is a real directory
@@ -187,7 +265,13 @@ pub fn main(started_by: &str) -> i32 {
         std::thread::sleep(Duration::from_millis(20));
     }
 
-    let socket = socket_path(&state);
+    let socket = match prepare_socket_dir(&state) {
+        Ok(dir) => dir.join(SOCKET_NAME),
+        Err(e) => {
+            eprintln!("outpost-agent daemon: {e}");
+            return 1;
+        }
+    };
     let listener = match bind(&socket) {
         Ok(l) => l,
         Err(e) => {
@@ -529,6 +613,11 @@ impl Daemon {
     }
 
     fn consider(&self, snap: Snapshot) {
+        if snap.unsupervised {
+            self.watched().remove(&snap.name);
+            self.lost(&snap);
+            return;
+        }
         match snap.state {
             JobState::Running => {
                 let watched = Watched {
@@ -549,12 +638,23 @@ impl Daemon {
         }
     }
 
-    /// A job without exit record and without its shim: record it once, and
-    /// schedule a resume if its watch settings ask for one.
+    /// A job without exit record and without its shim: end what still runs
+    /// of it, record the loss once, and schedule a resume if its watch
+    /// settings ask for one.
     fn lost(&self, snap: &Snapshot) {
         let dir = &snap.dir;
+        // Nobody would record how these end, and a resume must never run
+        // beside them: they are ended before the loss is recorded, so a job
+        // reported lost never still runs.
+        let ended = if snap.unsupervised {
+            let root = snap.live_child();
+            let found = proctree::collect_tree(root, &snap.record.token).len();
+            proctree::terminate_tree(root, &snap.record.token, LEFTOVER_GRACE);
+            found
+        } else {
+            0
+        };
         if store::claim(dir, store::LOST_REPORTED) {
-            let leftovers = proctree::collect_tree(snap.live_child(), &snap.record.token);
             let mut detail = match &snap.shim {
                 Some(shim) if !shim.boot_id.is_empty() && shim.boot_id != proctree::boot_id() => {
                     "the host rebooted".to_string()
@@ -565,18 +665,11 @@ impl Daemon {
                 ),
                 None => "its supervisor never started".to_string(),
             };
-            if !leftovers.is_empty() {
-                // Left alone unless a resume follows: they may be doing
-                // useful work, and a cancel still finds them by token.
-                detail.push_str(&format!(
-                    "; {} of its processes still run{}",
-                    leftovers.len(),
-                    if resumable(snap) {
-                        " and are killed before the resume"
-                    } else {
-                        ""
-                    }
-                ));
+            if ended > 0 {
+                detail.push_str(&match ended {
+                    1 => "; its remaining process was ended".to_string(),
+                    n => format!("; its {n} remaining processes were ended"),
+                });
             }
             if let Some(why) = no_resume_reason(snap) {
                 detail.push_str(&format!("; {why}"));

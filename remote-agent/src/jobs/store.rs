@@ -17,8 +17,11 @@
 //! * `resume.json`: how many resumes were started.
 //!
 //! The state is never stored, only derived: an exit record means the job
-//! ended; otherwise a live shim means it runs; otherwise it is lost. So no
-//! crash can leave a state that disagrees with the processes.
+//! ended; otherwise a live shim means it runs; otherwise it is lost, unless
+//! processes of the job still run without their shim: then it runs
+//! (unsupervised) until the daemon ends them, and only then is it lost. So
+//! no crash can leave a state that disagrees with the processes, and a job
+//! reported lost never still runs.
 //!
 //! Events go to `<state>/jobs/events.jsonl`, one [`JobEvent`] per line, under
 //! an exclusive `flock` of `events.lock` so sequence numbers stay increasing
@@ -302,6 +305,9 @@ pub struct Snapshot {
     pub shim: Option<ProcId>,
     pub child: Option<ProcId>,
     pub attempts: u32,
+    /// Running, but its shim is gone: nobody will record how it ends, so the
+    /// daemon ends it and records the loss.
+    pub unsupervised: bool,
 }
 
 impl Snapshot {
@@ -323,6 +329,7 @@ impl Snapshot {
         let child: Option<ProcId> = read_json(&dir.join(CHILD));
         let attempts = read_json::<ResumeRecord>(&dir.join(RESUME)).map_or(0, |r| r.attempts);
         let mut exit: Option<ExitRecord> = read_json(&dir.join(EXIT));
+        let mut unsupervised = false;
         let state = if exit.is_some() {
             ended_state(dir)
         } else {
@@ -339,6 +346,9 @@ impl Snapshot {
                 exit = read_json(&dir.join(EXIT));
                 if exit.is_some() {
                     ended_state(dir)
+                } else if orphans_run(dir, &record, shim.as_ref(), child.as_ref()) {
+                    unsupervised = true;
+                    JobState::Running
                 } else {
                     JobState::Lost
                 }
@@ -353,6 +363,7 @@ impl Snapshot {
             shim,
             child,
             attempts,
+            unsupervised,
         })
     }
 
@@ -381,6 +392,25 @@ impl Snapshot {
     pub fn live_child(&self) -> Option<i32> {
         self.child.as_ref().filter(|c| c.alive()).map(|c| c.pid)
     }
+}
+
+/// Whether processes of a job whose shim died without an exit record still
+/// run. Whoever records the loss (`lost-reported`) ends them first, and
+/// nothing survives a reboot, so only an unreported loss in this boot costs
+/// a look at `/proc`.
+fn orphans_run(dir: &Path, record: &Record, shim: Option<&ProcId>, child: Option<&ProcId>) -> bool {
+    // No shim, no job process: the shim writes its record before it starts
+    // the job.
+    let Some(shim) = shim else {
+        return false;
+    };
+    if !shim.boot_id.is_empty() && shim.boot_id != proctree::boot_id() {
+        return false;
+    }
+    if dir.join(LOST_REPORTED).exists() {
+        return false;
+    }
+    child.is_some_and(ProcId::alive) || !proctree::collect_tree(None, &record.token).is_empty()
 }
 
 fn ended_state(dir: &Path) -> JobState {
