@@ -14,6 +14,7 @@
 
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -46,7 +47,7 @@ pub struct Config {
     pub expose_advanced_tools: bool,
     /// Which commands may run where (`[policy]` and each sandbox's `policy`);
     /// from the config file only.
-    pub policy: crate::policy::Policy,
+    pub policy: PolicyRules,
     pub source: String,
 }
 
@@ -56,7 +57,7 @@ pub struct Config {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Hooks {
     /// POSTed each event as JSON (http:// only).
-    pub webhook_url: Option<crate::watch::HttpUrl>,
+    pub webhook_url: Option<HttpUrl>,
     /// Run by `sh -c` with the event in its environment.
     pub event_command: Option<String>,
     /// Failed reachability checks in a row before `host_unreachable`.
@@ -135,7 +136,7 @@ struct RawSandbox {
     strict_host_keys: Option<bool>,
     remote_dir: Option<String>,
     /// Command rules for this sandbox (config file only).
-    policy: Option<crate::policy::RawRules>,
+    policy: Option<RawRules>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -150,7 +151,7 @@ struct RawFile {
     agent_dir: Option<String>,
     local_roots: Option<Vec<String>>,
     hooks: Option<RawHooks>,
-    policy: Option<crate::policy::RawPolicy>,
+    policy: Option<RawPolicy>,
     #[serde(default)]
     sandbox: Vec<RawSandbox>,
 }
@@ -167,7 +168,7 @@ impl RawHooks {
     fn resolve(self) -> Result<Hooks> {
         let webhook_url = match self.webhook_url.filter(|u| !u.trim().is_empty()) {
             Some(url) => Some(
-                crate::watch::HttpUrl::parse(url.trim())
+                HttpUrl::parse(url.trim())
                     .map_err(|e| anyhow::anyhow!("[hooks] webhook_url: {e}"))?,
             ),
             None => None,
@@ -226,7 +227,7 @@ impl Config {
             home,
             hooks: Hooks::default(),
             expose_advanced_tools: false,
-            policy: crate::policy::Policy::default(),
+            policy: PolicyRules::default(),
             source: "embedded".into(),
         }
     }
@@ -272,7 +273,7 @@ impl Config {
         let mut raw: Vec<RawSandbox> = file.sandbox;
         // Policies come from the file only: remote-sandbox-mcp's variables
         // describe hosts, never rules.
-        let mut sandbox_policies: Vec<(String, crate::policy::RawRules)> = raw
+        let mut sandbox_policies: Vec<(String, RawRules)> = raw
             .iter_mut()
             .filter_map(|r| {
                 let rules = r.policy.take()?;
@@ -354,20 +355,15 @@ impl Config {
         }
         let mut raw_policy = file.policy.unwrap_or_default();
         sandbox_policies.extend(std::mem::take(&mut raw_policy.sandbox));
-        let policy = crate::policy::Policy::compile(
-            &raw_policy.rules(),
-            &sandbox_policies,
-            &sandboxes.iter().map(|s| s.name.clone()).collect::<Vec<_>>(),
-            raw_policy.confirm_timeout_s,
-            &file_path
+        let policy = PolicyRules {
+            global: raw_policy.rules(),
+            sandboxes: sandbox_policies,
+            confirm_timeout_s: raw_policy.confirm_timeout_s,
+            source: file_path
                 .as_ref()
                 .map(|p| p.display().to_string())
                 .unwrap_or_default(),
-        )
-        .with_context(|| match &file_path {
-            Some(p) => format!("invalid [policy] in config file {}", p.display()),
-            None => "invalid policy".into(),
-        })?;
+        };
 
         let outpost_home = env
             .var("OUTPOST_HOME")
@@ -529,6 +525,133 @@ pub fn current_user() -> String {
         })
 }
 
+/// The rules as written in the config file (`[policy]` or a sandbox's `policy`).
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRules {
+    #[serde(default)]
+    pub deny: Vec<String>,
+    #[serde(default)]
+    pub allow: Vec<String>,
+    #[serde(default)]
+    pub confirm: Vec<String>,
+}
+
+/// The `[policy]` section: global rules, per-sandbox rules, the confirmation
+/// timeout.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPolicy {
+    #[serde(default)]
+    pub deny: Vec<String>,
+    #[serde(default)]
+    pub allow: Vec<String>,
+    #[serde(default)]
+    pub confirm: Vec<String>,
+    /// `[policy.sandbox.NAME]`: rules for one sandbox (also `local` and
+    /// sandboxes from the environment).
+    #[serde(default)]
+    pub sandbox: BTreeMap<String, RawRules>,
+    /// Seconds a confirmation question waits for an answer (default 300).
+    pub confirm_timeout_s: Option<f64>,
+}
+
+impl RawPolicy {
+    /// The global rules.
+    pub fn rules(&self) -> RawRules {
+        RawRules {
+            deny: self.deny.clone(),
+            allow: self.allow.clone(),
+            confirm: self.confirm.clone(),
+        }
+    }
+}
+
+/// The command policy as the config file states it; compiled by
+/// `policy::Policy::compile`.
+#[derive(Debug, Clone, Default)]
+pub struct PolicyRules {
+    /// `[policy]`: every sandbox.
+    pub global: RawRules,
+    /// Each sandbox's own rules, added to the global ones.
+    pub sandboxes: Vec<(String, RawRules)>,
+    pub confirm_timeout_s: Option<f64>,
+    /// The config file, for messages.
+    pub source: String,
+}
+
+/// An `http://` URL: what the built-in client can POST to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpUrl {
+    pub host: String,
+    pub port: u16,
+    /// Path and query, starting with `/`.
+    pub path: String,
+}
+
+impl HttpUrl {
+    pub fn parse(url: &str) -> Result<HttpUrl, String> {
+        let Some(rest) = url.strip_prefix("http://") else {
+            return Err(if url.starts_with("https://") {
+                format!(
+                    "{url}: https is not supported (Outpost carries no TLS client); use an http:// \
+                     endpoint such as a local relay, or an event_command that runs curl"
+                )
+            } else {
+                format!("{url}: expected an http:// URL")
+            });
+        };
+        let (authority, path) = match rest.find(['/', '?']) {
+            Some(i) if rest[i..].starts_with('/') => (&rest[..i], rest[i..].to_string()),
+            Some(i) => (&rest[..i], format!("/{}", &rest[i..])),
+            None => (rest, "/".to_string()),
+        };
+        let path = path.split('#').next().unwrap_or("/").to_string();
+        if authority.contains('@') {
+            return Err(format!("{url}: credentials in the URL are not supported"));
+        }
+        let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+            let (host, after) = v6
+                .split_once(']')
+                .ok_or_else(|| format!("{url}: unclosed [ in the host"))?;
+            (host.to_string(), after.strip_prefix(':'))
+        } else {
+            match authority.rsplit_once(':') {
+                Some((h, p)) => (h.to_string(), Some(p)),
+                None => (authority.to_string(), None),
+            }
+        };
+        if host.is_empty() {
+            return Err(format!("{url}: no host"));
+        }
+        let port = match port {
+            Some(p) => p.parse().map_err(|_| format!("{url}: bad port {p:?}"))?,
+            None => 80,
+        };
+        Ok(HttpUrl { host, port, path })
+    }
+
+    /// The `Host` header value.
+    pub fn host_header(&self) -> String {
+        let host = if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        if self.port == 80 {
+            host
+        } else {
+            format!("{host}:{}", self.port)
+        }
+    }
+}
+
+impl std::fmt::Display for HttpUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "http://{}{}", self.host_header(), self.path)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -677,58 +800,6 @@ mod tests {
         assert!(err.contains("alert_after_failures"), "{err}");
         let err = format!("{:#}", load("[hooks]\nurl = \"http://x/\"\n").unwrap_err());
         assert!(err.contains("url"), "{err}");
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn policy_comes_from_the_file() {
-        use crate::policy::Verdict;
-        let dir = std::env::temp_dir().join(format!("outpost-policy-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("c.toml");
-        let p = path.to_string_lossy().to_string();
-        let load = |text: &str| {
-            std::fs::write(&path, text).unwrap();
-            Config::load_from(&[("HOME", "/h"), ("OUTPOST_CONFIG", p.as_str())])
-        };
-        let cfg = load(
-            "[policy]\ndeny = ['rm\\s+-rf\\s+/']\nconfirm = ['sudo']\nconfirm_timeout_s = 30\n\
-             [policy.sandbox.local]\nallow = ['echo .*']\n\
-             [[sandbox]]\nname = \"gpu1\"\nhost = \"h\"\npolicy = { deny = ['reboot'] }\n",
-        )
-        .unwrap();
-        let policy = &cfg.policy;
-        assert_eq!(policy.confirm_timeout, Duration::from_secs(30));
-        let err = policy.check("gpu1", "rm -rf /").unwrap_err().to_string();
-        assert!(err.contains(&p), "the message names the file: {err}");
-        assert!(policy.check("gpu1", "reboot").is_err());
-        assert_eq!(policy.check("gpu1", "ls"), Ok(Verdict::Allow));
-        assert!(policy.check("local", "ls").is_err());
-        assert_eq!(policy.check("local", "echo hi"), Ok(Verdict::Allow));
-        assert!(matches!(
-            policy.check("local", "echo sudo"),
-            Ok(Verdict::Confirm { .. })
-        ));
-
-        let err = format!("{:#}", load("[policy]\ndeny = ['(']\n").unwrap_err());
-        assert!(err.contains("\"(\"") && err.contains("[policy]"), "{err}");
-        let err = format!(
-            "{:#}",
-            load("[policy.sandbox.nope]\ndeny = ['x']\n").unwrap_err()
-        );
-        assert!(err.contains("nope"), "{err}");
-        let err = format!("{:#}", load("[policy]\nblock = ['x']\n").unwrap_err());
-        assert!(err.contains("block"), "{err}");
-
-        let env = [
-            ("HOME", "/h"),
-            (
-                "REMOTE_SANDBOX_LIST",
-                r#"[{"host":"h","policy":{"allow":[".*"]}}]"#,
-            ),
-        ];
-        let err = Config::load_from(&env).unwrap_err().to_string();
-        assert!(err.contains("config file"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -11,16 +11,20 @@ use anyhow::Result;
 use outpost_protocol::{ExecRequest, ExecResult, GpuLease, GpuLeaseRequest};
 use serde::Serialize;
 
-use crate::bootstrap::Artifacts;
 use crate::config::Config;
+use crate::host::HostContext;
+use crate::host::bootstrap::Artifacts;
+use crate::policy::Policy;
 use crate::resources::{Requirements, Resources};
-use crate::session::{CallError, Connection, Session, SessionContext, SessionState};
+use crate::session::{CallError, Connection, Session, SessionState};
 
 pub struct Fleet {
     sessions: Vec<Arc<Session>>,
     active: RwLock<String>,
     leases: Mutex<HashMap<String, HeldLease>>,
     pub config: Config,
+    /// The config's command policy, compiled.
+    pub policy: Policy,
 }
 
 /// A GPU lease this controller took. It is valid while the connection that
@@ -59,8 +63,24 @@ pub struct SandboxStatus {
 }
 
 impl Fleet {
+    /// The fleet of `config`, or why its policy does not compile.
+    pub fn try_new(config: Config) -> anyhow::Result<Fleet> {
+        let names: Vec<String> = config.sandboxes.iter().map(|s| s.name.clone()).collect();
+        let policy = Policy::compile(&config.policy, &names)?;
+        Ok(Fleet::with_policy(config, policy))
+    }
+
+    /// The fleet of `config`.
+    ///
+    /// # Panics
+    ///
+    /// If the config's policy does not compile; see [`Fleet::try_new`].
     pub fn new(config: Config) -> Fleet {
-        let ctx = Arc::new(SessionContext {
+        Fleet::try_new(config).unwrap_or_else(|e| panic!("{e:#}"))
+    }
+
+    fn with_policy(config: Config, policy: Policy) -> Fleet {
+        let ctx = Arc::new(HostContext {
             known_hosts: config.known_hosts.clone(),
             user_known_hosts: config.user_known_hosts.clone(),
             connect_timeout: config.connect_timeout,
@@ -79,6 +99,7 @@ impl Fleet {
             active: RwLock::new(active),
             leases: Mutex::new(HashMap::new()),
             config,
+            policy,
         }
     }
 

@@ -30,13 +30,12 @@
 //! * [`audit`]: one JSON line per MCP tool call in `$OUTPOST_HOME/audit.jsonl`.
 
 pub mod audit;
-pub mod bootstrap;
 pub mod config;
 pub mod files;
 pub mod fleet;
+pub mod host;
 pub mod jobs;
 pub mod linelimit;
-pub mod link;
 pub mod localpath;
 pub mod mcp;
 pub mod policy;
@@ -44,5 +43,4 @@ pub mod resources;
 pub mod session;
 pub mod sync;
 pub mod transfers;
-pub mod transport;
 pub mod watch;

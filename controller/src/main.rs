@@ -210,7 +210,7 @@ fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> Result<ExitCode> {
     let config = Config::load()?;
-    let fleet = Arc::new(Fleet::new(config));
+    let fleet = Arc::new(Fleet::try_new(config)?);
     match cli.command {
         Command::Mcp => {
             if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
@@ -399,7 +399,7 @@ async fn exec(
 /// stdin is not one.
 async fn permit(fleet: &Fleet, sandbox: &str, command: &str) -> Result<(), String> {
     use outpost::policy::{self, Planned};
-    let policy = &fleet.config.policy;
+    let policy = &fleet.policy;
     let pending = policy
         .review(&[Planned {
             sandbox,
@@ -594,7 +594,7 @@ async fn diagnose(fleet: &Fleet, host: Option<String>) -> Result<ExitCode> {
         cfg.connect_timeout.as_secs_f64()
     );
     let artifacts =
-        outpost::bootstrap::Artifacts::discover(cfg.agent_bin.as_deref(), &cfg.agent_dirs);
+        outpost::host::bootstrap::Artifacts::discover(cfg.agent_bin.as_deref(), &cfg.agent_dirs);
     match &artifacts.native {
         Some(a) => println!("agent (native):  {}", a.path.display()),
         None => println!("agent (native):  MISSING — build it with `cargo build --workspace`"),
@@ -648,7 +648,7 @@ async fn diagnose(fleet: &Fleet, host: Option<String>) -> Result<ExitCode> {
     let req = ExecRequest {
         command: format!(
             "{} diagnose",
-            outpost::bootstrap::shell_quote(&conn.agent_path)
+            outpost::host::bootstrap::shell_quote(&conn.agent_path)
         ),
         cwd: None,
         env: Vec::new(),

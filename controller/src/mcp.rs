@@ -1364,7 +1364,7 @@ impl OutpostServer {
         planned: &[Planned<'_>],
     ) -> Result<(), String> {
         use rmcp::service::{ElicitationError, ElicitationMode, ServiceError};
-        let policy = &self.fleet.config.policy;
+        let policy = &self.fleet.policy;
         let pending = policy
             .review(planned)
             .map_err(|refusal| refusal.to_string())?;
@@ -1743,7 +1743,7 @@ async fn checkpoint(session: &Session, job: &JobInfo, max_bytes: u64) -> Option<
 
 /// A remote path as one shell word, `~/` still expanded by the shell.
 fn remote_path_arg(path: &str) -> String {
-    use crate::bootstrap::shell_quote;
+    use crate::host::bootstrap::shell_quote;
     match path.strip_prefix("~/") {
         Some(rest) => format!("\"$HOME\"/{}", shell_quote(rest)),
         None if path == "~" => "\"$HOME\"".into(),

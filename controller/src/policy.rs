@@ -26,54 +26,13 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use regex::Regex;
-use serde::Deserialize;
+
+use crate::config::{PolicyRules, RawRules};
 
 /// How long a confirmation question waits for the person by default.
 pub const DEFAULT_CONFIRM_TIMEOUT: Duration = Duration::from_secs(300);
-
-/// The rules as written in the config file (`[policy]` or a sandbox's `policy`).
-#[derive(Debug, Default, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawRules {
-    #[serde(default)]
-    pub deny: Vec<String>,
-    #[serde(default)]
-    pub allow: Vec<String>,
-    #[serde(default)]
-    pub confirm: Vec<String>,
-}
-
-/// The `[policy]` section: global rules, per-sandbox rules, the confirmation
-/// timeout.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawPolicy {
-    #[serde(default)]
-    pub deny: Vec<String>,
-    #[serde(default)]
-    pub allow: Vec<String>,
-    #[serde(default)]
-    pub confirm: Vec<String>,
-    /// `[policy.sandbox.NAME]`: rules for one sandbox (also `local` and
-    /// sandboxes from the environment).
-    #[serde(default)]
-    pub sandbox: BTreeMap<String, RawRules>,
-    /// Seconds a confirmation question waits for an answer (default 300).
-    pub confirm_timeout_s: Option<f64>,
-}
-
-impl RawPolicy {
-    /// The global rules.
-    pub fn rules(&self) -> RawRules {
-        RawRules {
-            deny: self.deny.clone(),
-            allow: self.allow.clone(),
-            confirm: self.confirm.clone(),
-        }
-    }
-}
 
 /// Where a rule was written.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -256,7 +215,24 @@ pub struct Pending {
 impl Policy {
     /// Compiles the rules; an invalid pattern, a per-sandbox policy for a
     /// sandbox that does not exist, or a bad timeout is an error that names it.
-    pub fn compile(
+    pub fn compile(rules: &PolicyRules, known_sandboxes: &[String]) -> Result<Policy> {
+        Policy::compile_rules(
+            &rules.global,
+            &rules.sandboxes,
+            known_sandboxes,
+            rules.confirm_timeout_s,
+            &rules.source,
+        )
+        .with_context(|| {
+            if rules.source.is_empty() {
+                "invalid policy".to_string()
+            } else {
+                format!("invalid [policy] in config file {}", rules.source)
+            }
+        })
+    }
+
+    fn compile_rules(
         global: &RawRules,
         per_sandbox: &[(String, RawRules)],
         known_sandboxes: &[String],
@@ -453,6 +429,60 @@ pub fn not_confirmed(pending: &[Pending], why: &str) -> String {
 mod tests {
     use super::*;
 
+    #[test]
+    fn policy_comes_from_the_file() {
+        use crate::config::Config;
+        let dir = std::env::temp_dir().join(format!("outpost-policy-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("c.toml");
+        let p = path.to_string_lossy().to_string();
+        // What startup does: load the file, then compile its policy.
+        let load = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            let cfg = Config::load_from(&[("HOME", "/h"), ("OUTPOST_CONFIG", p.as_str())])?;
+            let names: Vec<String> = cfg.sandboxes.iter().map(|s| s.name.clone()).collect();
+            Policy::compile(&cfg.policy, &names)
+        };
+        let policy = load(
+            "[policy]\ndeny = ['rm\\s+-rf\\s+/']\nconfirm = ['sudo']\nconfirm_timeout_s = 30\n\
+             [policy.sandbox.local]\nallow = ['echo .*']\n\
+             [[sandbox]]\nname = \"gpu1\"\nhost = \"h\"\npolicy = { deny = ['reboot'] }\n",
+        )
+        .unwrap();
+        assert_eq!(policy.confirm_timeout, Duration::from_secs(30));
+        let err = policy.check("gpu1", "rm -rf /").unwrap_err().to_string();
+        assert!(err.contains(&p), "the message names the file: {err}");
+        assert!(policy.check("gpu1", "reboot").is_err());
+        assert_eq!(policy.check("gpu1", "ls"), Ok(Verdict::Allow));
+        assert!(policy.check("local", "ls").is_err());
+        assert_eq!(policy.check("local", "echo hi"), Ok(Verdict::Allow));
+        assert!(matches!(
+            policy.check("local", "echo sudo"),
+            Ok(Verdict::Confirm { .. })
+        ));
+
+        let err = format!("{:#}", load("[policy]\ndeny = ['(']\n").unwrap_err());
+        assert!(err.contains("\"(\"") && err.contains("[policy]"), "{err}");
+        let err = format!(
+            "{:#}",
+            load("[policy.sandbox.nope]\ndeny = ['x']\n").unwrap_err()
+        );
+        assert!(err.contains("nope"), "{err}");
+        let err = format!("{:#}", load("[policy]\nblock = ['x']\n").unwrap_err());
+        assert!(err.contains("block"), "{err}");
+
+        let env = [
+            ("HOME", "/h"),
+            (
+                "REMOTE_SANDBOX_LIST",
+                r#"[{"host":"h","policy":{"allow":[".*"]}}]"#,
+            ),
+        ];
+        let err = Config::load_from(&env).unwrap_err().to_string();
+        assert!(err.contains("config file"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     fn rules(deny: &[&str], allow: &[&str], confirm: &[&str]) -> RawRules {
         let v = |s: &[&str]| s.iter().map(|p| p.to_string()).collect();
         RawRules {
@@ -475,7 +505,7 @@ mod tests {
 
     #[test]
     fn deny_wins_over_allow_and_confirm() {
-        let p = Policy::compile(
+        let p = Policy::compile_rules(
             &rules(&[r"rm\s+-rf\s+/"], &[".*"], &["rm"]),
             &[],
             &names(),
@@ -500,7 +530,7 @@ mod tests {
 
     #[test]
     fn allow_patterns_match_whole_commands() {
-        let p = Policy::compile(
+        let p = Policy::compile_rules(
             &rules(&[], &[r"ls( -l)?", r"python train\.py.*"], &[]),
             &[],
             &names(),
@@ -534,7 +564,7 @@ mod tests {
 
     #[test]
     fn the_documented_argument_pattern_keeps_other_commands_out() {
-        let p = Policy::compile(
+        let p = Policy::compile_rules(
             &rules(&[], &["nvidia-smi", r"python train\.py[^;&|$`\n]*"], &[]),
             &[],
             &names(),
@@ -564,7 +594,7 @@ mod tests {
 
     #[test]
     fn per_sandbox_rules_add_to_the_global_ones() {
-        let p = Policy::compile(
+        let p = Policy::compile_rules(
             &rules(&["shutdown"], &[], &["sudo"]),
             &[
                 (
@@ -611,11 +641,11 @@ mod tests {
 
     #[test]
     fn bad_patterns_and_unknown_sandboxes_are_load_errors() {
-        let err = Policy::compile(&rules(&["(unclosed"], &[], &[]), &[], &names(), None, "")
+        let err = Policy::compile_rules(&rules(&["(unclosed"], &[], &[]), &[], &names(), None, "")
             .unwrap_err()
             .to_string();
         assert!(err.contains("(unclosed") && err.contains("deny"), "{err}");
-        let err = Policy::compile(
+        let err = Policy::compile_rules(
             &RawRules::default(),
             &[("gpu1".into(), rules(&[], &["[z-a]"], &[]))],
             &names(),
@@ -625,7 +655,7 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("[z-a]") && err.contains("gpu1"), "{err}");
-        let err = Policy::compile(
+        let err = Policy::compile_rules(
             &RawRules::default(),
             &[("gpu9".into(), rules(&["x"], &[], &[]))],
             &names(),
@@ -635,12 +665,12 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("gpu9"), "{err}");
-        assert!(Policy::compile(&RawRules::default(), &[], &names(), Some(0.0), "").is_err());
+        assert!(Policy::compile_rules(&RawRules::default(), &[], &names(), Some(0.0), "").is_err());
     }
 
     #[test]
     fn review_checks_every_command_and_sandbox() {
-        let p = Policy::compile(
+        let p = Policy::compile_rules(
             &rules(&["curl"], &[], &["sudo"]),
             &[("gpu1".into(), rules(&["reboot"], &[], &[]))],
             &names(),

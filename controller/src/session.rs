@@ -23,10 +23,10 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 
-use crate::bootstrap::{Artifacts, HostFacts, start_remote_agent};
-use crate::config::{SandboxConfig, Target};
-use crate::link::{LinkReader, read_hello};
-use crate::transport::{AgentLink, HostKeyFiles, LinkEvent, SshConnection, spawn_local_agent};
+use crate::config::SandboxConfig;
+use crate::host::bootstrap::HostFacts;
+use crate::host::link::LinkReader;
+use crate::host::{self, AgentLink, Host, HostContext, LinkEvent};
 
 /// Send a ping after this long without a sign of life from the host…
 const HEARTBEAT_IDLE: Duration = Duration::from_millis(1000);
@@ -67,17 +67,9 @@ impl CallError {
     }
 }
 
-/// What every session needs from the fleet.
-pub struct SessionContext {
-    pub known_hosts: std::path::PathBuf,
-    pub user_known_hosts: Option<std::path::PathBuf>,
-    pub connect_timeout: Duration,
-    pub artifacts: Artifacts,
-}
-
 pub struct Session {
     pub config: SandboxConfig,
-    ctx: Arc<SessionContext>,
+    ctx: Arc<HostContext>,
     /// Serializes connecting, so concurrent first calls share one connection.
     current: tokio::sync::Mutex<Option<Arc<Connection>>>,
     last_error: Mutex<Option<String>>,
@@ -92,7 +84,7 @@ pub enum SessionState {
 }
 
 impl Session {
-    pub fn new(config: SandboxConfig, ctx: Arc<SessionContext>) -> Session {
+    pub fn new(config: SandboxConfig, ctx: Arc<HostContext>) -> Session {
         Session {
             config,
             ctx,
@@ -147,56 +139,20 @@ impl Session {
     }
 
     async fn connect(&self) -> Result<Arc<Connection>, String> {
-        let started = Instant::now();
-        let conn = match &self.config.target {
-            Target::Local => {
-                let artifact = self.ctx.artifacts.native.as_ref().ok_or_else(|| {
-                    "the local sandbox needs outpost-agent next to the outpost binary (cargo build --workspace builds both), or OUTPOST_AGENT_BIN".to_string()
-                })?;
-                let mut link = spawn_local_agent(&artifact.path)
-                    .map_err(|e| format!("cannot start {}: {e}", artifact.path.display()))?;
-                let (reader, hello) = read_hello(&mut link, self.ctx.connect_timeout).await?;
-                Connection::open(
-                    link,
-                    reader,
-                    hello,
-                    artifact.path.display().to_string(),
-                    false,
-                    None,
-                    None,
-                )
-            }
-            Target::Ssh(target) => {
-                let ssh = SshConnection::connect(
-                    target,
-                    HostKeyFiles {
-                        user: self.ctx.user_known_hosts.as_deref(),
-                        own: &self.ctx.known_hosts,
-                    },
-                    self.ctx.connect_timeout,
-                )
-                .await
-                .map_err(|e| e.to_string())?;
-                let started_agent = tokio::time::timeout(
-                    self.ctx.connect_timeout * 3,
-                    start_remote_agent(&ssh, target, &self.ctx.artifacts, self.ctx.connect_timeout),
-                )
-                .await
-                .map_err(|_| "starting the agent timed out".to_string())??;
-                Connection::open(
-                    started_agent.link,
-                    started_agent.reader,
-                    started_agent.hello,
-                    started_agent.agent_path,
-                    started_agent.uploaded,
-                    Some(started_agent.facts),
-                    Some(ssh),
-                )
-            }
-        };
+        let began = Instant::now();
+        let (host, started) = host::start(&self.config.target, &self.ctx).await?;
+        let conn = Connection::open(
+            started.link,
+            started.reader,
+            started.hello,
+            started.agent_path,
+            started.uploaded,
+            started.facts,
+            host,
+        );
         tracing::info!(
             sandbox = %self.config.name,
-            ms = started.elapsed().as_millis() as u64,
+            ms = began.elapsed().as_millis() as u64,
             uploaded = conn.uploaded,
             "connected"
         );
@@ -323,7 +279,7 @@ pub struct Connection {
     liveness: Arc<Liveness>,
     tasks: Mutex<Vec<AbortHandle>>,
     keep: Mutex<Option<Box<dyn Send + Sync>>>,
-    ssh: Option<SshConnection>,
+    host: Arc<dyn Host>,
 }
 
 impl Connection {
@@ -334,7 +290,7 @@ impl Connection {
         agent_path: String,
         uploaded: bool,
         facts: Option<HostFacts>,
-        ssh: Option<SshConnection>,
+        host: Arc<dyn Host>,
     ) -> Arc<Connection> {
         let AgentLink {
             events,
@@ -356,7 +312,7 @@ impl Connection {
             liveness: Arc::new(Liveness::new()),
             tasks: Mutex::new(Vec::new()),
             keep: Mutex::new(Some(_keep)),
-            ssh,
+            host,
         });
 
         let weak = Arc::downgrade(&conn);
@@ -449,11 +405,10 @@ impl Connection {
             task.abort();
         }
         drop(self.keep.lock().unwrap().take());
-        if let Some(ssh) = self.ssh.clone() {
-            tokio::spawn(async move {
-                let _ = tokio::time::timeout(Duration::from_secs(1), ssh.disconnect()).await;
-            });
-        }
+        let host = Arc::clone(&self.host);
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(Duration::from_secs(1), host.disconnect()).await;
+        });
     }
 
     /// Sends `request`; the answer arrives through the returned [`Call`].

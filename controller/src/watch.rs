@@ -31,7 +31,7 @@ use schemars::JsonSchema;
 use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::config::Hooks;
+use crate::config::{Hooks, HttpUrl};
 use crate::fleet::Fleet;
 use crate::jobs;
 use crate::session::Session;
@@ -134,78 +134,6 @@ pub fn hook_env(event: &HookEvent, json: &str) -> Vec<(&'static str, String)> {
         ("RSMCP_TMUX_SESSION", job.clone()),
         ("RSMCP_WATCH_ID", job),
     ]
-}
-
-/// An `http://` URL: what the built-in client can POST to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HttpUrl {
-    pub host: String,
-    pub port: u16,
-    /// Path and query, starting with `/`.
-    pub path: String,
-}
-
-impl HttpUrl {
-    pub fn parse(url: &str) -> Result<HttpUrl, String> {
-        let Some(rest) = url.strip_prefix("http://") else {
-            return Err(if url.starts_with("https://") {
-                format!(
-                    "{url}: https is not supported (Outpost carries no TLS client); use an http:// \
-                     endpoint such as a local relay, or an event_command that runs curl"
-                )
-            } else {
-                format!("{url}: expected an http:// URL")
-            });
-        };
-        let (authority, path) = match rest.find(['/', '?']) {
-            Some(i) if rest[i..].starts_with('/') => (&rest[..i], rest[i..].to_string()),
-            Some(i) => (&rest[..i], format!("/{}", &rest[i..])),
-            None => (rest, "/".to_string()),
-        };
-        let path = path.split('#').next().unwrap_or("/").to_string();
-        if authority.contains('@') {
-            return Err(format!("{url}: credentials in the URL are not supported"));
-        }
-        let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
-            let (host, after) = v6
-                .split_once(']')
-                .ok_or_else(|| format!("{url}: unclosed [ in the host"))?;
-            (host.to_string(), after.strip_prefix(':'))
-        } else {
-            match authority.rsplit_once(':') {
-                Some((h, p)) => (h.to_string(), Some(p)),
-                None => (authority.to_string(), None),
-            }
-        };
-        if host.is_empty() {
-            return Err(format!("{url}: no host"));
-        }
-        let port = match port {
-            Some(p) => p.parse().map_err(|_| format!("{url}: bad port {p:?}"))?,
-            None => 80,
-        };
-        Ok(HttpUrl { host, port, path })
-    }
-
-    /// The `Host` header value.
-    fn host_header(&self) -> String {
-        let host = if self.host.contains(':') {
-            format!("[{}]", self.host)
-        } else {
-            self.host.clone()
-        };
-        if self.port == 80 {
-            host
-        } else {
-            format!("{host}:{}", self.port)
-        }
-    }
-}
-
-impl std::fmt::Display for HttpUrl {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "http://{}{}", self.host_header(), self.path)
-    }
 }
 
 /// The HTTP/1.1 request that POSTs `body` as JSON.

@@ -1,12 +1,12 @@
-//! Reading protocol frames off an [`AgentLink`]: preamble, hello, then messages.
+//! Reading protocol frames off an [`AgentLink`]: preamble, hello (its
+//! protocol version checked first), then messages.
 
 use std::time::Duration;
 
-use outpost_protocol::{DecodeEvent, FrameDecoder, Hello};
+use outpost_protocol::{DecodeEvent, FrameDecoder, Hello, HelloVersion, PROTOCOL_VERSION};
 use tokio::sync::mpsc;
 
-use crate::bootstrap::check_protocol;
-use crate::transport::{AgentLink, LinkEvent};
+use super::{AgentLink, LinkEvent};
 
 /// Keeps the decoder state and the last stderr bytes of the agent (shown when it
 /// dies, since that is where it explains why).
@@ -90,4 +90,16 @@ pub async fn read_hello(
         .map_err(|_| format!("agent did not answer within {} s", timeout.as_secs()))??;
     let hello = check_protocol(&frame)?;
     Ok((reader, hello))
+}
+
+/// Checks the version field of a hello before trusting the rest of it.
+fn check_protocol(payload: &[u8]) -> Result<Hello, String> {
+    let version: HelloVersion = outpost_protocol::decode(payload).map_err(|e| e.to_string())?;
+    if version.protocol_version != PROTOCOL_VERSION {
+        return Err(format!(
+            "agent speaks protocol {}, this controller {}",
+            version.protocol_version, PROTOCOL_VERSION
+        ));
+    }
+    outpost_protocol::decode(payload).map_err(|e| e.to_string())
 }

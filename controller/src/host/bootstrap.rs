@@ -14,12 +14,10 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use outpost_protocol::{Hello, HelloVersion, PROTOCOL_VERSION};
-use tokio::io::AsyncWriteExt;
+use outpost_protocol::Hello;
 
-use crate::config::SshTarget;
-use crate::link::{LinkReader, read_hello};
-use crate::transport::{AgentLink, SshConnection};
+use super::link::{LinkReader, read_hello};
+use super::{AgentLink, Host};
 
 const PROBE_MARKER: &str = "__OUTPOST_PROBE__";
 
@@ -283,8 +281,8 @@ pub fn shell_quote(s: &str) -> String {
 }
 
 /// The remote state dir with `~` expanded against the probed home.
-pub fn remote_state_dir(target: &SshTarget, facts: &HostFacts) -> String {
-    let dir = target.remote_dir.trim_end_matches('/');
+pub fn remote_state_dir(remote_dir: &str, facts: &HostFacts) -> String {
+    let dir = remote_dir.trim_end_matches('/');
     match dir.strip_prefix('~') {
         Some(rest) if rest.is_empty() || rest.starts_with('/') => format!("{}{rest}", facts.home),
         _ => dir.to_string(),
@@ -298,18 +296,46 @@ pub struct Started {
     pub hello: Hello,
     pub agent_path: String,
     pub uploaded: bool,
-    pub facts: HostFacts,
+    /// What the probe found; none for an agent started in place.
+    pub facts: Option<HostFacts>,
 }
 
-/// Probes the host, then starts (installing first if needed) the fitting agent.
-pub async fn start_remote_agent(
-    ssh: &SshConnection,
-    target: &SshTarget,
+/// Starts the controller's own agent build where it lies: for a host that
+/// shares this machine's filesystem.
+pub async fn start_in_place(
+    host: &dyn Host,
     artifacts: &Artifacts,
     timeout: Duration,
 ) -> Result<Started, String> {
-    let probe = ssh
-        .exec_capture(&probe_command())
+    let artifact = artifacts.native.as_ref().ok_or_else(|| {
+        "the local sandbox needs outpost-agent next to the outpost binary (cargo build --workspace builds both), or OUTPOST_AGENT_BIN".to_string()
+    })?;
+    let agent_path = artifact.path.display().to_string();
+    let mut link = host
+        .open(&format!("exec {} serve", shell_quote(&agent_path)))
+        .await
+        .map_err(|e| format!("cannot start {agent_path}: {e}"))?;
+    let (reader, hello) = read_hello(&mut link, timeout).await?;
+    Ok(Started {
+        link,
+        reader,
+        hello,
+        agent_path,
+        uploaded: false,
+        facts: None,
+    })
+}
+
+/// Probes the host, then starts (installing first if needed) the fitting
+/// agent under `remote_dir`.
+pub async fn start_installed(
+    host: &dyn Host,
+    remote_dir: &str,
+    artifacts: &Artifacts,
+    timeout: Duration,
+) -> Result<Started, String> {
+    let probe = host
+        .run(&probe_command())
         .await
         .map_err(|e| format!("host probe failed: {e}"))?;
     let facts = parse_probe(&probe.stdout)?;
@@ -318,7 +344,7 @@ pub async fn start_remote_agent(
         .hash()
         .map_err(|e| format!("cannot read agent {}: {e}", artifact.path.display()))?
         .to_string();
-    let state_dir = remote_state_dir(target, &facts);
+    let state_dir = remote_state_dir(remote_dir, &facts);
     let version_dir = format!(
         "{state_dir}/agents/{}-{}",
         env!("CARGO_PKG_VERSION"),
@@ -326,52 +352,43 @@ pub async fn start_remote_agent(
     );
     let agent_path = format!("{version_dir}/outpost-agent");
     let command = format!("exec {} serve", shell_quote(&agent_path));
+    let started = |(link, reader, hello), uploaded| Started {
+        link,
+        reader,
+        hello,
+        agent_path: agent_path.clone(),
+        uploaded,
+        facts: Some(facts.clone()),
+    };
 
-    let mut reason = match try_start(ssh, &command, &hash, timeout).await {
-        Ok((link, reader, hello)) => {
-            return Ok(Started {
-                link,
-                reader,
-                hello,
-                agent_path,
-                uploaded: false,
-                facts,
-            });
-        }
+    let reason = match try_start(host, &command, &hash, timeout).await {
+        Ok(running) => return Ok(started(running, false)),
         Err(reason) => reason,
     };
     tracing::info!("installing agent at {agent_path} ({reason})");
-    upload(ssh, &artifact.path, &state_dir, &version_dir, &agent_path)
+    let dirs = [
+        state_dir.clone(),
+        format!("{state_dir}/agents"),
+        version_dir.clone(),
+    ];
+    host.copy_in(&artifact.path, &dirs, &agent_path)
         .await
         .map_err(|e| format!("cannot install the agent at {agent_path}: {e}"))?;
-    match try_start(ssh, &command, &hash, timeout).await {
-        Ok((link, reader, hello)) => Ok(Started {
-            link,
-            reader,
-            hello,
-            agent_path,
-            uploaded: true,
-            facts,
-        }),
-        Err(e) => {
-            reason = e;
-            Err(format!(
-                "the freshly installed agent at {agent_path} does not start: {reason}"
-            ))
-        }
+    match try_start(host, &command, &hash, timeout).await {
+        Ok(running) => Ok(started(running, true)),
+        Err(reason) => Err(format!(
+            "the freshly installed agent at {agent_path} does not start: {reason}"
+        )),
     }
 }
 
 async fn try_start(
-    ssh: &SshConnection,
+    host: &dyn Host,
     command: &str,
     expected_hash: &str,
     timeout: Duration,
 ) -> Result<(AgentLink, LinkReader, Hello), String> {
-    let mut link = ssh
-        .open_agent(command)
-        .await
-        .map_err(|e| format!("cannot open a channel: {e}"))?;
+    let mut link = host.open(command).await?;
     let (reader, hello) = read_hello(&mut link, timeout).await?;
     if hello.build_hash != expected_hash {
         return Err(format!(
@@ -381,99 +398,6 @@ async fn try_start(
         ));
     }
     Ok((link, reader, hello))
-}
-
-/// Upload through SFTP: temp name in the target directory, mode 0700, then rename
-/// (after removing a corrupt file, since SFTP rename does not overwrite).
-async fn upload(
-    ssh: &SshConnection,
-    local: &Path,
-    state_dir: &str,
-    version_dir: &str,
-    agent_path: &str,
-) -> Result<(), String> {
-    let bytes = tokio::fs::read(local)
-        .await
-        .map_err(|e| format!("cannot read {}: {e}", local.display()))?;
-    let sftp = ssh.sftp().await?;
-    for dir in [
-        state_dir.to_string(),
-        format!("{state_dir}/agents"),
-        version_dir.to_string(),
-    ] {
-        if !sftp.try_exists(dir.clone()).await.unwrap_or(false) {
-            match sftp.create_dir(dir.clone()).await {
-                Ok(()) => {
-                    let mut attrs = russh_sftp::protocol::FileAttributes::empty();
-                    attrs.permissions = Some(0o700);
-                    let _ = sftp.set_metadata(dir.clone(), attrs).await;
-                }
-                // Another controller may have created it meanwhile.
-                Err(e) if !sftp.try_exists(dir.clone()).await.unwrap_or(false) => {
-                    return Err(format!("cannot create {dir}: {e}"));
-                }
-                Err(_) => {}
-            }
-        }
-    }
-    let tmp = format!(
-        "{version_dir}/.outpost-agent.{}.{}.tmp",
-        std::process::id(),
-        rand_suffix()
-    );
-    let mut file = sftp
-        .create(tmp.clone())
-        .await
-        .map_err(|e| format!("cannot create {tmp}: {e}"))?;
-    let write = async {
-        for chunk in bytes.chunks(256 * 1024) {
-            file.write_all(chunk).await?;
-        }
-        file.shutdown().await
-    };
-    if let Err(e) = write.await {
-        let _ = sftp.remove_file(tmp.clone()).await;
-        return Err(format!("writing {tmp}: {e}"));
-    }
-    let mut attrs = russh_sftp::protocol::FileAttributes::empty();
-    attrs.permissions = Some(0o700);
-    sftp.set_metadata(tmp.clone(), attrs)
-        .await
-        .map_err(|e| format!("chmod {tmp}: {e}"))?;
-    let _ = sftp.remove_file(agent_path.to_string()).await;
-    if let Err(e) = sftp.rename(tmp.clone(), agent_path.to_string()).await {
-        let _ = sftp.remove_file(tmp.clone()).await;
-        // A concurrent controller may have won the race with the same content.
-        if !sftp
-            .try_exists(agent_path.to_string())
-            .await
-            .unwrap_or(false)
-        {
-            return Err(format!("rename to {agent_path}: {e}"));
-        }
-    }
-    let _ = sftp.close().await;
-    Ok(())
-}
-
-fn rand_suffix() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    format!("{nanos:08x}")
-}
-
-/// Checks the version field of a hello before trusting the rest of it.
-pub fn check_protocol(payload: &[u8]) -> Result<Hello, String> {
-    let version: HelloVersion = outpost_protocol::decode(payload).map_err(|e| e.to_string())?;
-    if version.protocol_version != PROTOCOL_VERSION {
-        return Err(format!(
-            "agent speaks protocol {}, this controller {}",
-            version.protocol_version, PROTOCOL_VERSION
-        ));
-    }
-    outpost_protocol::decode(payload).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -543,21 +467,8 @@ mod tests {
             libc_line: String::new(),
             home: "/home/u".into(),
         };
-        let mut t = SshTarget {
-            host: "h".into(),
-            hostname: "h".into(),
-            port: 22,
-            user: "u".into(),
-            key_file: None,
-            key_passphrase: None,
-            password: None,
-            identity_files: vec![],
-            strict_host_keys: false,
-            remote_dir: "~/.outpost".into(),
-        };
-        assert_eq!(remote_state_dir(&t, &facts), "/home/u/.outpost");
-        t.remote_dir = "/scratch/o/".into();
-        assert_eq!(remote_state_dir(&t, &facts), "/scratch/o");
+        assert_eq!(remote_state_dir("~/.outpost", &facts), "/home/u/.outpost");
+        assert_eq!(remote_state_dir("/scratch/o/", &facts), "/scratch/o");
         assert_eq!(shell_quote("a'b"), r"'a'\''b'");
     }
 }

@@ -1,0 +1,126 @@
+//! Hosts: places an agent can be started, and the byte pipe to it.
+//!
+//! A [`Host`] can do three things: run a command and collect its output (the
+//! probe), copy a file in (the agent install), and start a command whose
+//! stdin and stdout become an [`AgentLink`]. [`bootstrap`] gets a matching
+//! agent running over those three, whatever the host is, and [`link`] reads
+//! the agent's hello and frames off the pipe; the session layer above sees
+//! only the link.
+//!
+//! Implementations: [`ssh`] (russh: connect, host keys, auth, SFTP) and
+//! [`local`] (this machine, a child process). [`start`] picks one from the
+//! sandbox's [`Target`].
+//!
+//! Architecture invariant: only `host/ssh` knows russh. Adding a transport is
+//! one module here that implements [`Host`], one [`Target`] variant in
+//! `config`, and one arm in [`start`].
+
+pub mod bootstrap;
+pub mod link;
+pub mod local;
+pub mod ssh;
+
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use tokio::io::AsyncWrite;
+use tokio::sync::mpsc;
+
+use crate::config::Target;
+use bootstrap::{Artifacts, Started};
+
+/// What arrives from an agent.
+#[derive(Debug)]
+pub enum LinkEvent {
+    Stdout(Vec<u8>),
+    Stderr(Vec<u8>),
+    /// The pipe is gone; the text says why (exit status, channel closed).
+    Closed(String),
+}
+
+/// A live byte pipe to one agent process.
+pub struct AgentLink {
+    pub events: mpsc::Receiver<LinkEvent>,
+    pub writer: Pin<Box<dyn AsyncWrite + Send>>,
+    /// Keeps the underlying process or channel alive as long as the link.
+    pub _keep: Box<dyn Send + Sync>,
+}
+
+/// A finished command's exit status and output.
+#[derive(Debug, Default)]
+pub struct CapturedRun {
+    pub exit_status: Option<u32>,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+/// A place an agent can be started.
+pub trait Host: Send + Sync {
+    /// Runs `command` with the host's shell and collects what it printed.
+    fn run<'a>(&'a self, command: &'a str) -> BoxFuture<'a, Result<CapturedRun, String>>;
+
+    /// Copies the local file `from` to `to` on the host with mode 0700,
+    /// creating `dirs` (mode 0700, in order) first. `to` appears whole or not
+    /// at all.
+    fn copy_in<'a>(
+        &'a self,
+        from: &'a Path,
+        dirs: &'a [String],
+        to: &'a str,
+    ) -> BoxFuture<'a, Result<(), String>>;
+
+    /// Starts `command` with the host's shell; its stdin and stdout are the
+    /// link, its stderr arrives as [`LinkEvent::Stderr`].
+    fn open<'a>(&'a self, command: &'a str) -> BoxFuture<'a, Result<AgentLink, String>>;
+
+    /// Closes what connects us to the host; links opened on it end.
+    fn disconnect(&self) -> BoxFuture<'_, ()>;
+}
+
+/// What starting an agent needs besides the target.
+pub struct HostContext {
+    /// Outpost's own known_hosts, where accepted keys are recorded.
+    pub known_hosts: PathBuf,
+    /// The user's `~/.ssh/known_hosts`, read only.
+    pub user_known_hosts: Option<PathBuf>,
+    pub connect_timeout: Duration,
+    pub artifacts: Artifacts,
+}
+
+/// Connects to `target` and starts an agent there.
+pub async fn start(target: &Target, ctx: &HostContext) -> Result<(Arc<dyn Host>, Started), String> {
+    match target {
+        Target::Local => {
+            let host: Arc<dyn Host> = Arc::new(local::LocalHost);
+            let started =
+                bootstrap::start_in_place(&*host, &ctx.artifacts, ctx.connect_timeout).await?;
+            Ok((host, started))
+        }
+        Target::Ssh(target) => {
+            let keys = ssh::HostKeyFiles {
+                user: ctx.user_known_hosts.as_deref(),
+                own: &ctx.known_hosts,
+            };
+            let host: Arc<dyn Host> = Arc::new(
+                ssh::SshConnection::connect(target, keys, ctx.connect_timeout)
+                    .await
+                    .map_err(|e| e.to_string())?,
+            );
+            let started = tokio::time::timeout(
+                ctx.connect_timeout * 3,
+                bootstrap::start_installed(
+                    &*host,
+                    &target.remote_dir,
+                    &ctx.artifacts,
+                    ctx.connect_timeout,
+                ),
+            )
+            .await
+            .map_err(|_| "starting the agent timed out".to_string())??;
+            Ok((host, started))
+        }
+    }
+}
