@@ -4,7 +4,7 @@
 //! A tool call flows one way, each step in its own module:
 //!
 //! ```text
-//! mcp / cli  →  fleet  →  session  →  (protocol)  →  transport  →  outpost-agent
+//! mcp / cli  →  fleet  →  session  →  (protocol)  →  host  →  outpost-agent
 //! ```
 //!
 //! * [`config`]: sandboxes from remote-sandbox-mcp's environment variables, a TOML
@@ -13,21 +13,23 @@
 //! * [`resources`]: host metrics as clients see them, idle score, requirements.
 //! * [`session`]: one connection per sandbox, requests multiplexed by id,
 //!   heartbeats, reconnect on the next call, never a re-sent request.
-//! * [`bootstrap`]: probe a host, pick the agent build that fits, install it over
-//!   SFTP when missing or corrupt, verify its hello.
 //! * [`sync`]: tree sync in both directions, remote file reads and writes.
 //! * [`transfers`]: background syncs polled by task id.
 //! * [`jobs`]: background jobs on a host (start, status, wait, logs, events).
 //! * [`watch`]: job event followers, the config file's hooks, reachability
 //!   alerts (`outpost watch`, and `outpost mcp` for the sandboxes it uses).
-//! * [`transport`]: SSH via russh (host keys, auth, keepalive) or a local child.
-//! * [`link`]: frames off a transport: preamble, hello, messages.
+//! * [`host`]: places an agent can be started (SSH via russh, the local
+//!   machine) behind one trait; bootstrap (probe, pick the agent build that
+//!   fits, install it when missing or corrupt, verify its hello) and the
+//!   frames off the link, written once over it.
 //! * [`files`]: the file tools behind MCP (sync inline or background, list,
 //!   read, write).
 //! * [`mcp`]: the MCP tools, resources and prompts.
 //! * [`policy`]: which commands may run where (deny, allow, confirm rules from
 //!   the config file), for the MCP exec tools and `outpost exec`.
 //! * [`audit`]: one JSON line per MCP tool call in `$OUTPOST_HOME/audit.jsonl`.
+//! * [`localpath`]: the local paths the file tools may touch, inside their roots.
+//! * [`linelimit`]: every MCP message answered, even one too large to read.
 
 pub mod audit;
 pub mod config;
