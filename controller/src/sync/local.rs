@@ -1,0 +1,115 @@
+//! This machine's side of a sync before anything moves: the local root,
+//! checked and made absolute, and the local scan with its stat cache file
+//! (under `$OUTPOST_HOME/cache`) so unchanged files are not hashed again.
+//! Local writes go through the applier, in `run` and `pull`.
+
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+
+use outpost_protocol::FilterSpec;
+use outpost_treesync::cache::StatCache;
+use outpost_treesync::scan::{self, ScanOptions, ScanOutput};
+
+use super::types::SyncError;
+
+/// Scans a local tree on a blocking thread, with the stat cache so unchanged
+/// files are not hashed again.
+pub(super) async fn scan_local(root: PathBuf, filter: FilterSpec) -> Result<ScanOutput, SyncError> {
+    tokio::task::spawn_blocking(move || {
+        let cache_file = local_cache_file(&root);
+        let mut cache = cache_file.as_deref().map(StatCache::load);
+        let options = ScanOptions {
+            hashes: true,
+            recursive: true,
+            max_entries: 0,
+            reap_stale_temps: true,
+        };
+        let output = scan::scan(&root, &filter, &options, cache.as_mut());
+        if let (Some(cache), Some(file)) = (cache, cache_file)
+            && output.summary.root_exists
+        {
+            let saved = file.parent().map_or(Ok(()), |dir| {
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(dir)
+            });
+            // A cache that cannot be saved only costs hashing again next time.
+            if let Err(e) = saved.and_then(|()| cache.save(&file)) {
+                tracing::debug!("cannot save {}: {e}", file.display());
+            }
+        }
+        output
+    })
+    .await
+    .map_err(|_| SyncError::Invalid("the local scan failed unexpectedly".into()))
+}
+
+/// `$OUTPOST_HOME` (else `~/.outpost`) `/cache/local-scan-<first 16 hex
+/// digits of BLAKE3(root)>`.
+fn local_cache_file(root: &Path) -> Option<PathBuf> {
+    let nonempty = |v: std::ffi::OsString| (!v.is_empty()).then(|| PathBuf::from(v));
+    let home = std::env::var_os("OUTPOST_HOME")
+        .and_then(nonempty)
+        .or_else(|| {
+            Some(
+                std::env::var_os("HOME")
+                    .and_then(nonempty)?
+                    .join(".outpost"),
+            )
+        })?;
+    let hex = blake3::hash(root.as_os_str().as_bytes()).to_hex();
+    Some(
+        home.join("cache")
+            .join(format!("local-scan-{}", &hex[..16])),
+    )
+}
+
+/// The local root as an absolute path. A push needs an existing directory; a
+/// pull creates a missing one.
+pub(super) fn local_dir(local: &Path, must_exist: bool) -> Result<PathBuf, SyncError> {
+    let invalid = SyncError::Invalid;
+    if local.as_os_str().is_empty() {
+        return Err(invalid("the local path is empty".into()));
+    }
+    let abs = std::path::absolute(local)
+        .map_err(|e| invalid(format!("cannot resolve {}: {e}", local.display())))?;
+    match std::fs::metadata(&abs) {
+        Ok(m) if m.is_dir() => Ok(abs),
+        Ok(m) => Err(invalid(match special_kind(&m.file_type()) {
+            Some(kind) => format!(
+                "local path {} is {kind}, not a file or directory",
+                local.display()
+            ),
+            None => format!("local path is not a directory: {}", local.display()),
+        })),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if must_exist {
+                Err(invalid(format!(
+                    "local path not found: {}",
+                    local.display()
+                )))
+            } else {
+                Ok(abs)
+            }
+        }
+        Err(e) => Err(invalid(format!("cannot read {}: {e}", local.display()))),
+    }
+}
+
+/// What a path that is neither a file nor a directory is, if it is that.
+fn special_kind(kind: &std::fs::FileType) -> Option<&'static str> {
+    use std::os::unix::fs::FileTypeExt;
+    if kind.is_char_device() {
+        Some("a character device")
+    } else if kind.is_block_device() {
+        Some("a block device")
+    } else if kind.is_fifo() {
+        Some("a fifo")
+    } else if kind.is_socket() {
+        Some("a socket")
+    } else {
+        None
+    }
+}

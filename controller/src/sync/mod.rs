@@ -1,0 +1,185 @@
+//! Tree sync between this machine and a sandbox, in both directions, with one
+//! engine: scan both sides (the remote side by the agent, with its stat cache),
+//! diff with [`outpost_treesync::plan`], then send only what is missing —
+//! small files batched, large files as FastCDC chunks the other side lacks,
+//! everything zstd-compressed and pipelined (no round trip per file) under a
+//! bound on bytes in flight, so other calls on the same host stay fast.
+//!
+//! Push applies on the host through the agent's `PutFiles`/`PutPart`/
+//! `ApplyMeta`; pull reads through `ReadFiles` and applies here with the same
+//! [`outpost_treesync::apply::Applier`] the agent uses.
+//!
+//! Both directions apply in the same order, each phase finished before the
+//! next starts: paths whose kind changes are removed, directories created
+//! (parents first), file contents written, symlinks made, attributes set,
+//! extras removed, and directory attributes set last (writing into a
+//! directory changes its mtime). A problem with one path is reported and the
+//! sync goes on; only a lost connection, an error of a whole request, or a
+//! cancel stops it. A sync is never retried: running it again is the retry,
+//! and it sends nothing that was already committed.
+//!
+//! The files of this folder, each using only files listed before it:
+//! `types` (the public types), `limits` (request bounds), `helpers`,
+//! `local` (the local root and scan), `planning` (from options and scans to
+//! a plan), `parts` (how each file travels), `pipeline` (requests in
+//! flight), `remote` (scans, reads and writes through the agent), `run` (a
+//! sync being applied: the metadata phases), `push` and `pull` (the file
+//! contents, each way). This file holds [`push()`] and [`pull()`] and
+//! re-exports the rest of the public API.
+
+mod helpers;
+mod limits;
+mod local;
+mod parts;
+mod pipeline;
+mod planning;
+mod pull;
+mod push;
+mod remote;
+mod run;
+#[cfg(test)]
+mod tests;
+mod types;
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use outpost_treesync::apply::Applier;
+use outpost_treesync::plan;
+
+use self::helpers::{add_problems, until_cancelled};
+use self::local::{local_dir, scan_local};
+use self::planning::{
+    diff_options, dry_run_report, filter_spec, problem_paths, root_problem, spare_unseen,
+    start_progress,
+};
+use self::pull::PullFiles;
+use self::push::PushFiles;
+use self::remote::{create_remote_root, scan_on, scan_request};
+pub use self::remote::{read_remote, scan_remote, write_remote};
+use self::run::{Dest, Run, partial_set};
+pub use self::types::{PLAN_LISTING, Progress, SyncError, SyncOptions, SyncReport};
+use crate::session::Session;
+
+/// Local tree → `remote` on the session's host.
+pub async fn push(
+    session: &Session,
+    local: &Path,
+    remote: &str,
+    options: &SyncOptions,
+    progress: Arc<Progress>,
+) -> Result<SyncReport, SyncError> {
+    let started = Instant::now();
+    let local = local_dir(local, true)?;
+    let spec = filter_spec(options, &local)?;
+    // One connection for the whole sync: staged parts live in the agent of
+    // that connection, and a sync whose connection dies is not carried on by
+    // a new one.
+    let conn = session.connection().await?;
+    let remote_scan = scan_on(&conn, scan_request(remote, &spec));
+    let local_scan = scan_local(local.clone(), spec);
+    let (src, (dst, dst_summary)) = until_cancelled(&progress, async {
+        tokio::try_join!(local_scan, async { Ok(remote_scan.await?) })
+    })
+    .await?;
+
+    root_problem(&local.display().to_string(), &src.summary)?;
+    root_problem(remote, &dst_summary)?;
+    let src_problems = problem_paths(&src.summary);
+    let mut report = SyncReport::default();
+    add_problems(&mut report, &src.summary.problems);
+    add_problems(&mut report, &dst_summary.problems);
+    let mut plan =
+        plan::diff(&src.entries, &dst, &diff_options(options)).map_err(SyncError::Invalid)?;
+    spare_unseen(&mut plan, &src_problems);
+    drop((src, dst));
+    if options.dry_run {
+        return Ok(dry_run_report(report, &plan, started));
+    }
+    start_progress(&progress, &plan, &mut report);
+    let changes = std::mem::take(&mut plan.files);
+
+    let dest = Dest::Remote {
+        conn: Arc::clone(&conn),
+        root: remote.to_string(),
+    };
+    if !dst_summary.root_exists {
+        create_remote_root(&conn, remote, &progress).await?;
+    }
+    let mut run = Run {
+        dest,
+        progress,
+        report,
+        src_problems,
+        partials: partial_set(&dst_summary.partials),
+    };
+    run.before_files(&plan).await?;
+    let files = PushFiles::new(conn, remote.to_string(), local, &mut run);
+    files.run(changes).await?;
+    run.after_files(&plan).await?;
+    Ok(run.finish(&plan, started))
+}
+
+/// `remote` on the session's host → local tree.
+pub async fn pull(
+    session: &Session,
+    remote: &str,
+    local: &Path,
+    options: &SyncOptions,
+    progress: Arc<Progress>,
+) -> Result<SyncReport, SyncError> {
+    let started = Instant::now();
+    let local = local_dir(local, false)?;
+    let spec = filter_spec(options, &local)?;
+    let conn = session.connection().await?;
+    let remote_scan = scan_on(&conn, scan_request(remote, &spec));
+    let local_scan = scan_local(local.clone(), spec);
+    let ((src, src_summary), dst) = until_cancelled(&progress, async {
+        tokio::try_join!(async { Ok(remote_scan.await?) }, local_scan)
+    })
+    .await?;
+    if !src_summary.root_exists {
+        return Err(SyncError::Invalid(format!(
+            "remote path not found: {remote}"
+        )));
+    }
+    root_problem(remote, &src_summary)?;
+    root_problem(&local.display().to_string(), &dst.summary)?;
+    let src_problems = problem_paths(&src_summary);
+
+    let mut report = SyncReport::default();
+    add_problems(&mut report, &src_summary.problems);
+    add_problems(&mut report, &dst.summary.problems);
+    let mut plan =
+        plan::diff(&src, &dst.entries, &diff_options(options)).map_err(SyncError::Invalid)?;
+    spare_unseen(&mut plan, &src_problems);
+    let local_exists = dst.summary.root_exists;
+    let partials = partial_set(&dst.summary.partials);
+    drop((src, dst));
+    if options.dry_run {
+        return Ok(dry_run_report(report, &plan, started));
+    }
+    start_progress(&progress, &plan, &mut report);
+    let changes = std::mem::take(&mut plan.files);
+
+    if !local_exists {
+        std::fs::create_dir_all(&local)
+            .map_err(|e| SyncError::Invalid(format!("cannot create {}: {e}", local.display())))?;
+    }
+    let applier = Arc::new(Mutex::new(Applier::new(&local)));
+    let mut run = Run {
+        dest: Dest::Local {
+            applier: Arc::clone(&applier),
+        },
+        progress,
+        report,
+        src_problems,
+        partials,
+    };
+    run.before_files(&plan).await?;
+    let files = PullFiles::new(conn, remote.to_string(), local, applier, &mut run);
+    files.run(changes).await?;
+    run.after_files(&plan).await?;
+    Ok(run.finish(&plan, started))
+}

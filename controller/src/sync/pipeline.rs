@@ -1,0 +1,97 @@
+//! The request pipeline: requests in flight on one connection, bounded in
+//! number and in content bytes ([`MAX_IN_FLIGHT`], [`MAX_IN_FLIGHT_BYTES`])
+//! so other calls on the connection stay fast, their answers collected as
+//! they land; and the final answer of a single call.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use outpost_protocol::{Request, Response};
+
+use super::limits::{MAX_IN_FLIGHT, MAX_IN_FLIGHT_BYTES};
+use crate::session::{Call, CallError, Connection};
+
+pub(super) type Flight<T> = Pin<Box<dyn Future<Output = Landed<T>> + Send>>;
+
+/// A request that got its final answer.
+pub(super) struct Landed<T> {
+    pub(super) tag: T,
+    weight: u64,
+    /// Every response, the final one last.
+    pub(super) result: Result<Vec<Response>, CallError>,
+}
+
+/// Requests in flight on one connection, bounded in number and in content
+/// bytes. Answers wait in the connection's queue until collected, so nothing
+/// is lost while the sync is busy elsewhere.
+pub(super) struct Pipeline<T> {
+    pub(super) conn: Arc<Connection>,
+    pub(super) flights: FuturesUnordered<Flight<T>>,
+    bytes: u64,
+}
+
+impl<T: Send + 'static> Pipeline<T> {
+    pub(super) fn new(conn: Arc<Connection>) -> Pipeline<T> {
+        Pipeline {
+            conn,
+            flights: FuturesUnordered::new(),
+            bytes: 0,
+        }
+    }
+
+    /// Whether a request of `weight` bytes must wait for room.
+    pub(super) fn is_full(&self, weight: u64) -> bool {
+        !self.flights.is_empty()
+            && (self.flights.len() >= MAX_IN_FLIGHT || self.bytes + weight > MAX_IN_FLIGHT_BYTES)
+    }
+
+    pub(super) fn start(&mut self, request: Request, tag: T, weight: u64) -> Result<(), CallError> {
+        let mut call = self.conn.start(request)?;
+        self.bytes += weight;
+        self.flights.push(Box::pin(async move {
+            let mut responses = Vec::new();
+            let result = loop {
+                match call.next().await {
+                    Ok(response) => {
+                        let last = response.is_final();
+                        responses.push(response);
+                        if last {
+                            break Ok(responses);
+                        }
+                    }
+                    Err(e) => break Err(e),
+                }
+            };
+            Landed {
+                tag,
+                weight,
+                result,
+            }
+        }));
+        Ok(())
+    }
+
+    pub(super) async fn next(&mut self) -> Option<Landed<T>> {
+        let landed = self.flights.next().await?;
+        self.bytes -= landed.weight;
+        Some(landed)
+    }
+}
+
+/// The final response of a landed request.
+pub(super) fn final_of(result: Result<Vec<Response>, CallError>) -> Result<Response, CallError> {
+    result?
+        .pop()
+        .ok_or_else(|| CallError::Protocol("a request ended without an answer".into()))
+}
+
+pub(super) async fn final_answer(mut call: Call) -> Result<Response, CallError> {
+    loop {
+        let response = call.next().await?;
+        if response.is_final() {
+            return Ok(response);
+        }
+    }
+}

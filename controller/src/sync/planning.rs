@@ -1,0 +1,113 @@
+//! From options and scans to a plan, and from a plan to a report: the
+//! filter spec of a sync (default excludes first), its diff options, what
+//! scan problems do to a plan (a root refused, removals spared), the
+//! dry-run report and the progress totals. The diff itself is
+//! [`outpost_treesync::plan::diff`]; this file is named apart from it.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use outpost_protocol::{FilterSpec, RelPath, ScanSummary};
+use outpost_treesync::filter::{self, DEFAULT_EXCLUDES, Filter};
+use outpost_treesync::plan::{DiffOptions, Plan};
+use outpost_treesync::relpath;
+
+use super::types::{PLAN_LISTING, Progress, SyncError, SyncOptions, SyncReport};
+
+/// The excludes of a sync: the defaults first, so that the caller's own
+/// `!pattern`s can re-include what they exclude.
+pub(super) fn filter_spec(options: &SyncOptions, local: &Path) -> Result<FilterSpec, SyncError> {
+    let mut excludes = Vec::new();
+    if options.default_excludes {
+        excludes.extend(DEFAULT_EXCLUDES.iter().map(|p| p.to_string()));
+    }
+    excludes.extend(options.excludes.iter().cloned());
+    if let Some(file) = &options.exclude_file {
+        excludes.extend(filter::read_exclude_file(file).map_err(SyncError::Invalid)?);
+    }
+    let spec = FilterSpec {
+        excludes,
+        use_gitignore: options.use_gitignore,
+    };
+    // Checked here so a bad pattern is refused before anything is scanned.
+    Filter::new(local, &spec).map_err(SyncError::Invalid)?;
+    Ok(spec)
+}
+
+pub(super) fn diff_options(options: &SyncOptions) -> DiffOptions {
+    DiffOptions {
+        delete_extras: options.delete_extras,
+        force: options.force,
+    }
+}
+
+pub(super) fn dry_run_report(mut report: SyncReport, plan: &Plan, started: Instant) -> SyncReport {
+    report.would_send = plan
+        .files
+        .iter()
+        .map(|f| &f.src.path)
+        .chain(plan.symlinks.iter().map(|l| &l.path))
+        .take(PLAN_LISTING)
+        .map(|p| relpath::display(p))
+        .collect();
+    report.would_delete = plan
+        .removes
+        .iter()
+        .take(PLAN_LISTING)
+        .map(|p| relpath::display(p))
+        .collect();
+    report.files_sent = plan.files.len() as u64;
+    report.files_unchanged = plan.unchanged;
+    report.dirs_created = plan.mkdirs.len() as u64;
+    report.symlinks = plan.symlinks.len() as u64;
+    report.attrs_updated = plan.attrs.len() as u64;
+    report.deleted = plan.removes.len() as u64;
+    report.bytes_total = plan.content_bytes();
+    report.duration_s = started.elapsed().as_secs_f64();
+    report.dry_run = true;
+    report
+}
+
+pub(super) fn start_progress(progress: &Progress, plan: &Plan, report: &mut SyncReport) {
+    report.bytes_total = plan.content_bytes();
+    progress
+        .files_total
+        .store(plan.files.len() as u64, Ordering::Relaxed);
+    progress
+        .bytes_total
+        .store(report.bytes_total, Ordering::Relaxed);
+}
+
+pub(super) fn problem_paths(summary: &ScanSummary) -> HashSet<RelPath> {
+    summary.problems.iter().map(|p| p.path.clone()).collect()
+}
+
+/// Drops removals that touch a path the source scan could not fully see (an
+/// unreadable directory is listed without its contents): its destination copy
+/// is not an extra, and deleting it would lose data.
+pub(super) fn spare_unseen(plan: &mut Plan, src_problems: &HashSet<RelPath>) {
+    let related = |a: &[u8], b: &[u8]| {
+        a.is_empty()
+            || b.is_empty()
+            || a == b
+            || (a.len() > b.len() && a.starts_with(b) && a[b.len()] == b'/')
+            || (b.len() > a.len() && b.starts_with(a) && b[a.len()] == b'/')
+    };
+    plan.removes
+        .retain(|r| !src_problems.iter().any(|p| related(r, p)));
+}
+
+/// A root that exists but cannot be synced (not a directory, unreadable):
+/// the scan reports it as a problem with an empty path.
+pub(super) fn root_problem(root: &str, summary: &ScanSummary) -> Result<(), SyncError> {
+    match summary.problems.iter().find(|p| p.path.is_empty()) {
+        // "a character device, not a file or directory"
+        Some(p) if p.message.ends_with(", not a file or directory") => {
+            Err(SyncError::Invalid(format!("{root} is {}", p.message)))
+        }
+        Some(p) => Err(SyncError::Invalid(format!("{root}: {}", p.message))),
+        None => Ok(()),
+    }
+}

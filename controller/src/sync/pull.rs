@@ -1,0 +1,465 @@
+//! Pull's file contents: `ReadFiles` of whole small files and of ranges of
+//! large ones through a [`Pipeline`], written here through the same
+//! [`Applier`] the agent uses: chunks the local file already has are copied
+//! from it, a partial file of an interrupted pull is resumed, and a file
+//! sent in pieces is staged and then committed.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use outpost_protocol::{
+    FileContent, MetaOp, PartData, PathProblem, PutFiles, ReadFiles, ReadSpec, RelPath, Request,
+    Response,
+};
+use outpost_treesync::apply::Applier;
+use outpost_treesync::codec;
+use outpost_treesync::plan::FileChange;
+
+use super::helpers::{
+    CHANGED, UNHASHED, add_problems, blocking, check_cancelled, lock, problem, unexpected,
+};
+use super::limits::{BATCH_FILES, REQUEST_BYTES};
+use super::parts::{Part, Route, Staged, content_of, group_ranges, next_xfer, put_of, route};
+use super::pipeline::{Landed, Pipeline};
+use super::run::Run;
+use super::types::{SyncError, SyncReport};
+use crate::session::{CallError, Connection};
+
+enum PullTag {
+    /// A `ReadFiles` of whole inline files, in request order.
+    Batch(Vec<FileChange>),
+    /// A `ReadFiles` of ranges of `staged[i]`, `len` bytes in all.
+    Range { staged: usize, len: u64 },
+}
+
+/// Reads a pull's file contents through a [`Pipeline`] and writes them here.
+pub(super) struct PullFiles<'r> {
+    root: String,
+    local: PathBuf,
+    applier: Arc<Mutex<Applier>>,
+    run: &'r mut Run,
+    pipe: Pipeline<PullTag>,
+    staged: Vec<Staged>,
+}
+
+impl<'r> PullFiles<'r> {
+    pub(super) fn new(
+        conn: Arc<Connection>,
+        root: String,
+        local: PathBuf,
+        applier: Arc<Mutex<Applier>>,
+        run: &'r mut Run,
+    ) -> Self {
+        PullFiles {
+            root,
+            local,
+            applier,
+            run,
+            pipe: Pipeline::new(conn),
+            staged: Vec::new(),
+        }
+    }
+
+    pub(super) async fn run(mut self, changes: Vec<FileChange>) -> Result<(), SyncError> {
+        let result = self.read_all(changes).await;
+        if let Err(err) = &result {
+            // Reads in flight are cancelled by dropping them.
+            self.pipe.flights.clear();
+            // Partial files are kept for the next pull to resume, whether
+            // the connection was lost or the pull cancelled; an abort only
+            // releases them here (see `Applier::apply_meta`).
+            if matches!(err, SyncError::Call(e) if e.is_connection()) {
+                return result;
+            }
+            let xfers: Vec<u64> = self
+                .staged
+                .iter()
+                .filter(|s| !s.committed)
+                .map(|s| s.xfer)
+                .collect();
+            let _ = self.abort(xfers).await;
+        }
+        result
+    }
+
+    async fn read_all(&mut self, changes: Vec<FileChange>) -> Result<(), SyncError> {
+        let mut batch = Vec::new();
+        let mut batch_bytes = 0;
+        for change in changes {
+            if change.src.hash.is_none() {
+                // The host could not hash it (it kept changing): a commit
+                // would have nothing to be checked against.
+                self.run.skip(&change, UNHASHED);
+                continue;
+            }
+            match route(&change) {
+                Route::Inline => {
+                    if !batch.is_empty()
+                        && (batch.len() >= BATCH_FILES
+                            || batch_bytes + change.src.size > REQUEST_BYTES)
+                    {
+                        self.send_batch(std::mem::take(&mut batch), batch_bytes)
+                            .await?;
+                        batch_bytes = 0;
+                    }
+                    batch_bytes += change.src.size;
+                    batch.push(change);
+                }
+                Route::Parts(parts) => self.read_parts(change, parts).await?,
+            }
+        }
+        if !batch.is_empty() {
+            self.send_batch(batch, batch_bytes).await?;
+        }
+        while let Some(landed) = self.pipe.next().await {
+            self.settle(landed).await?;
+        }
+        Ok(())
+    }
+
+    async fn send_batch(&mut self, batch: Vec<FileChange>, bytes: u64) -> Result<(), SyncError> {
+        let reads = batch
+            .iter()
+            .map(|c| ReadSpec {
+                path: c.src.path.clone(),
+                ranges: None,
+            })
+            .collect();
+        let request = Request::ReadFiles(ReadFiles {
+            root: self.root.clone(),
+            reads,
+        });
+        self.send(request, PullTag::Batch(batch), bytes).await
+    }
+
+    /// Takes what a partial file of an interrupted pull holds, copies what
+    /// the local file already has, then asks for the rest.
+    async fn read_parts(
+        &mut self,
+        change: FileChange,
+        mut parts: Vec<Part>,
+    ) -> Result<(), SyncError> {
+        let i = self.staged.len();
+        let resumable = self.run.resumable(&change);
+        self.staged.push(Staged::new(change));
+        if resumable {
+            let applier = Arc::clone(&self.applier);
+            let (xfer, change) = (self.staged[i].xfer, self.staged[i].change.clone());
+            let resumed = blocking(move || {
+                let (hash, size) = content_of(&change);
+                let chunks = &change.src.chunks;
+                lock(&applier).resume(xfer, &change.src.path, (&hash, size), chunks)
+            })
+            .await?;
+            match resumed {
+                Ok(present) => {
+                    self.staged[i].begun = true;
+                    self.run
+                        .take_resumed(&mut self.staged[i], &present, &mut parts);
+                }
+                Err(message) => self.staged[i].fail_with(&message, &mut self.run.report),
+            }
+        }
+        let copies: Vec<Part> = parts
+            .iter()
+            .filter(|p| matches!(p, Part::Copy { .. }))
+            .copied()
+            .collect();
+        if !copies.is_empty() {
+            check_cancelled(&self.run.progress)?;
+            let applier = Arc::clone(&self.applier);
+            let (xfer, path) = (self.staged[i].xfer, self.staged[i].change.src.path.clone());
+            let (hash, size) = content_of(&self.staged[i].change);
+            let copied = blocking(move || {
+                let mut applier = lock(&applier);
+                for part in copies {
+                    if let Part::Copy { offset, from, len } = part {
+                        let data = PartData::Copy {
+                            from_offset: from,
+                            len,
+                        };
+                        applier.put_part(xfer, &path, (&hash, size), offset, &data)?;
+                    }
+                }
+                Ok::<_, String>(())
+            })
+            .await?;
+            match copied {
+                Ok(()) => {
+                    let len = parts
+                        .iter()
+                        .filter(|p| matches!(p, Part::Copy { .. }))
+                        .map(Part::len)
+                        .sum();
+                    self.staged[i].counted += len;
+                    self.run
+                        .progress
+                        .bytes_done
+                        .fetch_add(len, Ordering::Relaxed);
+                }
+                Err(message) => self.staged[i].fail_with(&message, &mut self.run.report),
+            }
+        }
+        for ranges in group_ranges(&parts, REQUEST_BYTES) {
+            if self.staged[i].failed {
+                break;
+            }
+            let len = ranges.iter().map(|r| r.1).sum();
+            let request = Request::ReadFiles(ReadFiles {
+                root: self.root.clone(),
+                reads: vec![ReadSpec {
+                    path: self.staged[i].change.src.path.clone(),
+                    ranges: Some(ranges),
+                }],
+            });
+            self.send(request, PullTag::Range { staged: i, len }, len)
+                .await?;
+            self.staged[i].sent += 1;
+        }
+        self.staged[i].all_sent = true;
+        self.resolve(i).await
+    }
+
+    async fn send(&mut self, request: Request, tag: PullTag, weight: u64) -> Result<(), SyncError> {
+        while self.pipe.is_full(weight) {
+            match self.pipe.next().await {
+                Some(landed) => self.settle(landed).await?,
+                None => break,
+            }
+        }
+        check_cancelled(&self.run.progress)?;
+        self.pipe.start(request, tag, weight)?;
+        Ok(())
+    }
+
+    async fn settle(&mut self, landed: Landed<PullTag>) -> Result<(), SyncError> {
+        let mut responses = landed.result?;
+        let problems = match responses.pop() {
+            Some(Response::ReadDone { problems }) => problems,
+            Some(Response::Error(e)) => return Err(CallError::Agent(e).into()),
+            Some(other) => return Err(unexpected("a read", &other).into()),
+            None => return Err(CallError::Protocol("a read ended without an answer".into()).into()),
+        };
+        let mut pieces = Vec::with_capacity(responses.len());
+        for response in responses {
+            match response {
+                Response::FileData {
+                    index,
+                    offset,
+                    data,
+                } => {
+                    self.run.report.bytes_sent += data.len() as u64;
+                    pieces.push((index, offset, data));
+                }
+                other => return Err(unexpected("a read", &other).into()),
+            }
+        }
+        match landed.tag {
+            PullTag::Batch(changes) => self.write_batch(changes, pieces, problems).await,
+            PullTag::Range { staged: i, len } => self.write_range(i, len, pieces, problems).await,
+        }
+    }
+
+    /// Writes a batch of whole files: each one that came as a single piece
+    /// is committed from it directly; a file that came in several is staged
+    /// first.
+    async fn write_batch(
+        &mut self,
+        changes: Vec<FileChange>,
+        pieces: Vec<(u32, u64, Vec<u8>)>,
+        problems: Vec<PathProblem>,
+    ) -> Result<(), SyncError> {
+        add_problems(&mut self.run.report, &problems);
+        let count = changes.len() as u64;
+        let bytes: u64 = changes.iter().map(|c| c.src.size).sum();
+        let applier = Arc::clone(&self.applier);
+        let root = self.local.display().to_string();
+        let (done, lines) =
+            blocking(move || write_batch(&mut lock(&applier), root, changes, pieces, problems))
+                .await?;
+        self.run.report.files_sent += done;
+        self.run.report.problems.extend(lines);
+        let progress = &self.run.progress;
+        progress.files_done.fetch_add(count, Ordering::Relaxed);
+        progress.bytes_done.fetch_add(bytes, Ordering::Relaxed);
+        Ok(())
+    }
+
+    async fn write_range(
+        &mut self,
+        i: usize,
+        len: u64,
+        pieces: Vec<(u32, u64, Vec<u8>)>,
+        problems: Vec<PathProblem>,
+    ) -> Result<(), SyncError> {
+        self.staged[i].settled += 1;
+        if let Some(p) = problems.first() {
+            self.staged[i].fail_with(&p.message, &mut self.run.report);
+        }
+        if !self.staged[i].failed {
+            let applier = Arc::clone(&self.applier);
+            let (xfer, path) = (self.staged[i].xfer, self.staged[i].change.src.path.clone());
+            let (hash, size) = content_of(&self.staged[i].change);
+            let written = blocking(move || {
+                let mut applier = lock(&applier);
+                for (_, offset, data) in pieces {
+                    applier.put_part(xfer, &path, (&hash, size), offset, &PartData::Data(data))?;
+                }
+                Ok::<_, String>(())
+            })
+            .await?;
+            match written {
+                Ok(()) => {
+                    self.staged[i].counted += len;
+                    self.run
+                        .progress
+                        .bytes_done
+                        .fetch_add(len, Ordering::Relaxed);
+                }
+                Err(message) => self.staged[i].fail_with(&message, &mut self.run.report),
+            }
+        }
+        self.resolve(i).await
+    }
+
+    /// Once a staged file has every range it asked for: commit it, or drop it.
+    async fn resolve(&mut self, i: usize) -> Result<(), SyncError> {
+        let staged = &mut self.staged[i];
+        if !staged.is_settled() {
+            return Ok(());
+        }
+        staged.resolved = true;
+        let progress = Arc::clone(&self.run.progress);
+        progress.files_done.fetch_add(1, Ordering::Relaxed);
+        let rest = staged.change.src.size.saturating_sub(staged.counted);
+        progress.bytes_done.fetch_add(rest, Ordering::Relaxed);
+        if staged.failed {
+            let xfer = staged.xfer;
+            return self.abort(vec![xfer]).await;
+        }
+        staged.committed = true;
+        // Files without a hash never get this far.
+        let hash = staged.change.src.hash.unwrap_or_default();
+        let put = put_of(
+            &staged.change,
+            hash,
+            FileContent::Staged { xfer: staged.xfer },
+        );
+        let request = PutFiles {
+            root: self.local.display().to_string(),
+            create_parents: false,
+            files: vec![put],
+        };
+        let applier = Arc::clone(&self.applier);
+        let report = blocking(move || lock(&applier).put_files(&request)).await?;
+        self.run.report.files_sent += u64::from(report.done);
+        add_problems(&mut self.run.report, &report.problems);
+        Ok(())
+    }
+
+    async fn abort(&mut self, xfers: Vec<u64>) -> Result<(), SyncError> {
+        if xfers.is_empty() {
+            return Ok(());
+        }
+        let ops: Vec<MetaOp> = xfers
+            .into_iter()
+            .map(|xfer| MetaOp::Abort { xfer })
+            .collect();
+        let applier = Arc::clone(&self.applier);
+        blocking(move || lock(&applier).apply_meta(&ops)).await?;
+        Ok(())
+    }
+}
+
+impl Staged {
+    fn fail_with(&mut self, message: &str, report: &mut SyncReport) {
+        if !self.failed {
+            self.failed = true;
+            report
+                .problems
+                .push(problem(&self.change.src.path, message));
+        }
+    }
+}
+
+/// Commits a batch of whole files read from the host. Returns how many were
+/// written and the problems of the others.
+fn write_batch(
+    applier: &mut Applier,
+    root: String,
+    changes: Vec<FileChange>,
+    pieces: Vec<(u32, u64, Vec<u8>)>,
+    problems: Vec<PathProblem>,
+) -> (u64, Vec<String>) {
+    let failed: HashSet<RelPath> = problems.into_iter().map(|p| p.path).collect();
+    let mut by_file: HashMap<u32, Vec<(u64, Vec<u8>)>> = HashMap::new();
+    for (index, offset, data) in pieces {
+        by_file.entry(index).or_default().push((offset, data));
+    }
+    let mut lines = Vec::new();
+    let mut puts = Vec::new();
+    // Staged files: those in `puts`, and those that failed before it.
+    let mut staged = Vec::new();
+    let mut aborts = Vec::new();
+    for (index, change) in changes.iter().enumerate() {
+        if failed.contains(&change.src.path) {
+            continue;
+        }
+        // Files without a hash never get this far.
+        let hash = change.src.hash.unwrap_or_default();
+        let mut pieces = by_file.remove(&(index as u32)).unwrap_or_default();
+        let content = match pieces.len() {
+            0 if change.src.size == 0 => FileContent::Inline(codec::compress(&[])),
+            // The hash check of the commit would refuse it anyway; say why.
+            0 => {
+                lines.push(problem(&change.src.path, CHANGED));
+                continue;
+            }
+            1 if pieces[0].0 == 0 => {
+                FileContent::Inline(pieces.pop().map(|p| p.1).unwrap_or_default())
+            }
+            _ => {
+                let xfer = next_xfer();
+                let written = pieces.into_iter().try_for_each(|(offset, data)| {
+                    let content = (&hash, change.src.size);
+                    applier.put_part(
+                        xfer,
+                        &change.src.path,
+                        content,
+                        offset,
+                        &PartData::Data(data),
+                    )
+                });
+                if let Err(message) = written {
+                    lines.push(problem(&change.src.path, &message));
+                    aborts.push(MetaOp::Abort { xfer });
+                    continue;
+                }
+                staged.push((change.src.path.clone(), xfer));
+                FileContent::Staged { xfer }
+            }
+        };
+        puts.push(put_of(change, hash, content));
+    }
+    let report = applier.put_files(&PutFiles {
+        root,
+        create_parents: false,
+        files: puts,
+    });
+    lines.extend(report.problems.iter().map(|p| problem(&p.path, &p.message)));
+    // Staged files that were not committed are dropped now, not when the
+    // applier goes.
+    let refused: HashSet<&[u8]> = report.problems.iter().map(|p| &p.path[..]).collect();
+    aborts.extend(
+        staged
+            .into_iter()
+            .filter(|(path, _)| refused.contains(&path[..]))
+            .map(|(_, xfer)| MetaOp::Abort { xfer }),
+    );
+    if !aborts.is_empty() {
+        applier.apply_meta(&aborts);
+    }
+    (u64::from(report.done), lines)
+}

@@ -1,0 +1,311 @@
+//! The host's side through the agent, outside the file pipeline: the
+//! public [`scan_remote`], [`read_remote`] and [`write_remote`], and what a
+//! sync asks of the host on its own (its scans, creating a push's missing
+//! root, dropping staged transfers).
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use outpost_protocol::{
+    ApplyMeta, EntryKind, Expect, FileContent, FilePut, FilterSpec, MetaOp, PartData, PutFiles,
+    PutPart, ReadFiles, ReadSpec, RelPath, Request, Response, ScanRequest, ScanSummary, TreeEntry,
+};
+use outpost_treesync::codec;
+
+use super::helpers::{check_cancelled, unexpected};
+use super::limits::REQUEST_BYTES;
+use super::parts::next_xfer;
+use super::pipeline::final_answer;
+use super::types::{Progress, SyncError};
+use crate::session::{CallError, Connection, Session};
+
+/// Runs a remote scan and collects its entries.
+pub async fn scan_remote(
+    session: &Session,
+    request: ScanRequest,
+) -> Result<(Vec<TreeEntry>, ScanSummary), CallError> {
+    let conn = session.connection().await?;
+    scan_on(&conn, request).await
+}
+
+/// Reads `len` bytes at `offset` of a remote file (decompressed), and the
+/// file's size. `path` is absolute or `~`-relative on the host.
+///
+/// The size comes from a scan of the file's directory that excludes every
+/// name but the file's (one directory listing, no stat of anything else),
+/// sent together with the read so it costs no extra round trip. The two are
+/// not atomic: a file that grew in between reports at least what was read.
+pub async fn read_remote(
+    session: &Session,
+    path: &str,
+    offset: u64,
+    len: u64,
+) -> Result<(Vec<u8>, u64), SyncError> {
+    let (parent, name) = split_remote(path)?;
+    let conn = session.connection().await?;
+    let stat = stat_remote(&conn, &parent, &name);
+    let read = async {
+        let mut call = conn.start(Request::ReadFiles(ReadFiles {
+            root: parent.clone(),
+            reads: vec![ReadSpec {
+                path: name.clone(),
+                ranges: Some(vec![(offset, len)]),
+            }],
+        }))?;
+        let mut data = Vec::new();
+        loop {
+            match call.next().await? {
+                Response::FileData {
+                    offset: at,
+                    data: piece,
+                    ..
+                } => {
+                    let room = usize::try_from(len).unwrap_or(usize::MAX) - data.len();
+                    let piece = codec::decompress(&piece, room).map_err(|e| {
+                        CallError::Protocol(format!("bad data for {path} at {at}: {e}"))
+                    })?;
+                    data.extend_from_slice(&piece);
+                }
+                Response::ReadDone { problems } => {
+                    return Ok::<_, SyncError>(match problems.first() {
+                        Some(p) => Err(p.message.clone()),
+                        None => Ok(data),
+                    });
+                }
+                Response::Error(e) => return Err(CallError::Agent(e).into()),
+                other => return Err(unexpected("a read", &other).into()),
+            }
+        }
+    };
+    let (stat, read) = tokio::try_join!(stat, read)?;
+    let entry = match stat {
+        Some(entry) => entry,
+        None => return Err(SyncError::Invalid(format!("remote file not found: {path}"))),
+    };
+    if !matches!(entry.kind, EntryKind::File) {
+        return Err(SyncError::Invalid(format!("not a regular file: {path}")));
+    }
+    let data = read.map_err(|message| SyncError::Invalid(format!("{path}: {message}")))?;
+    let size = match data.len() as u64 {
+        0 => entry.size,
+        n => entry.size.max(offset.saturating_add(n)),
+    };
+    Ok((data, size))
+}
+
+/// Writes a whole remote file atomically (temp + verify + rename).
+pub async fn write_remote(
+    session: &Session,
+    path: &str,
+    content: &[u8],
+    mode: u32,
+    create_parents: bool,
+) -> Result<(), SyncError> {
+    let (parent, name) = split_remote(path)?;
+    let conn = session.connection().await?;
+    let compressed = codec::compress(content);
+    let file = FilePut {
+        path: name.clone(),
+        mode,
+        mtime_ns: now_ns(),
+        size: content.len() as u64,
+        hash: *blake3::hash(content).as_bytes(),
+        expect: Expect::Any,
+        content: FileContent::Inline(Vec::new()),
+    };
+    let content = if compressed.len() as u64 <= REQUEST_BYTES {
+        FileContent::Inline(compressed)
+    } else {
+        // Too big for one frame: stage it in parts, as a sync would. The
+        // first part creates missing directories, so without create_parents
+        // their absence is checked first.
+        if !create_parents {
+            let request = ScanRequest {
+                root: parent.clone(),
+                filter: only(&name),
+                hashes: false,
+                recursive: false,
+                max_entries: 1,
+            };
+            if !scan_on(&conn, request).await?.1.root_exists {
+                return Err(SyncError::Invalid(format!(
+                    "{path}: the directory {parent} does not exist"
+                )));
+            }
+        }
+        let xfer = next_xfer();
+        let mut acks = Vec::new();
+        for (at, piece) in content.chunks(REQUEST_BYTES as usize).enumerate() {
+            let call = conn.start(Request::PutPart(PutPart {
+                root: parent.clone(),
+                xfer,
+                path: name.clone(),
+                offset: at as u64 * REQUEST_BYTES,
+                data: PartData::Data(codec::compress(piece)),
+                hash: file.hash,
+                size: file.size,
+            }))?;
+            acks.push(final_answer(call));
+        }
+        for answer in futures::future::join_all(acks).await {
+            match answer? {
+                Response::Ack => {}
+                Response::Error(e) => {
+                    abort_remote(&conn, &parent, &[xfer]).await;
+                    return Err(SyncError::Invalid(format!("{path}: {}", e.message)));
+                }
+                other => return Err(unexpected("a part", &other).into()),
+            }
+        }
+        FileContent::Staged { xfer }
+    };
+    let call = conn.start(Request::PutFiles(PutFiles {
+        root: parent,
+        create_parents,
+        files: vec![FilePut { content, ..file }],
+    }))?;
+    match final_answer(call).await? {
+        Response::Applied(report) => match report.problems.first() {
+            Some(p) => Err(SyncError::Invalid(format!("{path}: {}", p.message))),
+            None => Ok(()),
+        },
+        Response::Error(e) => Err(CallError::Agent(e).into()),
+        other => Err(unexpected("a write", &other).into()),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Requests of a sync
+
+pub(super) fn scan_request(root: &str, spec: &FilterSpec) -> ScanRequest {
+    ScanRequest {
+        root: root.to_string(),
+        filter: spec.clone(),
+        hashes: true,
+        recursive: true,
+        max_entries: 0,
+    }
+}
+
+pub(super) async fn scan_on(
+    conn: &Arc<Connection>,
+    request: ScanRequest,
+) -> Result<(Vec<TreeEntry>, ScanSummary), CallError> {
+    let mut call = conn.start(Request::Scan(request))?;
+    let mut entries = Vec::new();
+    loop {
+        match call.next().await? {
+            Response::Entries(batch) => entries.extend(batch),
+            Response::ScanDone(summary) => return Ok((entries, summary)),
+            Response::Error(e) => return Err(CallError::Agent(e)),
+            other => return Err(unexpected("a scan", &other)),
+        }
+    }
+}
+
+/// The entry of `name` in the remote directory `parent`, if there is one.
+async fn stat_remote(
+    conn: &Arc<Connection>,
+    parent: &str,
+    name: &[u8],
+) -> Result<Option<TreeEntry>, SyncError> {
+    let (entries, _) = scan_on(
+        conn,
+        ScanRequest {
+            root: parent.to_string(),
+            filter: only(name),
+            hashes: false,
+            recursive: false,
+            max_entries: 1,
+        },
+    )
+    .await?;
+    Ok(entries.into_iter().find(|e| e.path == name))
+}
+
+/// A filter that excludes every name of a directory but `name`.
+pub(super) fn only(name: &[u8]) -> FilterSpec {
+    let mut keep = String::from("!/");
+    for c in String::from_utf8_lossy(name).chars() {
+        // Everything glob or gitignore syntax could read as special,
+        // escaped; a backslash makes any character literal.
+        if "\\*?[]{}!# ".contains(c) {
+            keep.push('\\');
+        }
+        keep.push(c);
+    }
+    FilterSpec {
+        excludes: vec!["*".into(), keep],
+        use_gitignore: false,
+    }
+}
+
+/// Creates a push's missing remote root: a `Mkdir` of its name in its
+/// parent, which the agent creates with any missing ancestors.
+pub(super) async fn create_remote_root(
+    conn: &Arc<Connection>,
+    root: &str,
+    progress: &Progress,
+) -> Result<(), SyncError> {
+    check_cancelled(progress)?;
+    let trimmed = root.trim_end_matches('/');
+    let (parent, name) = split_remote(trimmed)
+        .map_err(|_| SyncError::Invalid(format!("cannot create {root}: not a directory path")))?;
+    let call = conn.start(Request::ApplyMeta(ApplyMeta {
+        root: parent,
+        ops: vec![MetaOp::Mkdir {
+            path: name,
+            mode: 0o755,
+        }],
+    }))?;
+    match final_answer(call).await? {
+        Response::Applied(report) => match report.problems.first() {
+            Some(p) => Err(SyncError::Invalid(format!(
+                "cannot create {root}: {}",
+                p.message
+            ))),
+            None => Ok(()),
+        },
+        Response::Error(e) => Err(CallError::Agent(e).into()),
+        other => Err(unexpected("creating the root", &other).into()),
+    }
+}
+
+/// Drops staged transfers on the host; best effort (the agent also drops
+/// them when the connection ends).
+pub(super) async fn abort_remote(conn: &Arc<Connection>, root: &str, xfers: &[u64]) {
+    if xfers.is_empty() {
+        return;
+    }
+    let ops = xfers.iter().map(|&xfer| MetaOp::Abort { xfer }).collect();
+    if let Ok(call) = conn.start(Request::ApplyMeta(ApplyMeta {
+        root: root.to_string(),
+        ops,
+    })) {
+        let _ = final_answer(call).await;
+    }
+}
+
+/// Splits a remote file path into the directory the agent resolves (`~` and
+/// relative paths are the home's business) and the file's name.
+pub(super) fn split_remote(path: &str) -> Result<(String, RelPath), SyncError> {
+    let invalid = || SyncError::Invalid(format!("not a file path: {path:?}"));
+    if path.is_empty() || path.ends_with('/') || path.contains('\0') {
+        return Err(invalid());
+    }
+    let (parent, name) = match path.rfind('/') {
+        Some(0) => ("/", &path[1..]),
+        Some(i) => (&path[..i], &path[i + 1..]),
+        None => ("~", path),
+    };
+    if matches!(name, "." | ".." | "~") {
+        return Err(invalid());
+    }
+    Ok((parent.to_string(), name.as_bytes().to_vec()))
+}
+
+fn now_ns() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
