@@ -309,3 +309,59 @@ async fn every_request_is_answered_even_past_the_message_limit() {
     assert_eq!(r["stdout"], "alive\n");
     client.cancel().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_remote_agent_leaves_no_command_running() {
+    // The finding: `kill -9` of the remote `outpost-agent serve` during
+    // `sleep 301` left bash and sleep running under PID 1.
+    let sshd = outpost_e2e::Sshd::start();
+    let state = common::scratch("contain-orphans");
+    let fleet = common::fleet(&sshd, state.path());
+    let session = fleet.get(Some(common::BOX)).unwrap();
+    let marker = "sleep 301.4242";
+    let running = {
+        let session = session.clone();
+        tokio::spawn(async move { common::run(&session, &format!("{marker}; echo done")).await })
+    };
+    assert!(
+        outpost_e2e::wait_until(std::time::Duration::from_secs(10), || {
+            !outpost_e2e::pids_with_cmdline(marker).is_empty()
+        }),
+        "the command never started"
+    );
+    let agents = format!("{}/agents/", sshd.remote_dir().display());
+    let serve: Vec<i32> = outpost_e2e::pids_with_cmdline(&agents)
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.split('\0').any(|arg| arg == "serve"))
+        })
+        .collect();
+    assert_eq!(
+        serve.len(),
+        1,
+        "one agent serves this connection: {serve:?}"
+    );
+    // SAFETY: plain kill(2) of a process this test's sshd started.
+    unsafe {
+        libc::kill(serve[0], libc::SIGKILL);
+    }
+    let started = std::time::Instant::now();
+    let result = running.await.unwrap();
+    assert!(
+        result.is_err(),
+        "the call reports the lost connection: {result:?}"
+    );
+    let gone = outpost_e2e::wait_until(std::time::Duration::from_millis(1500), || {
+        outpost_e2e::pids_with_cmdline(marker).is_empty()
+    });
+    assert!(
+        gone,
+        "processes outlived the agent {:?} after {:?}",
+        outpost_e2e::pids_with_cmdline(marker),
+        started.elapsed()
+    );
+    // The next call connects afresh and works.
+    let again = common::run(&session, "echo back").await.unwrap();
+    assert_eq!(common::stdout(&again), "back\n");
+}
