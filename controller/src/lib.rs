@@ -31,18 +31,13 @@
 //! * [`localpath`]: the local paths the file tools may touch, inside their roots.
 //! * [`linelimit`]: every MCP message answered, even one too large to read.
 
-pub mod audit;
 pub mod config;
-pub mod files;
 pub mod fleet;
 pub mod host;
-pub mod jobs;
 pub mod linelimit;
-pub mod localpath;
 pub mod mcp;
+pub mod ops;
 pub mod policy;
 pub mod resources;
 pub mod session;
 pub mod sync;
-pub mod transfers;
-pub mod watch;

@@ -7,14 +7,14 @@
 //! message that says what to do.
 //!
 //! Every call goes through the hand-written `call_tool`, which records it in
-//! the audit log ([`crate::audit`]); the exec tools ask the config file's
+//! the audit log ([`crate::ops::audit`]); the exec tools ask the config file's
 //! command policy ([`crate::policy`]) before anything runs, and ask the person
 //! through elicitation where a confirm rule says so.
 //!
 //! Background jobs: the job tools follow remote-sandbox-mcp (`tmux_session` is
 //! the job name, `watch_id` the same name); its watch tools are listed only
 //! with `REMOTE_SANDBOX_EXPOSE_ADVANCED_TOOLS=1`. The first job tool used on a
-//! sandbox starts its event follower ([`crate::watch`]), whose events reach the
+//! sandbox starts its event follower ([`crate::ops::events`]), whose events reach the
 //! client as MCP logging notifications.
 
 use std::collections::{HashMap, VecDeque};
@@ -42,18 +42,19 @@ use rmcp::{
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::files::{
+use crate::ops::files::{
     self, ListParams as FileListParams, ReadParams, SyncParams, TaskParams, WriteParams,
 };
 use crate::fleet::{Fleet, SandboxStatus};
-use crate::jobs;
+use crate::ops::exec;
+use crate::ops::jobs;
 use crate::linelimit::{LineLimit, OVERSIZED_METHOD, oversized_error};
-use crate::localpath::Roots;
+use crate::ops::localpath::Roots;
 use crate::policy::Planned;
 use crate::resources::Requirements;
 use crate::session::{CallError, Session};
-use crate::transfers::Transfers;
-use crate::watch::{HookEvent, Watcher};
+use crate::ops::transfers::Transfers;
+use crate::ops::events::{HookEvent, Watcher};
 
 /// Per-host deadline for `list_sandboxes(check_resources=true)`, on top of the
 /// connect timeout a fresh connection may need.
@@ -76,7 +77,7 @@ pub struct OutpostServer {
     /// changed; `None` until then.
     client_roots: Arc<tokio::sync::Mutex<Option<Roots>>>,
     /// Every tool call is recorded here (`$OUTPOST_HOME/audit.jsonl`).
-    audit: crate::audit::AuditLog,
+    audit: crate::ops::audit::AuditLog,
     tool_router: ToolRouter<Self>,
     prompt_router: PromptRouter<Self>,
 }
@@ -598,7 +599,7 @@ pub struct EventRow {
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct WatchdogStatus {
     /// Sandboxes whose job events this server follows.
-    pub followers: Vec<crate::watch::FollowerView>,
+    pub followers: Vec<crate::ops::events::FollowerView>,
     /// Configured hooks: "webhook_url", "event_command".
     pub hooks: Vec<String>,
     pub alert_after_failures: u32,
@@ -779,48 +780,24 @@ fn log_matches(job_log: &str, wanted: &str) -> bool {
             && job_log.ends_with(&format!("/{}", wanted.trim_start_matches("~/"))))
 }
 
-pub const DEFAULT_TIMEOUT_S: f64 = 120.0;
-pub const DEFAULT_MAX_OUTPUT: i64 = 20_000;
-
 /// Builds the agent request for an `exec_bash` call, or says what is wrong.
-pub fn exec_request(p: &ExecParams, stream: bool) -> Result<ExecRequest, String> {
-    let timeout_s = p.timeout_s.unwrap_or(DEFAULT_TIMEOUT_S);
-    if !(timeout_s > 0.0 && timeout_s.is_finite()) {
-        return Err(format!(
-            "timeout_s must be a positive number of seconds, got {timeout_s}"
-        ));
-    }
-    let max_output = p.max_output_chars.unwrap_or(DEFAULT_MAX_OUTPUT);
-    if max_output < 0 {
-        return Err(format!(
-            "max_output_chars must be 0 or more, got {max_output}"
-        ));
-    }
-    if p.command.trim().is_empty() {
-        return Err("command is empty".into());
-    }
-    Ok(ExecRequest {
-        command: p.command.clone(),
-        cwd: p.cwd.clone().filter(|c| !c.is_empty()),
-        env: Vec::new(),
-        stdin: None,
-        timeout_ms: Some((timeout_s * 1000.0).min(u64::MAX as f64 / 2.0) as u64),
-        output_limit: max_output as u64,
+fn exec_request(p: &ExecParams, stream: bool) -> Result<ExecRequest, String> {
+    exec::request(&exec::Command {
+        command: &p.command,
+        cwd: p.cwd.as_deref(),
+        timeout_s: Some(p.timeout_s.unwrap_or(exec::DEFAULT_TIMEOUT_S)),
+        max_output: p.max_output_chars.unwrap_or(exec::DEFAULT_MAX_OUTPUT),
         stream,
     })
 }
 
 /// Shapes an agent exec result for the `exec_bash` tool.
-pub fn exec_output(
+fn exec_output(
     result: Result<outpost_protocol::ExecResult, CallError>,
 ) -> Result<ExecOutput, String> {
     match result {
         Ok(r) => Ok(ExecOutput {
-            exit_code: if r.timed_out {
-                124
-            } else {
-                r.exit_code.or(r.signal.map(|s| 128 + s)).unwrap_or(-1)
-            },
+            exit_code: exec::shell_status(&r),
             stdout: r.stdout.to_text(),
             stderr: r.stderr.to_text(),
             timed_out: r.timed_out,
@@ -843,11 +820,11 @@ pub fn exec_output(
 impl OutpostServer {
     pub fn new(fleet: Arc<Fleet>) -> Self {
         let events = Arc::new(EventQueue::new());
-        let since = crate::watch::now_unix();
+        let since = crate::ops::events::now_unix();
         let tx = events.tx.clone();
         // Clients hear what happens while they are connected; a follower's
         // catch-up on older events only runs the hooks.
-        let sink: crate::watch::Sink = Arc::new(move |event: &HookEvent| {
+        let sink: crate::ops::events::Sink = Arc::new(move |event: &HookEvent| {
             tracing::info!("job event: {}", event.summary());
             if event.at_unix + 5 >= since {
                 let _ = tx.send(event.clone());
@@ -857,7 +834,7 @@ impl OutpostServer {
         if fleet.config.expose_advanced_tools {
             tool_router.merge(Self::advanced_router());
         }
-        let audit = crate::audit::AuditLog::new(&fleet.config.home);
+        let audit = crate::ops::audit::AuditLog::new(&fleet.config.home);
         OutpostServer {
             watcher: Watcher::new(fleet.clone(), sink),
             fleet,
@@ -1049,7 +1026,7 @@ impl OutpostServer {
     async fn check_file_transfer_task(
         &self,
         Parameters(p): Parameters<TaskParams>,
-    ) -> Result<Json<crate::transfers::TransferView>, String> {
+    ) -> Result<Json<crate::ops::transfers::TransferView>, String> {
         let task = self.transfers.get(&p.task_id)?;
         Ok(Json(task.view(p.last_n_lines.unwrap_or(50))))
     }
@@ -1060,7 +1037,7 @@ impl OutpostServer {
     async fn cancel_file_transfer_task(
         &self,
         Parameters(p): Parameters<TaskParams>,
-    ) -> Result<Json<crate::transfers::TransferView>, String> {
+    ) -> Result<Json<crate::ops::transfers::TransferView>, String> {
         let task = self.transfers.get(&p.task_id)?;
         task.cancel();
         let _ = tokio::time::timeout(std::time::Duration::from_secs(10), task.finished()).await;
@@ -1388,7 +1365,7 @@ impl OutpostServer {
         {
             Ok(Some(Approval { approve: true })) => {
                 let rules: Vec<&str> = pending.iter().map(|p| p.rule.as_str()).collect();
-                crate::audit::note(
+                crate::ops::audit::note(
                     "confirmed",
                     serde_json::json!({"by": "elicitation", "rules": rules}),
                 );
@@ -1846,15 +1823,15 @@ impl ServerHandler for OutpostServer {
     ) -> Result<rmcp::model::CallToolResponse, McpError> {
         let client = context
             .client_info()
-            .map(|info| crate::audit::truncate(&info.name, 100))
+            .map(|info| crate::ops::audit::truncate(&info.name, 100))
             .unwrap_or_default();
         let args = request.arguments.as_ref();
-        let call = crate::audit::Call::begin(
+        let call = crate::ops::audit::Call::begin(
             &self.audit,
             client,
-            crate::audit::truncate(&request.name, 100),
-            crate::audit::sandbox_of(args, || self.fleet.active_name()),
-            crate::audit::digest(args),
+            crate::ops::audit::truncate(&request.name, 100),
+            crate::ops::audit::sandbox_of(args, || self.fleet.active_name()),
+            crate::ops::audit::digest(args),
         );
         let tcc = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
         call.run(self.tool_router.call(tcc)).await

@@ -11,9 +11,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::fleet::Fleet;
-use crate::localpath::{Intent, Roots};
+use crate::ops::localpath::{Intent, Roots};
 use crate::sync::{self, SyncOptions, SyncReport};
-use crate::transfers::{Direction, ProgressView, Status, Transfers};
+use crate::ops::transfers::{Direction, ProgressView, Status, Transfers};
 
 /// How long an inline sync may wait for its plan before it is known whether
 /// it fits the inline limits; past that it continues in the background.

@@ -225,7 +225,7 @@ pub fn now_rfc3339() -> String {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();
-    let seconds = crate::jobs::utc_time(now.as_secs());
+    let seconds = crate::ops::jobs::utc_time(now.as_secs());
     format!(
         "{}.{:03}Z",
         seconds.trim_end_matches('Z'),

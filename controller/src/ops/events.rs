@@ -33,7 +33,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::config::{Hooks, HttpUrl};
 use crate::fleet::Fleet;
-use crate::jobs;
+use crate::ops::jobs;
 use crate::session::Session;
 
 /// Between polls of a reachable host.

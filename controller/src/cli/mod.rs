@@ -1,0 +1,244 @@
+//! The `outpost` command line: clap's definitions and the dispatch, one
+//! module per command. Each command calls the same operations (`outpost::ops`)
+//! and fleet the MCP server does; only this folder and `main.rs` know clap.
+
+mod audit;
+mod exec;
+mod hosts;
+mod jobs;
+mod sync;
+mod watch;
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use outpost::config::Config;
+use outpost::fleet::Fleet;
+use outpost::mcp;
+
+/// Outpost turns your own Linux machines into sandboxes for AI agents, over plain
+/// SSH. With no configuration, the `local` sandbox runs commands on this machine.
+///
+/// Configuration: remote-sandbox-mcp's environment variables (REMOTE_SANDBOX_LIST,
+/// or REMOTE_HOST/REMOTE_PORT/REMOTE_USER/REMOTE_PASSWORD/REMOTE_KEY_FILE/
+/// REMOTE_KEY_PASSPHRASE), or a TOML file ($OUTPOST_CONFIG, else
+/// ~/.config/outpost/config.toml); host aliases resolve through ~/.ssh/config.
+/// Logs go to stderr; set OUTPOST_LOG (e.g. debug) for more.
+#[derive(Parser)]
+#[command(name = "outpost", version, about, long_about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the MCP tools on stdin/stdout (for Claude Code, Codex, Cursor…).
+    Mcp,
+    /// List the sandboxes and check each one, all in parallel.
+    Hosts {
+        /// Also show CPU, memory, GPUs and the idle score.
+        #[arg(long)]
+        resources: bool,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run a command in a sandbox, stream its output, exit with its status
+    /// (124 on timeout, 255 when the host cannot be reached, 126 when the
+    /// config file's [policy] refuses it; a confirm rule asks on the terminal).
+    Exec {
+        /// Sandbox name (default: the active one: the first configured, else `local`).
+        host: Option<String>,
+        /// Working directory on the host.
+        #[arg(long)]
+        cwd: Option<String>,
+        /// Kill the command's whole process tree after this many seconds.
+        #[arg(long)]
+        timeout: Option<f64>,
+        /// The command, after `--`; joined with spaces and run by bash.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Sync a tree to or from a sandbox: `outpost sync LOCAL NAME:REMOTE` or
+    /// `outpost sync NAME:REMOTE LOCAL`. Delta and compressed; files land
+    /// atomically; modes, mtimes, symlinks and empty directories are kept.
+    /// Exits 23 when some paths had problems (the rest was synced).
+    Sync {
+        source: String,
+        target: String,
+        /// Remove target paths the source lacks (never excluded ones).
+        #[arg(long)]
+        delete: bool,
+        /// Show what would change; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Exclude paths matching this gitignore-syntax pattern (repeatable).
+        #[arg(long = "exclude", value_name = "PATTERN")]
+        excludes: Vec<String>,
+        /// Read exclude patterns from this file.
+        #[arg(long, value_name = "FILE")]
+        exclude_from: Option<std::path::PathBuf>,
+        /// Also honour the source tree's .gitignore files.
+        #[arg(long)]
+        gitignore: bool,
+        /// Do not add the default excludes (.git/, node_modules/, __pycache__/, …).
+        #[arg(long)]
+        no_default_excludes: bool,
+        /// Allow --delete to remove most of a non-trivial target.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Report on this controller, the sandboxes, and (with HOST) the agent's own
+    /// report on that host.
+    Diagnose { host: Option<String> },
+    /// Background jobs on a sandbox (started by exec_bash_background): list
+    /// them (the default), show or follow a log, wait for one, cancel one.
+    /// Jobs survive disconnects and controller restarts.
+    #[command(args_conflicts_with_subcommands = true)]
+    Jobs {
+        /// Sandbox (default: the active one).
+        host: Option<String>,
+        /// Only jobs in this state: running, exited, cancelled, lost.
+        #[arg(long)]
+        state: Option<String>,
+        /// Newest jobs to show (0: as many as one answer holds).
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        #[command(subcommand)]
+        action: Option<JobsAction>,
+    },
+    /// Follow the job events of sandboxes until SIGTERM or SIGINT: log each to
+    /// stderr and run the config file's [hooks] (webhook_url, event_command);
+    /// raise host_unreachable after [hooks] alert_after_failures failed checks
+    /// in a row. Runs well under systemd --user or launchd.
+    Watch {
+        /// Sandboxes to follow (default: every SSH sandbox, or `local` when
+        /// there is none).
+        sandboxes: Vec<String>,
+    },
+    /// Show the audit log of MCP tool calls ($OUTPOST_HOME/audit.jsonl): time,
+    /// client, tool, sandbox, outcome, duration, command or arguments, error.
+    Audit {
+        /// The last N calls (including rotated files when needed).
+        #[arg(long, value_name = "N", default_value_t = 20)]
+        tail: usize,
+        /// Print the raw JSON lines.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+pub(super) enum JobsAction {
+    /// NAME STATE EXIT STARTED COMMAND of the newest jobs, oldest first.
+    List {
+        /// Sandbox (default: the active one).
+        host: Option<String>,
+        /// Only jobs in this state: running, exited, cancelled, lost.
+        #[arg(long)]
+        state: Option<String>,
+        /// Newest jobs to show (0: as many as one answer holds).
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
+    /// Print a job's log (all of it, or the last --tail lines); --follow
+    /// keeps printing until the job ends, then exits like `wait`.
+    Logs {
+        /// Job name.
+        name: String,
+        /// Sandbox (default: the active one).
+        #[arg(long)]
+        host: Option<String>,
+        /// Keep printing new output until the job ends.
+        #[arg(long, short)]
+        follow: bool,
+        /// Start with the last N lines.
+        #[arg(long, value_name = "N")]
+        tail: Option<u32>,
+    },
+    /// Wait for a job to end; exit with its exit code, 128+N when signal N
+    /// killed it, 124 on timeout.
+    Wait {
+        /// Job name.
+        name: String,
+        /// Sandbox (default: the active one).
+        #[arg(long)]
+        host: Option<String>,
+        /// Give up after this many seconds (default: wait as long as it runs).
+        #[arg(long, value_name = "S")]
+        timeout: Option<f64>,
+    },
+    /// Stop a job: TERM to its whole process tree, KILL after --grace.
+    Cancel {
+        /// Job name.
+        name: String,
+        /// Sandbox (default: the active one).
+        #[arg(long)]
+        host: Option<String>,
+        /// Seconds between TERM and KILL.
+        #[arg(long, value_name = "S", default_value_t = 3.0)]
+        grace: f64,
+    },
+}
+
+pub async fn run(cli: Cli) -> Result<ExitCode> {
+    let config = Config::load()?;
+    let fleet = Arc::new(Fleet::try_new(config)?);
+    match cli.command {
+        Command::Mcp => {
+            if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+                eprintln!(
+                    "outpost mcp: serving MCP on stdin/stdout; sandboxes: {} (active: {}). Register this command in an MCP client (see README); Ctrl-C stops.",
+                    fleet.names().join(", "),
+                    fleet.active_name()
+                );
+            }
+            mcp::serve_stdio(fleet).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Hosts { resources, json } => hosts::hosts(&fleet, resources, json).await,
+        Command::Exec {
+            host,
+            cwd,
+            timeout,
+            command,
+        } => exec::exec(&fleet, host, cwd, timeout, command).await,
+        Command::Diagnose { host } => hosts::diagnose(&fleet, host).await,
+        Command::Jobs {
+            host,
+            state,
+            limit,
+            action,
+        } => {
+            let action = action.unwrap_or(JobsAction::List { host, state, limit });
+            jobs::jobs_cli(&fleet, action).await
+        }
+        Command::Watch { sandboxes } => watch::watch(fleet, sandboxes).await,
+        Command::Audit { tail, json } => audit::audit(&fleet, tail, json),
+        Command::Sync {
+            source,
+            target,
+            delete,
+            dry_run,
+            excludes,
+            exclude_from,
+            gitignore,
+            no_default_excludes,
+            force,
+        } => {
+            let options = outpost::sync::SyncOptions {
+                delete_extras: delete,
+                force,
+                dry_run,
+                excludes,
+                exclude_file: exclude_from,
+                default_excludes: !no_default_excludes,
+                use_gitignore: gitignore,
+            };
+            sync::sync(&fleet, &source, &target, options).await
+        }
+    }
+}

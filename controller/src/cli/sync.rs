@@ -1,0 +1,133 @@
+//! `outpost sync`: one side a local path, the other `SANDBOX:PATH`.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Result;
+use outpost::fleet::Fleet;
+
+/// `NAME:PATH` when NAME is a configured sandbox.
+fn remote_spec<'a>(fleet: &Fleet, arg: &'a str) -> Option<(String, &'a str)> {
+    let (name, path) = arg.split_once(':')?;
+    fleet.get(Some(name)).ok().map(|_| (name.to_string(), path))
+}
+
+pub(super) async fn sync(
+    fleet: &Fleet,
+    source: &str,
+    target: &str,
+    options: outpost::sync::SyncOptions,
+) -> Result<ExitCode> {
+    use outpost::sync::Progress;
+    use std::sync::atomic::Ordering;
+    let (push, name, remote, local) = match (remote_spec(fleet, source), remote_spec(fleet, target))
+    {
+        (None, Some((name, remote))) => (true, name, remote, source),
+        (Some((name, remote)), None) => (false, name, remote, target),
+        (Some(_), Some(_)) => anyhow::bail!("both sides are sandboxes; one must be a local path"),
+        (None, None) => anyhow::bail!(
+            "neither side names a sandbox; write one as NAME:PATH (sandboxes: {})",
+            fleet.names().join(", ")
+        ),
+    };
+    let session = fleet.get(Some(&name)).map_err(anyhow::Error::msg)?;
+    let remote = if remote.is_empty() { "~" } else { remote };
+    // A person typed the path: only a configured `local_roots` limits it.
+    let roots = outpost::ops::localpath::configured_or(
+        fleet.config.local_roots.as_deref(),
+        outpost::ops::localpath::Roots::unrestricted,
+    );
+    let intent = if push {
+        outpost::ops::localpath::Intent::Read
+    } else {
+        outpost::ops::localpath::Intent::Dest {
+            create: !options.dry_run,
+        }
+    };
+    let local = roots.resolve(local, intent).map_err(anyhow::Error::msg)?;
+    let mut options = options;
+    options.excludes.extend(local.secret_excludes);
+    if let Some(file) = &options.exclude_file {
+        let file = roots.resolve(
+            &file.to_string_lossy(),
+            outpost::ops::localpath::Intent::Read,
+        );
+        options.exclude_file = Some(file.map_err(anyhow::Error::msg)?.path);
+    }
+    let local = local.path;
+    let progress = Arc::new(Progress::default());
+    let bar = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        indicatif::ProgressBar::new(0)
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} {bytes}/{total_bytes} {bytes_per_sec} {msg}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let ticker = {
+        let (bar, progress) = (bar.clone(), progress.clone());
+        tokio::spawn(async move {
+            loop {
+                bar.set_length(progress.bytes_total.load(Ordering::Relaxed));
+                bar.set_position(progress.bytes_done.load(Ordering::Relaxed));
+                bar.set_message(format!(
+                    "{}/{} files",
+                    progress.files_done.load(Ordering::Relaxed),
+                    progress.files_total.load(Ordering::Relaxed)
+                ));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    let result = if push {
+        outpost::sync::push(&session, &local, remote, &options, progress).await
+    } else {
+        outpost::sync::pull(&session, remote, &local, &options, progress).await
+    };
+    ticker.abort();
+    bar.finish_and_clear();
+    let report = result.map_err(|e| anyhow::anyhow!("{e}"))?;
+    println!(
+        "{}{} files sent ({} of content, {} on the wire{}), {} unchanged, {} dirs created, {} symlinks, {} attribute updates, {} deleted, {:.2} s",
+        if report.dry_run {
+            "dry run: would have "
+        } else {
+            ""
+        },
+        report.files_sent,
+        human_bytes(report.bytes_total),
+        human_bytes(report.bytes_sent),
+        if report.bytes_resumed > 0 {
+            format!(", {} resumed", human_bytes(report.bytes_resumed))
+        } else {
+            String::new()
+        },
+        report.files_unchanged,
+        report.dirs_created,
+        report.symlinks,
+        report.attrs_updated,
+        report.deleted,
+        report.duration_s
+    );
+    for problem in &report.problems {
+        eprintln!("outpost: {problem}");
+    }
+    Ok(if report.problems.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(23)
+    })
+}
+
+pub(super) fn human_bytes(n: u64) -> String {
+    match n {
+        n if n >= 1 << 30 => format!("{:.1} GiB", n as f64 / (1u64 << 30) as f64),
+        n if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / (1u64 << 20) as f64),
+        n if n >= 1 << 10 => format!("{:.1} KiB", n as f64 / 1024.0),
+        n => format!("{n} B"),
+    }
+}
