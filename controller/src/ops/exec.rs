@@ -1,6 +1,6 @@
 //! Running a command on a sandbox, as both front ends do it: the request
-//! from its parameters, and the exit status a shell would report for the
-//! result.
+//! from its parameters, the exit status a shell would report for the
+//! result, and the outcomes of a fan-out grouped.
 
 use outpost_protocol::{ExecRequest, ExecResult};
 
@@ -66,6 +66,21 @@ pub fn shell_status(result: &ExecResult) -> i32 {
     }
 }
 
+/// Outcomes of one command on several sandboxes, grouped: each distinct
+/// outcome once, with the sandboxes that gave it, in the order first seen.
+pub fn group_outcomes<T: PartialEq>(
+    outcomes: impl IntoIterator<Item = (String, T)>,
+) -> Vec<(Vec<String>, T)> {
+    let mut groups: Vec<(Vec<String>, T)> = Vec::new();
+    for (name, outcome) in outcomes {
+        match groups.iter_mut().find(|(_, o)| *o == outcome) {
+            Some((names, _)) => names.push(name),
+            None => groups.push((vec![name], outcome)),
+        }
+    }
+    groups
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -88,5 +103,17 @@ mod tests {
             ..Command::default()
         };
         assert!(request(&empty).is_err());
+    }
+
+    #[test]
+    fn outcomes_are_grouped_in_order() {
+        let outcomes = [("a", 1), ("b", 2), ("c", 1)].map(|(n, o)| (n.to_string(), o));
+        assert_eq!(
+            group_outcomes(outcomes),
+            vec![
+                (vec!["a".to_string(), "c".to_string()], 1),
+                (vec!["b".to_string()], 2)
+            ]
+        );
     }
 }

@@ -12,8 +12,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::fleet::Fleet;
 use crate::ops::localpath::{Intent, Roots};
-use crate::sync::{self, SyncOptions, SyncReport};
 use crate::ops::transfers::{Direction, ProgressView, Status, Transfers};
+use crate::sync::{self, SyncOptions, SyncReport};
 
 /// How long an inline sync may wait for its plan before it is known whether
 /// it fits the inline limits; past that it continues in the background.

@@ -6,11 +6,18 @@
 //! only asks the host about them. A `JobWait` may last as long as its timeout:
 //! the connection's heartbeat keeps flowing meanwhile, and dropping the future
 //! cancels the wait on the host (never the job).
+//!
+//! Also the plain helpers the job tools build on: log cursors, finding a job
+//! by its log file, the cwd a job records in its metadata, and the command
+//! that reads a job's checkpoint.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use outpost_protocol::{
-    JobEvent, JobInfo, JobLog, JobRead, JobSpec, JobState, JobWait, JobWaited, Request, Response,
+    ExecRequest, JobEvent, JobInfo, JobLog, JobRead, JobSpec, JobState, JobWait, JobWaited,
+    Request, Response,
 };
 
 use crate::session::{CallError, Session};
@@ -253,8 +260,115 @@ pub fn exit_summary(job: &JobInfo) -> String {
     }
 }
 
+/// The key of a job in this server's cursor memory.
+type JobKey = (String, String);
+
+/// Where each job's log was last read up to by this server (the MCP server's
+/// default cursor for the next wait).
+#[derive(Default)]
+pub struct Cursors(Mutex<HashMap<JobKey, u64>>);
+
+impl Cursors {
+    pub fn get(&self, sandbox: &str, job: &str) -> u64 {
+        let map = self.0.lock().unwrap();
+        map.get(&(sandbox.to_string(), job.to_string()))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    pub fn set(&self, sandbox: &str, job: &str, at: u64) {
+        self.0
+            .lock()
+            .unwrap()
+            .insert((sandbox.to_string(), job.to_string()), at);
+    }
+}
+
+/// Records the job's cwd in its metadata (a JSON object) under `cwd`, so the
+/// watch tools can resolve a relative checkpoint later: the host reports a
+/// job's metadata but not its cwd.
+pub fn with_cwd(metadata: Option<String>, cwd: Option<&str>) -> Option<String> {
+    let Some(cwd) = cwd else { return metadata };
+    let mut object = match metadata
+        .as_deref()
+        .map(serde_json::from_str::<serde_json::Value>)
+    {
+        None => serde_json::Map::new(),
+        Some(Ok(serde_json::Value::Object(o))) => o,
+        Some(_) => return metadata,
+    };
+    object
+        .entry("cwd")
+        .or_insert_with(|| serde_json::Value::String(cwd.to_string()));
+    Some(serde_json::Value::Object(object).to_string())
+}
+
+/// The cwd a job was started in, if recorded.
+pub fn job_cwd(job: &JobInfo) -> Option<String> {
+    let meta: serde_json::Value = serde_json::from_str(job.watch.metadata_json.as_deref()?).ok()?;
+    meta.get("cwd")?.as_str().map(str::to_string)
+}
+
+/// Whether a job writes to `log_file` as a caller named it (the host reports
+/// the resolved path; a relative name matches its tail).
+pub fn log_matches(job_log: &str, wanted: &str) -> bool {
+    let wanted = wanted.trim_start_matches("./");
+    job_log == wanted
+        || (!wanted.starts_with('/')
+            && job_log.ends_with(&format!("/{}", wanted.trim_start_matches("~/"))))
+}
+
+/// The job writing `log_file` (the latest, if several did).
+pub async fn job_by_log(session: &Session, log_file: &str) -> Result<String, String> {
+    // As many as fit an answer: the job may be an old one.
+    let (all, _) = list(session, None, 0).await.map_err(|e| e.to_string())?;
+    all.into_iter()
+        .filter(|j| log_matches(&j.log_file, log_file))
+        .max_by_key(|j| j.started_unix)
+        .map(|j| j.name)
+        .ok_or_else(|| format!("no job writes to {log_file}; list_background_tasks shows the jobs"))
+}
+
+/// How a job's checkpoint is read on the host, in the job's cwd: its source
+/// ("command" or "file") and the request (a file is read up to one byte past
+/// `max_bytes`, so a cut can be told); None when the job defines none.
+pub fn checkpoint_request(job: &JobInfo, max_bytes: u64) -> Option<(&'static str, ExecRequest)> {
+    let w = &job.watch;
+    let (source, command, limit) = match (&w.checkpoint_command, &w.checkpoint_path) {
+        (Some(c), _) => ("command", c.clone(), max_bytes),
+        (None, Some(path)) => (
+            "file",
+            format!("head -c {} -- {}", max_bytes + 1, remote_path_arg(path)),
+            max_bytes + 1,
+        ),
+        (None, None) => return None,
+    };
+    let req = ExecRequest {
+        command,
+        cwd: job_cwd(job),
+        env: Vec::new(),
+        stdin: None,
+        timeout_ms: Some(30_000),
+        output_limit: limit,
+        stream: false,
+    };
+    Some((source, req))
+}
+
+/// A remote path as one shell word, `~/` still expanded by the shell.
+pub fn remote_path_arg(path: &str) -> String {
+    use crate::host::bootstrap::shell_quote;
+    match path.strip_prefix("~/") {
+        Some(rest) => format!("\"$HOME\"/{}", shell_quote(rest)),
+        None if path == "~" => "\"$HOME\"".into(),
+        None => shell_quote(path),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use outpost_protocol::WatchSpec;
+
     use super::*;
 
     #[test]
@@ -292,5 +406,42 @@ mod tests {
             assert_eq!(parse_state(state_name(s)), Ok(s));
         }
         assert!(parse_state("done").unwrap_err().contains("running"));
+    }
+
+    #[test]
+    fn job_cwd_survives_in_metadata() {
+        let mut job = JobInfo {
+            name: "j".into(),
+            command: "c".into(),
+            state: JobState::Running,
+            exit_code: None,
+            signal: None,
+            pid: None,
+            started_unix: 0,
+            ended_unix: None,
+            log_file: "/home/u/proj/logs/j.log".into(),
+            log_size: 0,
+            resume_attempts: 0,
+            watch: WatchSpec::default(),
+        };
+        assert_eq!(job_cwd(&job), None);
+        job.watch.metadata_json = with_cwd(None, Some("/work"));
+        assert_eq!(job_cwd(&job).as_deref(), Some("/work"));
+        // Metadata that is not an object is left alone.
+        assert_eq!(
+            with_cwd(Some("[1]".into()), Some("/w")).as_deref(),
+            Some("[1]")
+        );
+        assert!(log_matches(&job.log_file, "logs/j.log"));
+        assert!(log_matches(&job.log_file, "./logs/j.log"));
+        assert!(log_matches(&job.log_file, "/home/u/proj/logs/j.log"));
+        assert!(!log_matches(&job.log_file, "j.lo"));
+        assert!(!log_matches(&job.log_file, "/logs/j.log"));
+    }
+
+    #[test]
+    fn remote_paths_keep_the_home() {
+        assert_eq!(remote_path_arg("~/a b"), "\"$HOME\"/'a b'");
+        assert_eq!(remote_path_arg("x'y"), "'x'\\''y'");
     }
 }

@@ -2,8 +2,8 @@
 //! front ends (`mcp/` and the CLI), on top of the fleet, its sessions and
 //! the sync engine.
 //!
-//! * [`exec`]: an exec request from its parameters, and the exit status a
-//!   shell would report for its result.
+//! * [`exec`]: an exec request from its parameters, the exit status a
+//!   shell would report for its result, and a fan-out's outcomes grouped.
 //! * [`jobs`]: background jobs on a host (start, status, wait, logs, events).
 //! * [`events`]: job event followers, the config file's hooks, reachability
 //!   alerts.

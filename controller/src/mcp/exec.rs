@@ -1,0 +1,261 @@
+//! `exec_bash`: one command on one sandbox, or the same command on several
+//! (fan-out, identical outcomes grouped), run only once the config file's
+//! policy allows it (`permit`, which asks the person through elicitation
+//! where a confirm rule says so). The request and the exit status come from
+//! [`crate::ops::exec`].
+
+use outpost_protocol::ExecRequest;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::{Json, RoleServer, tool, tool_router};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::OutpostServer;
+use crate::ops::exec;
+use crate::policy::Planned;
+use crate::session::CallError;
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ExecParams {
+    /// Bash command line.
+    pub command: String,
+    /// Working directory (~ is the remote home). Default: home.
+    pub cwd: Option<String>,
+    /// Kill the whole process tree after this many seconds. Default 120.
+    pub timeout_s: Option<f64>,
+    /// Output kept per stream (first and last halves). Default 20000.
+    pub max_output_chars: Option<i64>,
+    /// Run here instead of the active sandbox.
+    pub sandbox_name: Option<String>,
+    /// Run on several sandboxes in parallel (["all"] for every one); results are
+    /// grouped by identical output.
+    pub sandboxes: Option<Vec<String>>,
+    /// A reserve_gpus lease: sets CUDA_VISIBLE_DEVICES to its GPUs.
+    pub gpu_lease: Option<String>,
+}
+
+#[derive(Debug, PartialEq, Serialize, JsonSchema)]
+pub struct ExecOutput {
+    /// Exit status; 124 on timeout, 128+N when killed by signal N, -1 when the
+    /// connection failed.
+    pub exit_code: i32,
+    pub stdout: String,
+    pub stderr: String,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub timed_out: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    /// Set when the host could not be reached or the connection dropped; the
+    /// command may not have run. Not retried automatically.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub connection_error: bool,
+}
+
+/// exec_bash's result: the single-sandbox fields, or with `sandboxes`, one
+/// group per distinct outcome.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ExecReply {
+    #[serde(flatten)]
+    pub single: Option<ExecOutput>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub groups: Option<Vec<ExecGroup>>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ExecGroup {
+    pub sandboxes: Vec<String>,
+    #[serde(flatten)]
+    pub output: ExecOutput,
+}
+
+/// Builds the agent request for an `exec_bash` call, or says what is wrong.
+fn exec_request(p: &ExecParams, stream: bool) -> Result<ExecRequest, String> {
+    exec::request(&exec::Command {
+        command: &p.command,
+        cwd: p.cwd.as_deref(),
+        timeout_s: Some(p.timeout_s.unwrap_or(exec::DEFAULT_TIMEOUT_S)),
+        max_output: p.max_output_chars.unwrap_or(exec::DEFAULT_MAX_OUTPUT),
+        stream,
+    })
+}
+
+/// Shapes an agent exec result for the `exec_bash` tool.
+fn exec_output(
+    result: Result<outpost_protocol::ExecResult, CallError>,
+) -> Result<ExecOutput, String> {
+    match result {
+        Ok(r) => Ok(ExecOutput {
+            exit_code: exec::shell_status(&r),
+            stdout: r.stdout.to_text(),
+            stderr: r.stderr.to_text(),
+            timed_out: r.timed_out,
+            signal: if r.timed_out { None } else { r.signal },
+            connection_error: false,
+        }),
+        Err(e) if e.is_connection() => Ok(ExecOutput {
+            exit_code: -1,
+            stdout: String::new(),
+            stderr: e.to_string(),
+            timed_out: false,
+            signal: None,
+            connection_error: true,
+        }),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+#[tool_router(router = exec_router, vis = "pub(super)")]
+impl OutpostServer {
+    #[tool(
+        description = "Run a bash command in a sandbox and return exit_code, stdout, stderr. The timeout kills the whole process tree. For long jobs use a background task."
+    )]
+    async fn exec_bash(
+        &self,
+        Parameters(p): Parameters<ExecParams>,
+        peer: rmcp::Peer<RoleServer>,
+    ) -> Result<Json<ExecReply>, String> {
+        let mut req = exec_request(&p, false)?;
+        let mut target = p.sandbox_name.clone();
+        if let Some(id) = &p.gpu_lease {
+            let (sandbox, devices) = self
+                .fleet
+                .with_lease(id, |h| (h.sandbox.clone(), h.cuda_visible_devices()))?;
+            if target.as_ref().is_some_and(|t| *t != sandbox) || p.sandboxes.is_some() {
+                return Err(format!("GPU lease {id} belongs to sandbox {sandbox}"));
+            }
+            target = Some(sandbox);
+            req.env
+                .push(("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into()));
+            req.env.push(("CUDA_VISIBLE_DEVICES".into(), devices));
+        }
+        Ok(Json(match &p.sandboxes {
+            Some(names) => {
+                let names = self.fan_out_names(names)?;
+                let planned: Vec<Planned> = names
+                    .iter()
+                    .map(|sandbox| Planned {
+                        sandbox,
+                        field: "command",
+                        command: &req.command,
+                    })
+                    .collect();
+                self.permit(&peer, &planned).await?;
+                ExecReply {
+                    single: None,
+                    groups: Some(self.fan_out(&names, &req).await?),
+                }
+            }
+            None => {
+                let session = self.fleet.get(target.as_deref())?;
+                self.permit(
+                    &peer,
+                    &[Planned {
+                        sandbox: session.name(),
+                        field: "command",
+                        command: &req.command,
+                    }],
+                )
+                .await?;
+                ExecReply {
+                    single: Some(exec_output(session.exec(req, |_, _| {}).await)?),
+                    groups: None,
+                }
+            }
+        }))
+    }
+}
+
+impl OutpostServer {
+    /// The sandboxes a fan-out names (`["all"]`: every one).
+    fn fan_out_names(&self, names: &[String]) -> Result<Vec<String>, String> {
+        let names: Vec<String> = if names.iter().any(|n| n == "all") {
+            self.fleet.names()
+        } else {
+            for n in names {
+                self.fleet.get(Some(n))?;
+            }
+            names.to_vec()
+        };
+        if names.is_empty() {
+            return Err("sandboxes is empty; name sandboxes or use [\"all\"]".into());
+        }
+        Ok(names)
+    }
+
+    /// Runs on several sandboxes and groups identical outcomes.
+    async fn fan_out(&self, names: &[String], req: &ExecRequest) -> Result<Vec<ExecGroup>, String> {
+        let outputs = self
+            .fleet
+            .exec_many(names, req)
+            .await
+            .into_iter()
+            .map(|(name, result)| Ok((name, exec_output(result)?)))
+            .collect::<Result<Vec<_>, String>>()?;
+        Ok(exec::group_outcomes(outputs)
+            .into_iter()
+            .map(|(sandboxes, output)| ExecGroup { sandboxes, output })
+            .collect())
+    }
+
+    /// Whether the config file's policy lets these commands run: refused
+    /// outright by a deny rule or a missing allow rule; with a confirm rule,
+    /// only once the person says yes through MCP elicitation. A client that
+    /// cannot ask its user gets a refusal; nothing a tool call passes can
+    /// approve a command.
+    pub(super) async fn permit(
+        &self,
+        peer: &rmcp::Peer<RoleServer>,
+        planned: &[Planned<'_>],
+    ) -> Result<(), String> {
+        use rmcp::service::{ElicitationError, ElicitationMode, ServiceError};
+        let policy = &self.fleet.policy;
+        let pending = policy
+            .review(planned)
+            .map_err(|refusal| refusal.to_string())?;
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let refuse = |why: &str| Err(crate::policy::not_confirmed(&pending, why));
+        if !peer
+            .supported_elicitation_modes()
+            .contains(&ElicitationMode::Form)
+        {
+            return refuse(
+                "this MCP client cannot ask the user (it does not support elicitation); the user can run it with `outpost exec`",
+            );
+        }
+        let question = crate::policy::confirm_question(&pending, policy, "An agent");
+        let timeout = policy.confirm_timeout;
+        match peer
+            .elicit_with_timeout::<Approval>(question, Some(timeout))
+            .await
+        {
+            Ok(Some(Approval { approve: true })) => {
+                let rules: Vec<&str> = pending.iter().map(|p| p.rule.as_str()).collect();
+                crate::ops::audit::note(
+                    "confirmed",
+                    serde_json::json!({"by": "elicitation", "rules": rules}),
+                );
+                Ok(())
+            }
+            Ok(_) | Err(ElicitationError::UserDeclined) => refuse("the user declined"),
+            Err(ElicitationError::UserCancelled) => refuse("the user dismissed the question"),
+            Err(ElicitationError::Service(ServiceError::Timeout { .. })) => {
+                refuse(&format!("no answer came within {} s", timeout.as_secs()))
+            }
+            Err(ElicitationError::CapabilityNotSupported) => {
+                refuse("this MCP client cannot ask the user (it does not support elicitation)")
+            }
+            Err(e) => refuse(&format!("asking the user failed: {e}")),
+        }
+    }
+}
+
+/// The person's answer to a confirm rule's question.
+#[derive(Debug, Deserialize, JsonSchema)]
+struct Approval {
+    /// Run the command(s) shown.
+    approve: bool,
+}
+
+rmcp::elicit_safe!(Approval);

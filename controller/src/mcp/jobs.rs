@@ -1,0 +1,625 @@
+//! The background-job tools, after remote-sandbox-mcp's (`tmux_session` is
+//! the job name): start, check, list, cancel, wait for, and read the log of a
+//! job. `job_spec` turns `exec_bash_background`'s parameters into the job
+//! request; the calls themselves are [`crate::ops::jobs`]. The first job tool
+//! used on a sandbox starts its event follower (`job_session`).
+
+use std::time::Duration;
+
+use outpost_protocol::{JobRead, JobSpec, JobState, JobWait, WaitReason, WatchSpec};
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::{Json, RoleServer, tool, tool_router};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::OutpostServer;
+use crate::ops::jobs;
+use crate::policy::Planned;
+
+/// What the hook parameters of remote-sandbox-mcp get instead of running.
+const HOOKS_REFUSED: &str = "webhook_url/event_command are not accepted from tool calls (they would let a caller run commands on this machine); configure hooks in the Outpost config file: [hooks] webhook_url = …, event_command = …";
+
+/// Default and largest log bytes one job tool answer carries.
+pub(super) const DEFAULT_LOG_BYTES: u64 = 20_000;
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct BackgroundParams {
+    /// Bash command line.
+    pub command: String,
+    /// Job name, unique on the host. Default: generated.
+    pub session_name: Option<String>,
+    /// Output file (relative: to cwd). Default: in the job's own directory.
+    pub log_file: Option<String>,
+    /// Working directory (~ is the remote home). Default: home.
+    pub cwd: Option<String>,
+    pub sandbox_name: Option<String>,
+    /// Return a watch_id (every job is supervised either way). Default true.
+    pub watch: Option<bool>,
+    pub run_id: Option<String>,
+    pub watch_name: Option<String>,
+    /// Run when the job is found lost (host reboot), with auto_resume.
+    pub resume_command: Option<String>,
+    pub resume_plan_json: Option<String>,
+    /// Progress file (relative: to cwd), shown by the watch tools.
+    pub checkpoint_path: Option<String>,
+    /// "text" (default) or "json".
+    pub checkpoint_format: Option<String>,
+    /// Prints the checkpoint instead of checkpoint_path.
+    pub checkpoint_command: Option<String>,
+    pub interval_s: Option<f64>,
+    pub alert_after_failures: Option<u32>,
+    pub resume_delay_s: Option<f64>,
+    /// Resume a lost job with resume_command. Default false.
+    pub auto_resume: Option<bool>,
+    pub max_resume_attempts: Option<u32>,
+    /// Refused: set [hooks] in the config file.
+    pub webhook_url: Option<String>,
+    /// Refused: set [hooks] in the config file.
+    pub event_command: Option<String>,
+    pub metadata_json: Option<String>,
+    // remote-sandbox-mcp's; accepted and not used.
+    #[allow(dead_code)]
+    pub notify_local: Option<bool>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct BackgroundStarted {
+    pub status: String,
+    /// The job name: pass it as tmux_session or name to the other job tools.
+    pub tmux_session: String,
+    pub log_file: String,
+    pub sandbox: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub watch_id: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct CheckParams {
+    /// The job name.
+    pub tmux_session: Option<String>,
+    /// Finds the job writing this log.
+    pub log_file: Option<String>,
+    pub watch_id: Option<String>,
+    /// Default 50.
+    pub last_n_lines: Option<u32>,
+    pub sandbox_name: Option<String>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct CheckResult {
+    pub tmux_session: String,
+    pub running: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// Set (and exit_code absent) when signal N killed the job.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    /// running, exited, cancelled or lost.
+    pub state: String,
+    pub log_tail: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub watch_id: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ListTasksParams {
+    /// running, exited, cancelled or lost. Default: all.
+    pub state: Option<String>,
+    /// Newest jobs to list. Default 50.
+    pub limit: Option<u32>,
+    pub sandbox_name: Option<String>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ListTasksResult {
+    pub tasks: Vec<TaskRow>,
+    /// Older jobs that matched but were not listed.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub older_omitted: u64,
+}
+
+/// Jobs a list tool shows unless asked for more.
+pub(super) const LIST_DEFAULT: u32 = 50;
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct TaskRow {
+    pub name: String,
+    pub state: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    /// UTC.
+    pub started: String,
+    pub command: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct CancelParams {
+    pub name: String,
+    /// Seconds between TERM and KILL. Default 3.
+    pub grace_s: Option<f64>,
+    pub sandbox_name: Option<String>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct CancelResult {
+    pub name: String,
+    pub state: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct WaitParams {
+    pub name: String,
+    /// 0 to 3600. Default 60.
+    pub timeout_s: Option<f64>,
+    /// Return when new output matches this regex.
+    pub pattern: Option<String>,
+    /// Return after this many seconds without new output.
+    pub silence_s: Option<f64>,
+    /// Log offset to read from (a previous result's cursor). Default: where
+    /// this server's last wait or read of the job stopped, else the start.
+    pub cursor: Option<u64>,
+    /// Output kept (its end). Default 20000.
+    pub max_bytes: Option<u64>,
+    pub sandbox_name: Option<String>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct WaitResult {
+    pub name: String,
+    /// ended, matched, silent or timed_out.
+    pub reason: String,
+    pub state: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    /// New output since the cursor.
+    pub output: String,
+    /// Pass as cursor next time.
+    pub cursor: u64,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ReadLogParams {
+    pub name: String,
+    /// Byte offset. Default 0 (unless tail_lines).
+    pub offset: Option<u64>,
+    /// The last N lines.
+    pub tail_lines: Option<u32>,
+    /// Only lines matching this regex.
+    pub grep: Option<String>,
+    /// Default 20000.
+    pub max_bytes: Option<u64>,
+    pub sandbox_name: Option<String>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ReadLogResult {
+    pub content: String,
+    pub offset: u64,
+    pub next_offset: u64,
+    pub size: u64,
+}
+
+pub(super) fn is_zero<T: Default + PartialEq>(n: &T) -> bool {
+    *n == T::default()
+}
+
+/// A non-empty trimmed string, or None (remote-sandbox-mcp sends "" for unset).
+pub(super) fn given(s: &Option<String>) -> Option<String> {
+    s.as_deref()
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+}
+
+pub(super) fn seconds(
+    name: &str,
+    value: Option<f64>,
+    default: f64,
+    max: f64,
+) -> Result<Duration, String> {
+    let v = value.unwrap_or(default);
+    if !(v >= 0.0 && v <= max) {
+        return Err(format!(
+            "{name} must be between 0 and {max} seconds, got {v}"
+        ));
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+pub(super) fn log_bytes(value: Option<u64>) -> Result<u64, String> {
+    match value.unwrap_or(DEFAULT_LOG_BYTES) {
+        0 => Err("max_bytes must be 1 or more".into()),
+        n => Ok(n.min(jobs::MAX_LOG_BYTES)),
+    }
+}
+
+fn valid_json(name: &str, value: &Option<String>) -> Result<Option<String>, String> {
+    let Some(text) = given(value) else {
+        return Ok(None);
+    };
+    serde_json::from_str::<serde_json::Value>(&text)
+        .map_err(|e| format!("{name} is not valid JSON: {e}"))?;
+    Ok(Some(text))
+}
+
+/// The job request for `exec_bash_background`, or what is wrong with the call.
+pub fn job_spec(p: &BackgroundParams) -> Result<JobSpec, String> {
+    if given(&p.webhook_url).is_some() || given(&p.event_command).is_some() {
+        return Err(HOOKS_REFUSED.into());
+    }
+    if p.command.trim().is_empty() {
+        return Err("command is empty".into());
+    }
+    let checkpoint_format = given(&p.checkpoint_format).unwrap_or_else(|| "text".into());
+    if checkpoint_format != "text" && checkpoint_format != "json" {
+        return Err(format!(
+            "checkpoint_format must be \"text\" or \"json\", got {checkpoint_format:?}"
+        ));
+    }
+    let cwd = given(&p.cwd);
+    let day = 86_400.0;
+    let watch = WatchSpec {
+        run_id: given(&p.run_id),
+        watch_name: given(&p.watch_name),
+        resume_command: given(&p.resume_command),
+        resume_plan_json: valid_json("resume_plan_json", &p.resume_plan_json)?,
+        checkpoint_path: given(&p.checkpoint_path),
+        checkpoint_format: Some(checkpoint_format),
+        checkpoint_command: given(&p.checkpoint_command),
+        auto_resume: p.auto_resume.unwrap_or(false),
+        max_resume_attempts: p.max_resume_attempts.unwrap_or(1),
+        resume_delay_s: seconds("resume_delay_s", p.resume_delay_s, 300.0, day)?.as_secs(),
+        alert_after_failures: p.alert_after_failures.unwrap_or(2),
+        interval_s: seconds("interval_s", p.interval_s, 300.0, day)?.as_secs(),
+        metadata_json: jobs::with_cwd(
+            valid_json("metadata_json", &p.metadata_json)?,
+            cwd.as_deref(),
+        ),
+    };
+    if watch.auto_resume && watch.resume_command.is_none() && watch.resume_plan_json.is_none() {
+        return Err("auto_resume needs resume_command (or resume_plan_json)".into());
+    }
+    Ok(JobSpec {
+        name: given(&p.session_name),
+        command: p.command.clone(),
+        env: Vec::new(),
+        log_file: given(&p.log_file).map(|log| relative_to(cwd.as_deref(), log)),
+        cwd,
+        watch,
+    })
+}
+
+/// A relative remote `path` resolved against `cwd`, as remote-sandbox-mcp
+/// resolves log files (the host resolves relative paths against the home).
+fn relative_to(cwd: Option<&str>, path: String) -> String {
+    match cwd {
+        Some(cwd) if !path.starts_with('/') && !path.starts_with('~') => {
+            format!(
+                "{}/{}",
+                cwd.trim_end_matches('/'),
+                path.trim_start_matches("./")
+            )
+        }
+        _ => path,
+    }
+}
+
+#[tool_router(router = jobs_router, vis = "pub(super)")]
+impl OutpostServer {
+    #[tool(
+        description = "Start a long-running command on a sandbox; it survives disconnects and restarts. Returns tmux_session (the job name) for check/wait/read/cancel_background_task."
+    )]
+    async fn exec_bash_background(
+        &self,
+        Parameters(p): Parameters<BackgroundParams>,
+        peer: rmcp::Peer<RoleServer>,
+    ) -> Result<Json<BackgroundStarted>, String> {
+        let spec = job_spec(&p)?;
+        let sandbox = self
+            .fleet
+            .get(p.sandbox_name.as_deref())?
+            .name()
+            .to_string();
+        let commands = crate::policy::job_commands(&spec);
+        let planned: Vec<Planned> = commands
+            .iter()
+            .map(|(field, command)| Planned {
+                sandbox: &sandbox,
+                field,
+                command,
+            })
+            .collect();
+        self.permit(&peer, &planned).await?;
+        let session = self.job_session(Some(&sandbox))?;
+        let job = jobs::start(&session, spec)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(Json(BackgroundStarted {
+            status: "started".into(),
+            watch_id: p.watch.unwrap_or(true).then(|| job.name.clone()),
+            tmux_session: job.name,
+            log_file: job.log_file,
+            sandbox: session.name().to_string(),
+        }))
+    }
+
+    #[tool(
+        description = "State, exact exit_code (or signal) and log tail of a background job, by tmux_session, watch_id or log_file."
+    )]
+    async fn check_background_task(
+        &self,
+        Parameters(p): Parameters<CheckParams>,
+    ) -> Result<Json<CheckResult>, String> {
+        let session = self.job_session(p.sandbox_name.as_deref())?;
+        let by_watch = given(&p.watch_id);
+        let name = match (given(&p.tmux_session), &by_watch, given(&p.log_file)) {
+            (Some(name), _, _) => name,
+            (None, Some(id), _) => id.clone(),
+            (None, None, Some(log)) => jobs::job_by_log(&session, &log).await?,
+            (None, None, None) => {
+                return Err("pass tmux_session (the job name exec_bash_background returned), watch_id, or log_file".into());
+            }
+        };
+        let lines = p.last_n_lines.unwrap_or(50);
+        let (job, tail) = futures::join!(jobs::status(&session, &name), async {
+            if lines == 0 {
+                Ok(String::new())
+            } else {
+                jobs::tail(&session, &name, lines, DEFAULT_LOG_BYTES).await
+            }
+        });
+        let job = job.map_err(|e| e.to_string())?;
+        Ok(Json(CheckResult {
+            running: job.state == JobState::Running,
+            exit_code: job.exit_code,
+            signal: job.signal,
+            state: jobs::state_name(job.state).into(),
+            log_tail: tail.unwrap_or_else(|e| format!("[log unavailable: {e}]")),
+            watch_id: by_watch.map(|_| job.name.clone()),
+            tmux_session: job.name,
+        }))
+    }
+
+    #[tool(description = "Background jobs on a sandbox: the newest `limit`, oldest first.")]
+    async fn list_background_tasks(
+        &self,
+        Parameters(p): Parameters<ListTasksParams>,
+    ) -> Result<Json<ListTasksResult>, String> {
+        let state = given(&p.state).map(|s| jobs::parse_state(&s)).transpose()?;
+        let session = self.job_session(p.sandbox_name.as_deref())?;
+        let limit = p.limit.unwrap_or(LIST_DEFAULT).max(1);
+        let (list, older_omitted) = jobs::list(&session, state, limit)
+            .await
+            .map_err(|e| e.to_string())?;
+        let tasks = list
+            .into_iter()
+            .map(|j| TaskRow {
+                state: jobs::state_name(j.state).into(),
+                exit_code: j.exit_code,
+                signal: j.signal,
+                started: jobs::utc_time(j.started_unix),
+                command: jobs::short_command(&j.command, 80),
+                name: j.name,
+            })
+            .collect();
+        Ok(Json(ListTasksResult {
+            tasks,
+            older_omitted,
+        }))
+    }
+
+    #[tool(
+        description = "Stop a background job: TERM to its whole process tree, KILL after grace_s."
+    )]
+    async fn cancel_background_task(
+        &self,
+        Parameters(p): Parameters<CancelParams>,
+    ) -> Result<Json<CancelResult>, String> {
+        let grace = seconds("grace_s", p.grace_s, 3.0, 600.0)?;
+        let session = self.job_session(p.sandbox_name.as_deref())?;
+        let job = jobs::cancel(&session, &p.name, grace)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(Json(CancelResult {
+            state: jobs::state_name(job.state).into(),
+            exit_code: job.exit_code,
+            signal: job.signal,
+            name: job.name,
+        }))
+    }
+
+    #[tool(
+        description = "Block until a background job ends, its new output matches pattern, it is silent for silence_s, or timeout_s passes. Returns the new output and a cursor for the next call."
+    )]
+    async fn wait_background_task(
+        &self,
+        Parameters(p): Parameters<WaitParams>,
+    ) -> Result<Json<WaitResult>, String> {
+        let timeout = seconds("timeout_s", p.timeout_s, 60.0, jobs::MAX_WAIT.as_secs_f64())?;
+        let silence = match p.silence_s {
+            Some(s) if s > 0.0 && s.is_finite() => Some(Duration::from_secs_f64(s)),
+            Some(s) => {
+                return Err(format!(
+                    "silence_s must be a positive number of seconds, got {s}"
+                ));
+            }
+            None => None,
+        };
+        let max_bytes = log_bytes(p.max_bytes)?;
+        let session = self.job_session(p.sandbox_name.as_deref())?;
+        let cursor = p
+            .cursor
+            .unwrap_or_else(|| self.cursors.get(session.name(), &p.name));
+        let waited = jobs::wait(
+            &session,
+            JobWait {
+                name: p.name.clone(),
+                cursor,
+                timeout_ms: timeout.as_millis() as u64,
+                pattern: given(&p.pattern),
+                silence_ms: silence.map(|d| d.as_millis() as u64),
+                max_bytes,
+            },
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        self.cursors
+            .set(session.name(), &waited.job.name, waited.cursor_after);
+        let job = &waited.job;
+        Ok(Json(WaitResult {
+            name: job.name.clone(),
+            reason: match waited.reason {
+                WaitReason::Ended => "ended",
+                WaitReason::Matched => "matched",
+                WaitReason::Silent => "silent",
+                WaitReason::TimedOut => "timed_out",
+            }
+            .into(),
+            state: jobs::state_name(job.state).into(),
+            exit_code: job.exit_code,
+            signal: job.signal,
+            output: jobs::output_text(&waited.output, waited.omitted),
+            cursor: waited.cursor_after,
+        }))
+    }
+
+    #[tool(
+        description = "Read a background job's log: a page from offset, the last tail_lines, or the lines matching grep. Page on with next_offset."
+    )]
+    async fn read_background_log(
+        &self,
+        Parameters(p): Parameters<ReadLogParams>,
+    ) -> Result<Json<ReadLogResult>, String> {
+        let max_bytes = log_bytes(p.max_bytes)?;
+        let session = self.job_session(p.sandbox_name.as_deref())?;
+        let offset = p.offset.or(if p.tail_lines.is_none() {
+            Some(0)
+        } else {
+            None
+        });
+        let log = jobs::read(
+            &session,
+            JobRead {
+                name: p.name.clone(),
+                offset,
+                tail_lines: p.tail_lines,
+                grep: given(&p.grep),
+                max_bytes,
+            },
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        self.cursors.set(session.name(), &p.name, log.next_offset);
+        Ok(Json(ReadLogResult {
+            content: String::from_utf8_lossy(&log.data).into_owned(),
+            offset: log.offset,
+            next_offset: log.next_offset,
+            size: log.log_size,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(extra: serde_json::Value) -> BackgroundParams {
+        let mut args = serde_json::json!({"command": "python train.py"});
+        for (k, v) in extra.as_object().unwrap() {
+            args[k] = v.clone();
+        }
+        serde_json::from_value(args).unwrap()
+    }
+
+    #[test]
+    fn hook_parameters_are_refused() {
+        for key in ["webhook_url", "event_command"] {
+            let err = job_spec(&params(serde_json::json!({key: "x"}))).unwrap_err();
+            assert!(
+                err.contains("[hooks]") && err.contains("config file"),
+                "{err}"
+            );
+        }
+        // remote-sandbox-mcp sends "" for unset.
+        assert!(job_spec(&params(serde_json::json!({"webhook_url": ""}))).is_ok());
+    }
+
+    #[test]
+    fn job_spec_maps_watch_parameters() {
+        let spec = job_spec(&params(serde_json::json!({
+            "session_name": "train", "cwd": "~/proj", "log_file": "",
+            "checkpoint_path": "ckpt.json", "checkpoint_format": "json",
+            "auto_resume": true, "resume_command": "python train.py --resume",
+            "interval_s": 60, "metadata_json": "{\"owner\": \"me\"}",
+        })))
+        .unwrap();
+        assert_eq!(spec.name.as_deref(), Some("train"));
+        assert_eq!(spec.log_file, None);
+        let w = &spec.watch;
+        assert!(w.auto_resume);
+        assert_eq!(
+            (w.interval_s, w.resume_delay_s, w.max_resume_attempts),
+            (60, 300, 1)
+        );
+        assert_eq!(w.checkpoint_format.as_deref(), Some("json"));
+        let meta: serde_json::Value =
+            serde_json::from_str(w.metadata_json.as_deref().unwrap()).unwrap();
+        assert_eq!(meta, serde_json::json!({"owner": "me", "cwd": "~/proj"}));
+
+        let spec = job_spec(&params(
+            serde_json::json!({"cwd": "~/p/", "log_file": "./l/x.log"}),
+        ));
+        assert_eq!(spec.unwrap().log_file.as_deref(), Some("~/p/l/x.log"));
+        let spec = job_spec(&params(
+            serde_json::json!({"cwd": "/w", "log_file": "/tmp/x.log"}),
+        ));
+        assert_eq!(spec.unwrap().log_file.as_deref(), Some("/tmp/x.log"));
+        let spec = job_spec(&params(serde_json::json!({"log_file": "x.log"})));
+        assert_eq!(spec.unwrap().log_file.as_deref(), Some("x.log"));
+
+        let spec = job_spec(&params(serde_json::json!({}))).unwrap();
+        assert_eq!(spec.watch.checkpoint_format.as_deref(), Some("text"));
+        assert_eq!(spec.watch.metadata_json, None);
+
+        for (bad, word) in [
+            (
+                serde_json::json!({"checkpoint_format": "yaml"}),
+                "checkpoint_format",
+            ),
+            (serde_json::json!({"auto_resume": true}), "resume_command"),
+            (serde_json::json!({"metadata_json": "{"}), "metadata_json"),
+            (serde_json::json!({"interval_s": -1}), "interval_s"),
+            (serde_json::json!({"command": " "}), "empty"),
+        ] {
+            let err = job_spec(&params(bad)).unwrap_err();
+            assert!(err.contains(word), "{err}");
+        }
+    }
+
+    #[test]
+    fn limits_are_checked() {
+        assert_eq!(
+            seconds("t", None, 60.0, 3600.0),
+            Ok(Duration::from_secs(60))
+        );
+        assert_eq!(seconds("t", Some(0.0), 60.0, 3600.0), Ok(Duration::ZERO));
+        assert!(
+            seconds("timeout_s", Some(-1.0), 60.0, 3600.0)
+                .unwrap_err()
+                .contains("timeout_s")
+        );
+        assert!(seconds("t", Some(3601.0), 60.0, 3600.0).is_err());
+        assert!(seconds("t", Some(f64::NAN), 60.0, 3600.0).is_err());
+        assert_eq!(log_bytes(None), Ok(DEFAULT_LOG_BYTES));
+        assert_eq!(log_bytes(Some(u64::MAX)), Ok(jobs::MAX_LOG_BYTES));
+        assert!(log_bytes(Some(0)).is_err());
+    }
+}

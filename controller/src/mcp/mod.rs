@@ -1,0 +1,428 @@
+//! The MCP server: remote-sandbox-mcp's tools, names, parameters and result
+//! fields, served over stdio.
+//!
+//! Each tool is thin: it validates its parameters, calls into [`Fleet`] /
+//! [`crate::session::Session`], and shapes a compact result (no echo of inputs).
+//! Bad parameters and unknown sandboxes come back as `isError` results with a
+//! message that says what to do.
+//!
+//! Every call goes through the hand-written `call_tool`, which records it in
+//! the audit log ([`crate::ops::audit`]); the exec tools ask the config file's
+//! command policy ([`crate::policy`]) before anything runs, and ask the person
+//! through elicitation where a confirm rule says so.
+//!
+//! Background jobs: the job tools follow remote-sandbox-mcp (`tmux_session` is
+//! the job name, `watch_id` the same name); its watch tools are listed only
+//! with `REMOTE_SANDBOX_EXPOSE_ADVANCED_TOOLS=1`. The first job tool used on a
+//! sandbox starts its event follower ([`crate::ops::events`]), whose events reach the
+//! client as MCP logging notifications.
+//!
+//! One file per area, each adding its own tool router to [`OutpostServer`]:
+//! `sandboxes.rs` (sandboxes and GPU leases), `exec.rs` (`exec_bash` and the
+//! policy check), `files.rs` (syncs and remote files), `jobs.rs` (background
+//! jobs), `watch.rs` (the advanced watch tools), `resources.rs`,
+//! `prompts.rs`, and `linelimit.rs` (oversized messages on stdin). This file
+//! holds the server, merges the routers and implements `ServerHandler`.
+
+mod exec;
+mod files;
+mod jobs;
+pub mod linelimit;
+mod prompts;
+mod resources;
+mod sandboxes;
+mod watch;
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rmcp::handler::server::router::prompt::PromptRouter;
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::model::{
+    Implementation, ListResourceTemplatesResult, ListResourcesResult, PaginatedRequestParams,
+    ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult, Resource,
+    ResourceContents, ResourceTemplate, ServerCapabilities, ServerConfig,
+};
+use rmcp::service::{Peer, RequestContext};
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceExt, prompt_handler};
+
+use crate::fleet::Fleet;
+use crate::ops::events::{HookEvent, Watcher};
+use crate::ops::jobs::Cursors;
+use crate::ops::localpath::Roots;
+use crate::ops::transfers::Transfers;
+use crate::session::Session;
+use linelimit::{LineLimit, OVERSIZED_METHOD, oversized_error};
+
+/// Per-host deadline for `list_sandboxes(check_resources=true)`, on top of the
+/// connect timeout a fresh connection may need.
+const RESOURCE_DEADLINE_EXTRA: Duration = Duration::from_secs(5);
+
+/// Longest MCP message read from stdin (rmcp's own default is 16 MiB).
+pub const MAX_MESSAGE_BYTES: usize = 32 << 20;
+
+/// How long a `roots/list` request may take.
+const ROOTS_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The resource listing every sandbox.
+const LIST_URI: &str = "sandbox://list";
+
+#[derive(Clone)]
+pub struct OutpostServer {
+    fleet: Arc<Fleet>,
+    transfers: Arc<Transfers>,
+    watcher: Arc<Watcher>,
+    cursors: Arc<Cursors>,
+    events: Arc<EventQueue>,
+    /// The MCP client's roots, asked once and again after it says they
+    /// changed; `None` until then.
+    client_roots: Arc<tokio::sync::Mutex<Option<Roots>>>,
+    /// Every tool call is recorded here (`$OUTPOST_HOME/audit.jsonl`).
+    audit: crate::ops::audit::AuditLog,
+    tool_router: ToolRouter<Self>,
+    prompt_router: PromptRouter<Self>,
+}
+
+/// Job events on their way to the client, in order, as logging notifications.
+pub struct EventQueue {
+    tx: tokio::sync::mpsc::UnboundedSender<HookEvent>,
+    rx: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<HookEvent>>>,
+    /// The client's `logging/setLevel`, as a rank (debug 0 … emergency 7).
+    min_level: AtomicU8,
+}
+
+impl EventQueue {
+    fn new() -> EventQueue {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        EventQueue {
+            tx,
+            rx: Mutex::new(Some(rx)),
+            min_level: AtomicU8::new(0),
+        }
+    }
+
+    /// Sends the queued events to `peer` for as long as it listens.
+    #[allow(deprecated)] // MCP logging: the only way to tell a client unprompted
+    fn forward(self: &Arc<Self>, peer: rmcp::Peer<RoleServer>) {
+        let Some(mut rx) = self.rx.lock().unwrap().take() else {
+            return;
+        };
+        let queue = self.clone();
+        tokio::spawn(async move {
+            use rmcp::model::{LoggingLevel, LoggingMessageNotificationParam};
+            while let Some(event) = rx.recv().await {
+                let level = if event.is_alarm() {
+                    LoggingLevel::Warning
+                } else {
+                    LoggingLevel::Info
+                };
+                if (level as u8) < queue.min_level.load(Ordering::Relaxed) {
+                    continue;
+                }
+                let data = serde_json::to_value(&event).unwrap_or_default();
+                let param =
+                    LoggingMessageNotificationParam::new(level, data).with_logger("outpost.jobs");
+                if peer.notify_logging_message(param).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+}
+
+impl OutpostServer {
+    pub fn new(fleet: Arc<Fleet>) -> Self {
+        let events = Arc::new(EventQueue::new());
+        let since = crate::ops::events::now_unix();
+        let tx = events.tx.clone();
+        // Clients hear what happens while they are connected; a follower's
+        // catch-up on older events only runs the hooks.
+        let sink: crate::ops::events::Sink = Arc::new(move |event: &HookEvent| {
+            tracing::info!("job event: {}", event.summary());
+            if event.at_unix + 5 >= since {
+                let _ = tx.send(event.clone());
+            }
+        });
+        // Each area's router; tools/list names them in alphabetical order.
+        let mut tool_router = Self::sandboxes_router();
+        tool_router.merge(Self::exec_router());
+        tool_router.merge(Self::gpu_router());
+        tool_router.merge(Self::files_router());
+        tool_router.merge(Self::jobs_router());
+        if fleet.config.expose_advanced_tools {
+            tool_router.merge(Self::watch_router());
+        }
+        let audit = crate::ops::audit::AuditLog::new(&fleet.config.home);
+        OutpostServer {
+            watcher: Watcher::new(fleet.clone(), sink),
+            fleet,
+            transfers: Arc::new(Transfers::default()),
+            cursors: Arc::new(Cursors::default()),
+            events,
+            client_roots: Arc::default(),
+            audit,
+            tool_router,
+            prompt_router: Self::prompt_router(),
+        }
+    }
+
+    /// Where the file tools may touch local paths: `local_roots` from the
+    /// config, else the client's declared roots, else the start directory.
+    // Roots are deprecated for a later protocol revision; clients send them
+    // today, and they are the best signal of the project directory there is.
+    #[allow(deprecated)]
+    async fn local_roots(&self, peer: &Peer<RoleServer>) -> Roots {
+        if let Some(paths) = &self.fleet.config.local_roots {
+            return Roots::configured(paths);
+        }
+        let mut cached = self.client_roots.lock().await;
+        if let Some(roots) = cached.as_ref() {
+            return roots.clone();
+        }
+        let declared = peer
+            .peer_info()
+            .is_some_and(|info| info.capabilities.roots.is_some());
+        if !declared {
+            return Roots::start_dir();
+        }
+        match tokio::time::timeout(ROOTS_WAIT, peer.list_roots()).await {
+            Ok(Ok(list)) => {
+                let uris: Vec<String> = list.roots.into_iter().map(|r| r.uri).collect();
+                let roots = Roots::from_client(&uris);
+                *cached = Some(roots.clone());
+                roots
+            }
+            Ok(Err(e)) => {
+                tracing::warn!("the client's roots/list failed ({e}); using the start directory");
+                Roots::start_dir()
+            }
+            Err(_) => {
+                tracing::warn!("the client did not answer roots/list; using the start directory");
+                Roots::start_dir()
+            }
+        }
+    }
+
+    /// The named (or active) sandbox for a job tool; its event follower starts
+    /// with the first such call.
+    fn job_session(&self, sandbox: Option<&str>) -> Result<Arc<Session>, String> {
+        let session = self.fleet.get(sandbox)?;
+        self.watcher.follow(session.name());
+        Ok(session)
+    }
+}
+
+#[prompt_handler(router = self.prompt_router)]
+impl ServerHandler for OutpostServer {
+    /// The one way into every tool (the basic router, with the watch tools
+    /// merged in when asked): each call is recorded in the audit log, also
+    /// when it fails or is cancelled.
+    async fn call_tool(
+        &self,
+        request: rmcp::model::CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::CallToolResponse, McpError> {
+        let client = context
+            .client_info()
+            .map(|info| crate::ops::audit::truncate(&info.name, 100))
+            .unwrap_or_default();
+        let args = request.arguments.as_ref();
+        let call = crate::ops::audit::Call::begin(
+            &self.audit,
+            client,
+            crate::ops::audit::truncate(&request.name, 100),
+            crate::ops::audit::sandbox_of(args, || self.fleet.active_name()),
+            crate::ops::audit::digest(args),
+        );
+        let tcc = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
+        call.run(self.tool_router.call(tcc)).await
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ListToolsResult, McpError> {
+        let cache_hints = context
+            .protocol_version()
+            .is_some_and(|v| v >= rmcp::model::ProtocolVersion::V_2026_07_28);
+        let mut result = rmcp::model::ListToolsResult::with_all_items(self.tool_router.list_all());
+        if cache_hints {
+            result.ttl_ms = Some(0);
+            result.cache_scope = Some(rmcp::model::CacheScope::Public);
+        }
+        Ok(result)
+    }
+
+    fn get_tool(&self, name: &str) -> Option<rmcp::model::Tool> {
+        self.tool_router.get(name).cloned()
+    }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, McpError> {
+        let mut resources = vec![
+            Resource::new(LIST_URI, "sandboxes")
+                .with_description("Configured sandboxes and their connection state")
+                .with_mime_type("application/json"),
+        ];
+        for name in self.fleet.names() {
+            resources.push(
+                Resource::new(format!("sandbox://{name}/status"), format!("{name} status"))
+                    .with_description("Connection, CPU, memory, disks and GPUs of this sandbox")
+                    .with_mime_type("application/json"),
+            );
+        }
+        Ok(ListResourcesResult::with_all_items(resources))
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, McpError> {
+        Ok(ListResourceTemplatesResult::with_all_items(vec![
+            ResourceTemplate::new("sandbox://{name}/status", "sandbox status")
+                .with_mime_type("application/json"),
+        ]))
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, McpError> {
+        let value = self.read(&request.uri).await?;
+        Ok(ReadResourceResult::new(vec![ResourceContents::text(
+            value.to_string(),
+            request.uri.clone(),
+        )])
+        .into())
+    }
+
+    #[allow(deprecated)] // MCP logging carries the job events
+    async fn set_level(
+        &self,
+        request: rmcp::model::SetLevelRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        self.events
+            .min_level
+            .store(request.level as u8, Ordering::Relaxed);
+        Ok(())
+    }
+
+    async fn on_roots_list_changed(
+        &self,
+        _context: rmcp::service::NotificationContext<RoleServer>,
+    ) {
+        // Asked again on the next file tool call.
+        *self.client_roots.lock().await = None;
+    }
+
+    async fn on_custom_request(
+        &self,
+        request: rmcp::model::CustomRequest,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::CustomResult, McpError> {
+        if request.method != OVERSIZED_METHOD {
+            return Err(McpError::new(
+                rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+                request.method,
+                None,
+            ));
+        }
+        let params = request.params.unwrap_or_default();
+        let field = |name: &str| params.get(name).and_then(|v| v.as_u64()).unwrap_or(0);
+        Err(McpError::invalid_request(
+            oversized_error(field("bytes"), field("limit")),
+            None,
+        ))
+    }
+
+    #[allow(deprecated)] // enable_logging: the job events
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_prompts()
+                .enable_resources()
+                .enable_logging()
+                .build(),
+        )
+        .with_server_info(Implementation::new("outpost", env!("CARGO_PKG_VERSION")))
+        .with_instructions(
+            "Sandboxes are the user's own Linux machines reached over SSH (plus `local`). \
+                 exec_bash runs on the active sandbox unless sandbox_name is given. \
+                 Long commands: exec_bash_background, then wait_background_task.",
+        )
+    }
+}
+
+/// Serves MCP on stdin/stdout until the client goes away or SIGTERM/SIGINT.
+pub async fn serve_stdio(fleet: Arc<Fleet>) -> anyhow::Result<()> {
+    let server = OutpostServer::new(fleet.clone());
+    let events = server.events.clone();
+    let (stdin, stdout) = rmcp::transport::stdio();
+    let transport = rmcp::transport::async_rw::AsyncRwTransport::new(
+        LineLimit::new(stdin, MAX_MESSAGE_BYTES),
+        stdout,
+    )
+    // LineLimit already cut longer lines to the limit plus two bytes.
+    .with_max_line_length(MAX_MESSAGE_BYTES + 16);
+    let service = server.serve(transport).await?;
+    events.forward(service.peer().clone());
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        r = service.waiting() => { r?; }
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("interrupted: shutting down"),
+    }
+    for session in fleet.sessions() {
+        session.disconnect().await;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn advanced_tools_are_listed_only_when_asked() {
+        let names = |advanced: bool| {
+            let mut config = crate::config::Config::new(
+                vec![crate::config::SandboxConfig::local()],
+                std::env::temp_dir().join("outpost-mcp-test/known_hosts"),
+            );
+            config.expose_advanced_tools = advanced;
+            let server = OutpostServer::new(Arc::new(Fleet::new(config)));
+            let mut names: Vec<String> = server
+                .tool_router
+                .list_all()
+                .into_iter()
+                .map(|t| t.name.to_string())
+                .collect();
+            names.sort();
+            names
+        };
+        let basic = names(false);
+        for tool in [
+            "exec_bash_background",
+            "check_background_task",
+            "list_background_tasks",
+            "cancel_background_task",
+            "wait_background_task",
+            "read_background_log",
+        ] {
+            assert!(basic.contains(&tool.to_string()), "{tool} missing");
+        }
+        assert!(!basic.iter().any(|n| n.contains("watch")), "{basic:?}");
+        let all = names(true);
+        assert_eq!(all.len(), basic.len() + 9, "{all:?}");
+        assert!(all.contains(&"get_watchdog_status".to_string()));
+    }
+}

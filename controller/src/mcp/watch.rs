@@ -1,0 +1,441 @@
+//! remote-sandbox-mcp's watch tools, listed only with
+//! `REMOTE_SANDBOX_EXPOSE_ADVANCED_TOOLS=1`. A watch is a view of a job
+//! (`watch_view`), its checkpoint read on the host (`checkpoint`), and the
+//! job events and follower status of this server.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use outpost_protocol::{JobInfo, JobState};
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::{Json, tool, tool_router};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::OutpostServer;
+use super::jobs::{DEFAULT_LOG_BYTES, LIST_DEFAULT, given, is_zero, log_bytes};
+use crate::ops::jobs;
+use crate::session::Session;
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct WatchIdParams {
+    pub watch_id: String,
+    pub sandbox_name: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct WatchRegisterParams {
+    /// The job name (or watch_id).
+    pub tmux_session: Option<String>,
+    pub watch_id: Option<String>,
+    pub sandbox_name: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct WatchListParams {
+    /// A job state. Default: all.
+    pub status: Option<String>,
+    pub sandbox_name: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct WatchProgressParams {
+    pub watch_id: String,
+    /// Default 80.
+    pub log_lines: Option<u32>,
+    pub sandbox_name: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct WatchLogParams {
+    pub watch_id: String,
+    /// Default 200.
+    pub last_n_lines: Option<u32>,
+    pub sandbox_name: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct WatchCheckpointParams {
+    pub watch_id: String,
+    /// Default 20000.
+    pub max_bytes: Option<u64>,
+    pub sandbox_name: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct WatchEventsParams {
+    /// Default: every job's.
+    pub watch_id: Option<String>,
+    /// The most recent N. Default 50.
+    pub limit: Option<u32>,
+    pub sandbox_name: Option<String>,
+}
+
+/// A job as the watch tools show it.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct WatchView {
+    pub watch_id: String,
+    pub sandbox: String,
+    pub state: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    pub command: String,
+    pub log_file: String,
+    pub started: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ended: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub watch_name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoint_path: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoint_command: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resume_command: Option<String>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub auto_resume: bool,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub resume_attempts: u32,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct WatchResult {
+    pub watch: WatchView,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct WatchesResult {
+    pub watches: Vec<WatchView>,
+    /// Older watches that matched but were not listed (the newest 50 are).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub older_omitted: u64,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct WatchLogResult {
+    pub state: String,
+    pub log_tail: String,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct CheckpointView {
+    /// "command" or "file".
+    pub source: String,
+    pub content: String,
+    /// The content parsed, with checkpoint_format "json".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub json: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
+    /// Why the command or read failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ProgressResult {
+    pub watch: WatchView,
+    pub log_tail: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<CheckpointView>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct EventsResult {
+    pub events: Vec<EventRow>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct EventRow {
+    pub seq: u64,
+    pub watch_id: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// UTC.
+    pub at: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub detail: String,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct WatchdogStatus {
+    /// Sandboxes whose job events this server follows.
+    pub followers: Vec<crate::ops::events::FollowerView>,
+    /// Configured hooks: "webhook_url", "event_command".
+    pub hooks: Vec<String>,
+    pub alert_after_failures: u32,
+}
+
+fn watch_view(sandbox: &str, job: &JobInfo) -> WatchView {
+    let w = &job.watch;
+    WatchView {
+        watch_id: job.name.clone(),
+        sandbox: sandbox.to_string(),
+        state: jobs::state_name(job.state).into(),
+        exit_code: job.exit_code,
+        signal: job.signal,
+        command: jobs::short_command(&job.command, 200),
+        log_file: job.log_file.clone(),
+        started: jobs::utc_time(job.started_unix),
+        ended: job.ended_unix.map(jobs::utc_time),
+        run_id: w.run_id.clone(),
+        watch_name: w.watch_name.clone(),
+        checkpoint_path: w.checkpoint_path.clone(),
+        checkpoint_command: w.checkpoint_command.clone(),
+        resume_command: w.resume_command.clone(),
+        auto_resume: w.auto_resume,
+        resume_attempts: job.resume_attempts,
+    }
+}
+
+/// remote-sandbox-mcp's watch tools, listed only with
+/// `REMOTE_SANDBOX_EXPOSE_ADVANCED_TOOLS=1`. Every job is supervised by the
+/// host's job daemon, so a watch is just a view of a job (`watch_id` = its
+/// name).
+#[tool_router(router = watch_router, vis = "pub(super)")]
+impl OutpostServer {
+    #[tool(
+        description = "Watch an existing background job (every job is supervised already): returns it."
+    )]
+    async fn watch_background_task(
+        &self,
+        Parameters(p): Parameters<WatchRegisterParams>,
+    ) -> Result<Json<WatchResult>, String> {
+        let name = given(&p.tmux_session)
+            .or_else(|| given(&p.watch_id))
+            .ok_or("pass tmux_session (the job name)")?;
+        self.watch_of(p.sandbox_name.as_deref(), &name)
+            .await
+            .map(Json)
+    }
+
+    #[tool(description = "Watches (background jobs), optionally only those in one state.")]
+    async fn list_background_watches(
+        &self,
+        Parameters(p): Parameters<WatchListParams>,
+    ) -> Result<Json<WatchesResult>, String> {
+        let state = match given(&p.status).as_deref() {
+            None => None,
+            Some("active") => Some(JobState::Running),
+            Some(s) => Some(jobs::parse_state(s)?),
+        };
+        let session = self.job_session(p.sandbox_name.as_deref())?;
+        let (list, older_omitted) = jobs::list(&session, state, LIST_DEFAULT)
+            .await
+            .map_err(|e| e.to_string())?;
+        let watches = list.iter().map(|j| watch_view(session.name(), j)).collect();
+        Ok(Json(WatchesResult {
+            watches,
+            older_omitted,
+        }))
+    }
+
+    #[tool(description = "One watch (background job) by watch_id.")]
+    async fn get_background_watch(
+        &self,
+        Parameters(p): Parameters<WatchIdParams>,
+    ) -> Result<Json<WatchResult>, String> {
+        self.watch_of(p.sandbox_name.as_deref(), &p.watch_id)
+            .await
+            .map(Json)
+    }
+
+    #[tool(description = "A watch's state, log tail and checkpoint snapshot.")]
+    async fn get_background_watch_progress(
+        &self,
+        Parameters(p): Parameters<WatchProgressParams>,
+    ) -> Result<Json<ProgressResult>, String> {
+        let session = self.job_session(p.sandbox_name.as_deref())?;
+        let job = jobs::status(&session, &p.watch_id)
+            .await
+            .map_err(|e| e.to_string())?;
+        let lines = p.log_lines.unwrap_or(80);
+        let (tail, checkpoint) = futures::join!(
+            jobs::tail(&session, &job.name, lines, DEFAULT_LOG_BYTES),
+            checkpoint(&session, &job, DEFAULT_LOG_BYTES)
+        );
+        Ok(Json(ProgressResult {
+            watch: watch_view(session.name(), &job),
+            log_tail: tail.unwrap_or_else(|e| format!("[log unavailable: {e}]")),
+            checkpoint,
+        }))
+    }
+
+    #[tool(description = "The last lines of a watch's log.")]
+    async fn read_background_watch_log(
+        &self,
+        Parameters(p): Parameters<WatchLogParams>,
+    ) -> Result<Json<WatchLogResult>, String> {
+        let session = self.job_session(p.sandbox_name.as_deref())?;
+        let lines = p.last_n_lines.unwrap_or(200);
+        let (job, tail) = futures::join!(
+            jobs::status(&session, &p.watch_id),
+            jobs::tail(&session, &p.watch_id, lines, DEFAULT_LOG_BYTES)
+        );
+        let job = job.map_err(|e| e.to_string())?;
+        Ok(Json(WatchLogResult {
+            state: jobs::state_name(job.state).into(),
+            log_tail: tail.map_err(|e| e.to_string())?,
+        }))
+    }
+
+    #[tool(
+        description = "A watch's checkpoint: checkpoint_command's output, else checkpoint_path's content."
+    )]
+    async fn read_background_watch_checkpoint(
+        &self,
+        Parameters(p): Parameters<WatchCheckpointParams>,
+    ) -> Result<Json<CheckpointView>, String> {
+        let max_bytes = log_bytes(p.max_bytes)?;
+        let session = self.job_session(p.sandbox_name.as_deref())?;
+        let job = jobs::status(&session, &p.watch_id)
+            .await
+            .map_err(|e| e.to_string())?;
+        checkpoint(&session, &job, max_bytes)
+            .await
+            .map(Json)
+            .ok_or_else(|| {
+                format!(
+                    "watch {} has no checkpoint_path or checkpoint_command",
+                    job.name
+                )
+            })
+    }
+
+    #[tool(description = "Cancel a watch: stops its background job.")]
+    async fn cancel_background_watch(
+        &self,
+        Parameters(p): Parameters<WatchIdParams>,
+    ) -> Result<Json<WatchResult>, String> {
+        let session = self.job_session(p.sandbox_name.as_deref())?;
+        let job = jobs::cancel(&session, &p.watch_id, Duration::from_secs(3))
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(Json(WatchResult {
+            watch: watch_view(session.name(), &job),
+        }))
+    }
+
+    #[tool(description = "The most recent job events, of one watch or all.")]
+    async fn list_background_watch_events(
+        &self,
+        Parameters(p): Parameters<WatchEventsParams>,
+    ) -> Result<Json<EventsResult>, String> {
+        let limit = p.limit.unwrap_or(50).clamp(1, 1000) as usize;
+        let session = self.job_session(p.sandbox_name.as_deref())?;
+        let name = given(&p.watch_id);
+        // Events come oldest first after a sequence number; keep the last
+        // `limit` of them all.
+        const PAGE: u32 = 1000;
+        let mut last = VecDeque::with_capacity(limit + 1);
+        let mut after = 0;
+        loop {
+            let page = jobs::events(&session, name.as_deref(), after, PAGE)
+                .await
+                .map_err(|e| e.to_string())?;
+            let Some(end) = page.last().map(|e| e.seq) else {
+                break;
+            };
+            after = end;
+            let full = page.len() as u32 >= PAGE;
+            for e in page {
+                last.push_back(e);
+                if last.len() > limit {
+                    last.pop_front();
+                }
+            }
+            if !full {
+                break;
+            }
+        }
+        let events = last
+            .into_iter()
+            .map(|e| EventRow {
+                seq: e.seq,
+                watch_id: e.job,
+                kind: e.kind,
+                at: jobs::utc_time(e.at_unix),
+                detail: e.detail,
+            })
+            .collect();
+        Ok(Json(EventsResult { events }))
+    }
+
+    #[tool(
+        description = "Whether this server follows job events (per sandbox), which hooks are configured, and if another Outpost process (outpost watch) runs them."
+    )]
+    async fn get_watchdog_status(&self) -> Result<Json<WatchdogStatus>, String> {
+        let hooks = &self.fleet.config.hooks;
+        Ok(Json(WatchdogStatus {
+            followers: self.watcher.status(),
+            hooks: [
+                hooks.webhook_url.as_ref().map(|_| "webhook_url"),
+                hooks.event_command.as_ref().map(|_| "event_command"),
+            ]
+            .into_iter()
+            .flatten()
+            .map(str::to_string)
+            .collect(),
+            alert_after_failures: hooks.alert_after_failures,
+        }))
+    }
+}
+
+impl OutpostServer {
+    async fn watch_of(&self, sandbox: Option<&str>, name: &str) -> Result<WatchResult, String> {
+        let session = self.job_session(sandbox)?;
+        let job = jobs::status(&session, name)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(WatchResult {
+            watch: watch_view(session.name(), &job),
+        })
+    }
+}
+
+/// A job's checkpoint, read on the host in the job's cwd; None when the job
+/// defines none.
+async fn checkpoint(session: &Session, job: &JobInfo, max_bytes: u64) -> Option<CheckpointView> {
+    let (source, req) = jobs::checkpoint_request(job, max_bytes)?;
+    let w = &job.watch;
+    let mut view = CheckpointView {
+        source: source.into(),
+        content: String::new(),
+        json: None,
+        truncated: false,
+        error: None,
+    };
+    match session.exec(req, |_, _| {}).await {
+        Ok(r) => {
+            if source == "file" {
+                let mut data = r.stdout.head.clone();
+                data.extend_from_slice(&r.stdout.tail);
+                view.truncated = data.len() as u64 > max_bytes;
+                data.truncate(max_bytes as usize);
+                view.content = String::from_utf8_lossy(&data).into_owned();
+            } else {
+                view.truncated = r.stdout.omitted > 0;
+                view.content = r.stdout.to_text();
+            }
+            if r.exit_code != Some(0) {
+                let stderr = r.stderr.to_text();
+                let why = stderr.trim().lines().last().unwrap_or("").to_string();
+                view.error = Some(match (r.timed_out, r.exit_code, r.signal) {
+                    (true, _, _) => "timed out after 30 s".into(),
+                    (_, Some(code), _) => format!("exit {code}: {why}"),
+                    (_, None, Some(sig)) => format!("signal {sig}"),
+                    _ => why,
+                });
+            }
+            if w.checkpoint_format.as_deref() == Some("json") && !view.truncated {
+                view.json = serde_json::from_str(&view.content).ok();
+            }
+        }
+        Err(e) => view.error = Some(e.to_string()),
+    }
+    Some(view)
+}
