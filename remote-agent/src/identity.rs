@@ -62,10 +62,15 @@ pub fn libc_description() -> String {
 
 /// The first frame the agent sends.
 pub fn hello() -> Hello {
+    hello_with(build_hash())
+}
+
+/// The hello with `build_hash` in place of the executable's hash.
+pub fn hello_with(build_hash: &str) -> Hello {
     Hello {
         protocol_version: PROTOCOL_VERSION,
         agent_version: VERSION.to_string(),
-        build_hash: build_hash().to_string(),
+        build_hash: build_hash.to_string(),
         os: std::env::consts::OS.to_string(),
         arch: std::env::consts::ARCH.to_string(),
         libc: libc_description(),

@@ -1,8 +1,8 @@
 //! Host resource snapshots for `Request::Metrics`.
 //!
 //! The first request samples synchronously and starts a sampler thread that
-//! refreshes a shared snapshot about once a second for the rest of the agent's
-//! life; later requests answer from the snapshot at once, with its age. One
+//! refreshes a shared snapshot about once a second for the rest of the
+//! session; later requests answer from the snapshot at once, with its age. One
 //! sysinfo `System` is kept for CPU usage, which is a delta between two reads
 //! of `/proc/stat`; everything else comes straight from `/proc`, `statvfs` and
 //! [`crate::gpu`]; with NVML the sampler costs about 0.1% of one core.
@@ -11,7 +11,7 @@ use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use outpost_protocol::{DiskUsage, HostMetrics};
@@ -124,10 +124,10 @@ impl Monitor {
             metrics: metrics.clone(),
             taken: Instant::now(),
         });
-        let monitor = Arc::clone(self);
+        let monitor = Arc::downgrade(self);
         let started = std::thread::Builder::new()
             .name("outpost-metrics".into())
-            .spawn(move || monitor.run(sampler));
+            .spawn(move || Monitor::run(&monitor, sampler));
         if let Err(e) = started {
             // Sample again on the next request rather than serve this one
             // forever.
@@ -137,12 +137,20 @@ impl Monitor {
         Ok(metrics)
     }
 
-    fn run(&self, mut sampler: Sampler) {
+    /// Refreshes the snapshot until the monitor is dropped (its session
+    /// ended).
+    fn run(monitor: &Weak<Monitor>, mut sampler: Sampler) {
         let mut next = Instant::now() + TICK;
         loop {
             std::thread::sleep(next.saturating_duration_since(Instant::now()));
+            if monitor.strong_count() == 0 {
+                return;
+            }
             let metrics = sample(&mut sampler);
-            *self.latest.lock().unwrap_or_else(|p| p.into_inner()) = Some(Snapshot {
+            let Some(monitor) = monitor.upgrade() else {
+                return;
+            };
+            *monitor.latest.lock().unwrap_or_else(|p| p.into_inner()) = Some(Snapshot {
                 metrics,
                 taken: Instant::now(),
             });

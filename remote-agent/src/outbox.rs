@@ -1,4 +1,4 @@
-//! The single writer of stdout.
+//! The single writer of the session's output (stdout, for `serve`).
 //!
 //! Every task hands encoded frames to one channel; one task writes them, so
 //! frames never interleave. The channel is bounded, which turns a controller
@@ -8,11 +8,11 @@
 use outpost_protocol::{
     AgentError, AgentMessage, ErrorKind, PREAMBLE, RequestId, Response, encode_frame,
 };
-use tokio::io::{AsyncWriteExt, BufWriter};
+use tokio::io::{AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-/// Frames queued for stdout. Streamed chunks are at most 64 KiB, so this caps
+/// Frames queued for the output. Streamed chunks are at most 64 KiB, so this caps
 /// queued output at a few MiB.
 const QUEUE: usize = 64;
 
@@ -44,21 +44,29 @@ impl Outbox {
     }
 }
 
-/// Starts the writer. It writes the preamble and `hello_frame` before anything
-/// else, and returns once every [`Outbox`] is dropped and all is flushed.
-pub fn start(hello_frame: Vec<u8>) -> (Outbox, JoinHandle<()>) {
+/// Starts the writer of `output`. It writes the preamble and `hello_frame`
+/// before anything else, and returns once every [`Outbox`] is dropped and all
+/// is flushed.
+pub fn start<W>(output: W, hello_frame: Vec<u8>) -> (Outbox, JoinHandle<()>)
+where
+    W: AsyncWrite + Unpin + Send + 'static,
+{
     let (tx, rx) = mpsc::channel(QUEUE);
-    let writer = tokio::spawn(write_frames(rx, hello_frame));
+    let writer = tokio::spawn(write_frames(output, rx, hello_frame));
     (Outbox { tx }, writer)
 }
 
-async fn write_frames(mut rx: mpsc::Receiver<Vec<u8>>, hello_frame: Vec<u8>) {
-    let mut out = BufWriter::with_capacity(128 * 1024, tokio::io::stdout());
+async fn write_frames<W: AsyncWrite + Unpin>(
+    output: W,
+    mut rx: mpsc::Receiver<Vec<u8>>,
+    hello_frame: Vec<u8>,
+) {
+    let mut out = BufWriter::with_capacity(128 * 1024, output);
     let mut ok = write(&mut out, &PREAMBLE).await
         && write(&mut out, &hello_frame).await
         && out.flush().await.is_ok();
     while let Some(frame) = rx.recv().await {
-        // Once stdout is gone, keep draining so that senders never block.
+        // Once the output is gone, keep draining so that senders never block.
         ok = ok && write(&mut out, &frame).await;
         // Batch whatever is already queued into one flush.
         while let Ok(frame) = rx.try_recv() {
@@ -74,11 +82,11 @@ async fn write_frames(mut rx: mpsc::Receiver<Vec<u8>>, hello_frame: Vec<u8>) {
     let _ = out.flush().await;
 }
 
-async fn write(out: &mut BufWriter<tokio::io::Stdout>, data: &[u8]) -> bool {
+async fn write<W: AsyncWrite + Unpin>(out: &mut BufWriter<W>, data: &[u8]) -> bool {
     out.write_all(data).await.is_ok()
 }
 
 fn report_broken() {
     static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| eprintln!("outpost-agent: stdout is closed; dropping responses"));
+    ONCE.call_once(|| eprintln!("outpost-agent: the output is closed; dropping responses"));
 }

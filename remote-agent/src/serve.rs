@@ -1,12 +1,17 @@
 //! `outpost-agent serve`: the protocol session on stdin/stdout.
 //!
-//! stdin carries [`ClientMessage`] frames; each request runs on its own task
-//! and answers through the [`Outbox`], the only writer of stdout. The session
-//! ends on stdin EOF or SIGTERM/SIGHUP/SIGINT: running commands are cancelled
-//! (their trees killed), their results flushed, this agent's GPU leases
-//! released, staging files of uncommitted transfers removed, and the agent
-//! exits 0. A frame that cannot be decoded leaves the
+//! The input carries [`ClientMessage`] frames; each request runs on its own
+//! task and answers through the `Outbox`, the only writer of the output.
+//! The session ends on end of input or SIGTERM/SIGHUP/SIGINT: running
+//! commands are cancelled (their trees killed), their results flushed, this
+//! agent's GPU leases released, staging files of uncommitted transfers
+//! removed, and the agent exits 0. A frame that cannot be decoded leaves the
 //! stream unusable: same teardown, exit 1.
+//!
+//! [`run`] is the `serve` command: stdin and stdout, a process of its own.
+//! [`serve_on`] runs the same session on any reader and writer inside
+//! another program ([`ServeOptions::in_process`]): no guard process, no
+//! signal handling, no job daemon, nothing done to the process as a whole.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -16,7 +21,7 @@ use outpost_protocol::{
     AgentError, ClientMessage, DecodeEvent, ErrorKind, FrameDecoder, ProtocolError, Request,
     RequestId, Response, decode, encode_frame,
 };
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -29,7 +34,49 @@ use crate::{cleanup, exec, files, gpu, guard, identity, jobs, leases};
 /// How long shutdown waits for cancelled commands to report.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(2);
 
-/// Runs the session to its end and returns the process exit code.
+/// The build hash an in-process agent reports: the executable it runs in is
+/// not an agent build.
+pub const IN_PROCESS_BUILD_HASH: &str = "in-process";
+
+/// What a session may do beyond answering requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServeOptions {
+    /// Start the guard, a re-exec of this executable that kills the
+    /// commands still running if the process dies. Needs `own_process`.
+    pub guard: bool,
+    /// End the session on SIGTERM, SIGHUP and SIGINT.
+    pub signals: bool,
+    /// The process is the agent executable and this session its purpose:
+    /// start the job daemon from it (job requests fail without), report its
+    /// hash in the hello, remove stale agent versions beside it, and end the
+    /// process's GPU leases and `nvidia-smi` runs at the end.
+    pub own_process: bool,
+}
+
+impl ServeOptions {
+    /// `outpost-agent serve`: everything on.
+    pub fn process() -> ServeOptions {
+        ServeOptions {
+            guard: true,
+            signals: true,
+            own_process: true,
+        }
+    }
+
+    /// An agent inside another program: only the session itself. Commands
+    /// still run with timeouts and are killed on cancel and at the end of
+    /// the session; GPU leases it took end with it.
+    pub fn in_process() -> ServeOptions {
+        ServeOptions {
+            guard: false,
+            signals: false,
+            own_process: false,
+        }
+    }
+}
+
+/// Runs the session on stdin and stdout to its end and returns the process
+/// exit code.
 pub fn run() -> i32 {
     widen_pipes();
     let workers = std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 4));
@@ -44,7 +91,12 @@ pub fn run() -> i32 {
             return 1;
         }
     };
-    let code = runtime.block_on(session());
+    let session = serve_on(
+        tokio::io::stdin(),
+        tokio::io::stdout(),
+        ServeOptions::process(),
+    );
+    let code = runtime.block_on(session);
     // Dropping the runtime would wait for the blocking stdin read forever;
     // the caller exits the process instead.
     std::mem::forget(runtime);
@@ -73,6 +125,9 @@ struct Shared {
     monitor: Arc<Monitor>,
     /// Sync roots written through this connection, with their staged parts.
     appliers: Arc<Appliers>,
+    /// GPU leases taken through this connection.
+    leased: Mutex<Vec<String>>,
+    options: ServeOptions,
 }
 
 impl Shared {
@@ -92,28 +147,48 @@ enum Inbound {
     Ignored,
 }
 
-async fn session() -> i32 {
-    let hello = match encode_frame(&identity::hello()) {
+/// Runs one session: requests read from `input`, the preamble, hello and
+/// responses written to `output`. Returns at the end of input (0), at an
+/// undecodable frame (1), or, with [`ServeOptions::signals`], at SIGTERM,
+/// SIGHUP or SIGINT (0), once the teardown is done. Must run inside a tokio
+/// runtime with IO and timers enabled.
+pub async fn serve_on<R, W>(input: R, output: W, options: ServeOptions) -> i32
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let hello = if options.own_process {
+        identity::hello()
+    } else {
+        identity::hello_with(IN_PROCESS_BUILD_HASH)
+    };
+    let hello = match encode_frame(&hello) {
         Ok(frame) => frame,
         Err(e) => {
             eprintln!("outpost-agent: cannot encode hello: {e}");
             return 1;
         }
     };
-    let (outbox, writer) = outbox::start(hello);
-    // Commands must not outlive this process, even if it is SIGKILLed.
-    guard::start();
-    tokio::task::spawn_blocking(cleanup::remove_stale_versions);
-    // Jobs left running or lost while no daemon watched get one again.
-    jobs::nudge();
+    let (outbox, writer) = outbox::start(output, hello);
+    if options.guard {
+        // Commands must not outlive this process, even if it is SIGKILLed.
+        guard::start();
+    }
+    if options.own_process {
+        tokio::task::spawn_blocking(cleanup::remove_stale_versions);
+        // Jobs left running or lost while no daemon watched get one again.
+        jobs::nudge();
+    }
 
     let shared = Arc::new(Shared {
         inflight: Mutex::new(HashMap::new()),
         monitor: Arc::default(),
         appliers: Arc::default(),
+        leased: Mutex::default(),
+        options,
     });
     let mut tasks = JoinSet::new();
-    let code = read_loop(&shared, &outbox, &mut tasks).await;
+    let code = read_loop(input, &shared, &outbox, &mut tasks).await;
 
     // Teardown: cancel everything, give results a bounded time to go out.
     for cancel in shared.inflight().values() {
@@ -129,9 +204,18 @@ async fn session() -> i32 {
         while tasks.join_next().await.is_some() {}
     }
     let appliers = Arc::clone(&shared.appliers);
+    let leased = std::mem::take(&mut *shared.leased.lock().unwrap_or_else(|p| p.into_inner()));
     let released = tokio::task::spawn_blocking(move || {
-        leases::release_own();
-        gpu::shutdown();
+        if options.own_process {
+            leases::release_own();
+            gpu::shutdown();
+        } else {
+            // Other sessions of this process may hold leases and run
+            // nvidia-smi: end only what this one took.
+            for id in leased {
+                let _ = leases::release(&id);
+            }
+        }
         // Uncommitted staging files of this connection go with it.
         appliers.close();
     });
@@ -143,16 +227,21 @@ async fn session() -> i32 {
 
 /// Reads and dispatches frames until the session should end; returns the exit
 /// code.
-async fn read_loop(shared: &Arc<Shared>, outbox: &Outbox, tasks: &mut JoinSet<()>) -> i32 {
-    let mut stdin = tokio::io::stdin();
+async fn read_loop(
+    mut input: impl AsyncRead + Unpin,
+    shared: &Arc<Shared>,
+    outbox: &Outbox,
+    tasks: &mut JoinSet<()>,
+) -> i32 {
     let mut decoder = FrameDecoder::framed();
     let mut buf = vec![0u8; 256 * 1024];
-    let mut term = Signal::new(SignalKind::terminate());
-    let mut hup = Signal::new(SignalKind::hangup());
-    let mut int = Signal::new(SignalKind::interrupt());
+    let signals = shared.options.signals;
+    let mut term = Signal::new(SignalKind::terminate(), signals);
+    let mut hup = Signal::new(SignalKind::hangup(), signals);
+    let mut int = Signal::new(SignalKind::interrupt(), signals);
     loop {
         tokio::select! {
-            read = stdin.read(&mut buf) => match read {
+            read = input.read(&mut buf) => match read {
                 Ok(0) => return 0,
                 Ok(n) => {
                     decoder.push(&buf[..n]);
@@ -163,7 +252,7 @@ async fn read_loop(shared: &Arc<Shared>, outbox: &Outbox, tasks: &mut JoinSet<()
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => {
-                    eprintln!("outpost-agent: cannot read stdin: {e}");
+                    eprintln!("outpost-agent: cannot read the input: {e}");
                     return 0;
                 }
             },
@@ -176,12 +265,13 @@ async fn read_loop(shared: &Arc<Shared>, outbox: &Outbox, tasks: &mut JoinSet<()
     }
 }
 
-/// A signal stream that never fires if it could not be registered.
+/// A signal stream that never fires if it is not wanted or could not be
+/// registered.
 struct Signal(Option<tokio::signal::unix::Signal>);
 
 impl Signal {
-    fn new(kind: SignalKind) -> Signal {
-        Signal(signal(kind).ok())
+    fn new(kind: SignalKind, wanted: bool) -> Signal {
+        Signal(if wanted { signal(kind).ok() } else { None })
     }
 
     async fn recv(&mut self) {
@@ -311,7 +401,12 @@ fn start_request(
             Request::Ping => Response::Pong,
             Request::Metrics => metrics(&shared).await,
             Request::GpuLease(req) => {
-                blocking(move || leases::lease(&req).map(Response::GpuLease)).await
+                let response = blocking(move || leases::lease(&req).map(Response::GpuLease)).await;
+                if let Response::GpuLease(lease) = &response {
+                    let mut leased = shared.leased.lock().unwrap_or_else(|p| p.into_inner());
+                    leased.push(lease.lease_id.clone());
+                }
+                response
             }
             Request::GpuRelease { lease_id } => {
                 blocking(move || leases::release(&lease_id).map(|()| Response::Released)).await
@@ -322,6 +417,17 @@ fn start_request(
             Request::ApplyMeta(req) => files::apply_meta(req, &shared.appliers).await,
             Request::ReadFiles(req) => files::read_files(id, req, &outbox, cancel).await,
             Request::Resume(req) => files::resume(req, &shared.appliers).await,
+            Request::JobStart(_)
+            | Request::JobStatus { .. }
+            | Request::JobList { .. }
+            | Request::JobCancel { .. }
+            | Request::JobWait(_)
+            | Request::JobRead(_)
+            | Request::JobEvents { .. }
+                if !shared.options.own_process =>
+            {
+                no_jobs()
+            }
             Request::JobStart(spec) => jobs::start(spec).await,
             Request::JobStatus { name } => job_request(move || jobs::status(&name)).await,
             Request::JobList { state, limit } => {
@@ -357,6 +463,16 @@ async fn metrics(shared: &Arc<Shared>) -> Response {
         Ok(Response::Metrics(m))
     })
     .await
+}
+
+/// The answer to every job request of an in-process agent: the job daemon
+/// and shims are started from the agent executable, which that process is
+/// not.
+fn no_jobs() -> Response {
+    error(
+        ErrorKind::Unsupported,
+        "background jobs need the outpost-agent executable; this agent runs inside another program",
+    )
 }
 
 /// A job request other than start: answered from the job files, with a

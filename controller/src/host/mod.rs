@@ -9,7 +9,8 @@
 //!
 //! Implementations: [`ssh`] (russh: connect, host keys, auth, SFTP) and
 //! [`local`] (this machine, a child process). [`start`] picks one from the
-//! sandbox's [`Target`].
+//! sandbox's [`Target`]. Tests also have `memory` (an in-process agent over
+//! an in-memory pipe), which [`start`] asks first in test builds only.
 //!
 //! Architecture invariant: only `host/ssh` knows russh. Adding a transport is
 //! one module here that implements [`Host`], one [`Target`] variant in
@@ -18,6 +19,8 @@
 pub mod bootstrap;
 pub mod link;
 pub mod local;
+#[cfg(test)]
+pub mod memory;
 pub mod ssh;
 
 use std::path::{Path, PathBuf};
@@ -92,6 +95,10 @@ pub struct HostContext {
 
 /// Connects to `target` and starts an agent there.
 pub async fn start(target: &Target, ctx: &HostContext) -> Result<(Arc<dyn Host>, Started), String> {
+    #[cfg(test)]
+    if let Some(started) = memory::start(target, ctx).await {
+        return started;
+    }
     match target {
         Target::Local => {
             let host: Arc<dyn Host> = Arc::new(local::LocalHost);

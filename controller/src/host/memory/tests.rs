@@ -1,0 +1,385 @@
+//! Session, fleet and sync over an in-process agent: real commands and real
+//! files, no sshd, no agent binary.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use outpost_protocol::{ErrorKind, ExecRequest, OutputStream, Request, Response};
+
+use super::{MemoryHost, context};
+use crate::config::Config;
+use crate::fleet::Fleet;
+use crate::session::{Call, CallError, Session};
+use crate::sync::{Progress, SyncOptions, pull, push};
+
+/// A session named `name` on `host`, built as production code builds one.
+fn session_on(host: &Arc<MemoryHost>, name: &str) -> Session {
+    Session::new(host.sandbox(name), Arc::new(context()))
+}
+
+fn exec(command: &str) -> ExecRequest {
+    ExecRequest {
+        command: command.into(),
+        cwd: None,
+        env: Vec::new(),
+        stdin: None,
+        timeout_ms: Some(10_000),
+        output_limit: 64 * 1024,
+        stream: false,
+    }
+}
+
+/// A directory removed when dropped.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(label: &str) -> TempDir {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "outpost-memory-{label}-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Waits until `check` holds, for at most 3 s.
+async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let began = Instant::now();
+    while !check() {
+        assert!(began.elapsed() < Duration::from_secs(3), "never: {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Whether `pid` is gone (or a zombie not yet reaped).
+fn gone(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    }
+}
+
+/// Starts `echo $$; exec sleep 30` streamed and returns the call with the
+/// shell's pid, read from its first output.
+async fn start_sleeper(call: &mut Call) -> i32 {
+    let mut out = Vec::new();
+    while !out.ends_with(b"\n") {
+        match call.next().await.unwrap() {
+            Response::Output {
+                stream: OutputStream::Stdout,
+                data,
+            } => out.extend_from_slice(&data),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    String::from_utf8(out).unwrap().trim().parse().unwrap()
+}
+
+fn sleeper() -> Request {
+    Request::Exec(ExecRequest {
+        stream: true,
+        ..exec("echo $$; exec sleep 30")
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_round_trip() {
+    let host = MemoryHost::new();
+    let session = session_on(&host, "mem");
+    let result = session
+        .exec(exec("printf out; printf err >&2; exit 3"), |_, _| {})
+        .await
+        .unwrap();
+    assert_eq!(result.exit_code, Some(3));
+    assert_eq!(result.stdout.head, b"out");
+    assert_eq!(result.stderr.head, b"err");
+    assert!(!result.timed_out);
+
+    // Streamed output arrives through the callback.
+    let mut streamed = Vec::new();
+    let result = session
+        .exec(
+            ExecRequest {
+                stream: true,
+                ..exec("echo one; echo two")
+            },
+            |stream, data| {
+                assert_eq!(stream, OutputStream::Stdout);
+                streamed.extend_from_slice(data);
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(result.exit_code, Some(0));
+    assert_eq!(streamed, b"one\ntwo\n");
+
+    let conn = session.current().expect("connected");
+    assert_eq!(
+        conn.hello.build_hash,
+        outpost_agent::serve::IN_PROCESS_BUILD_HASH
+    );
+    assert_eq!(host.opened(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_timeout_is_timed_out() {
+    let session = session_on(&MemoryHost::new(), "mem");
+    let began = Instant::now();
+    let result = session
+        .exec(
+            ExecRequest {
+                timeout_ms: Some(100),
+                ..exec("echo started; sleep 30")
+            },
+            |_, _| {},
+        )
+        .await
+        .unwrap();
+    assert!(result.timed_out);
+    assert_eq!(result.exit_code, None);
+    assert_eq!(result.stdout.head, b"started\n");
+    assert!(
+        began.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        began.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_concurrent_calls_share_one_connection() {
+    let host = MemoryHost::new();
+    let session = session_on(&host, "mem");
+    let calls = (0..64).map(|i| {
+        let session = &session;
+        async move {
+            let result = session
+                .exec(exec(&format!("sleep 0.0$(({i} % 5)); echo {i}")), |_, _| {})
+                .await
+                .unwrap();
+            assert_eq!(result.stdout.head, format!("{i}\n").into_bytes());
+        }
+    });
+    futures::future::join_all(calls).await;
+    assert_eq!(host.opened(), 1);
+    assert_eq!(host.agents_running(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_call_is_cancelled_on_the_agent() {
+    let session = session_on(&MemoryHost::new(), "mem");
+    let mut call = session.start(sleeper()).await.unwrap();
+    let pid = start_sleeper(&mut call).await;
+    assert!(!gone(pid));
+    drop(call);
+    eventually("the command is killed", || gone(pid)).await;
+    // The connection stays up and answers.
+    let result = session.exec(exec("echo still"), |_, _| {}).await.unwrap();
+    assert_eq!(result.stdout.head, b"still\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_connection_fails_calls_in_flight_and_the_next_reconnects() {
+    let host = MemoryHost::new();
+    let session = session_on(&host, "mem");
+    let mut call = session.start(sleeper()).await.unwrap();
+    let pid = start_sleeper(&mut call).await;
+    let mut other = session.start(sleeper()).await.unwrap();
+    let other_pid = start_sleeper(&mut other).await;
+
+    host.sever();
+    for call in [&mut call, &mut other] {
+        match call.next().await {
+            Err(CallError::ConnectionLost(reason)) => assert!(reason.contains("cut"), "{reason}"),
+            other => panic!("expected a lost connection, got {other:?}"),
+        }
+    }
+    // The agent saw its input end and stopped what it ran.
+    eventually("the commands are killed", || gone(pid) && gone(other_pid)).await;
+    eventually("the agent ends", || host.agents_running() == 0).await;
+
+    let result = session.exec(exec("echo again"), |_, _| {}).await.unwrap();
+    assert_eq!(result.stdout.head, b"again\n");
+    assert_eq!(host.opened(), 2);
+    assert_eq!(host.agents_running(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disconnect_ends_the_agent() {
+    let host = MemoryHost::new();
+    let session = session_on(&host, "mem");
+    session.exec(exec("true"), |_, _| {}).await.unwrap();
+    session.disconnect().await;
+    eventually("the agent ends", || host.agents_running() == 0).await;
+    session.exec(exec("true"), |_, _| {}).await.unwrap();
+    assert_eq!(host.opened(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_are_refused_in_process() {
+    let session = session_on(&MemoryHost::new(), "mem");
+    let mut call = session
+        .start(Request::JobList {
+            state: None,
+            limit: 10,
+        })
+        .await
+        .unwrap();
+    match call.next().await.unwrap() {
+        Response::Error(e) => {
+            assert_eq!(e.kind, ErrorKind::Unsupported);
+            assert!(e.message.contains("outpost-agent executable"), "{e:?}");
+        }
+        other => panic!("expected an error, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleet_fans_out_and_measures() {
+    let (a, b) = (MemoryHost::new(), MemoryHost::new());
+    let home = TempDir::new("fleet");
+    let config = Config::new(
+        vec![a.sandbox("a"), b.sandbox("b")],
+        home.path().join("known_hosts"),
+    );
+    let fleet = Fleet::new(config);
+    assert_eq!(fleet.active_name(), "a");
+
+    let names = ["a".to_string(), "b".to_string(), "nope".to_string()];
+    let results = fleet.exec_many(&names, &exec("echo hi")).await;
+    assert_eq!(results.len(), 3);
+    for (name, result) in &results[..2] {
+        let result = result.as_ref().unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(result.stdout.head, b"hi\n");
+    }
+    assert!(matches!(&results[2].1, Err(CallError::Connect(e)) if e.contains("unknown sandbox")));
+
+    let rows = fleet.list(true, Duration::from_secs(5)).await;
+    assert_eq!(rows.len(), 2);
+    for row in rows {
+        assert!(row.connection_alive, "{row:?}");
+        let resources = row.resources.expect("resources");
+        let json = serde_json::to_value(&resources).unwrap();
+        assert!(json.is_object());
+    }
+    assert_eq!((a.opened(), b.opened()), (1, 1));
+}
+
+/// Every path under `root` with what it is: file content and mode, link
+/// target, or directory.
+fn tree(root: &Path) -> Vec<(PathBuf, String)> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<(PathBuf, String)>) {
+        let mut entries: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        entries.sort();
+        for path in entries {
+            let rel = path.strip_prefix(root).unwrap().to_path_buf();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            if meta.file_type().is_symlink() {
+                let target = std::fs::read_link(&path).unwrap();
+                out.push((rel, format!("link {}", target.display())));
+            } else if meta.is_dir() {
+                out.push((rel, "dir".into()));
+                walk(root, &path, out);
+            } else {
+                let content = std::fs::read(&path).unwrap();
+                let mode = meta.permissions().mode() & 0o777;
+                out.push((rel, format!("file {mode:o} {content:?}")));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(root, root, &mut out);
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn push_and_pull_a_small_tree() {
+    let scratch = TempDir::new("sync");
+    let src = scratch.path().join("src");
+    std::fs::create_dir_all(src.join("sub/deeper")).unwrap();
+    std::fs::write(src.join("a.txt"), "alpha\n").unwrap();
+    std::fs::write(src.join("sub/b.bin"), vec![7u8; 100_000]).unwrap();
+    std::fs::write(src.join("sub/deeper/run.sh"), "#!/bin/sh\necho hi\n").unwrap();
+    std::fs::set_permissions(
+        src.join("sub/deeper/run.sh"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("a.txt", src.join("link")).unwrap();
+    let remote = scratch.path().join("remote");
+    let remote_str = remote.to_str().unwrap();
+
+    let session = session_on(&MemoryHost::new(), "mem");
+    let options = SyncOptions::default();
+    let report = push(
+        &session,
+        &src,
+        remote_str,
+        &options,
+        Arc::new(Progress::default()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.files_sent, 3, "{report:?}");
+    assert!(report.problems.is_empty(), "{report:?}");
+    assert_eq!(tree(&remote), tree(&src));
+
+    // Nothing changed: nothing is sent again.
+    let again = push(
+        &session,
+        &src,
+        remote_str,
+        &options,
+        Arc::new(Progress::default()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(again.files_sent, 0, "{again:?}");
+
+    // A change made on the host comes back with a pull.
+    let result = session
+        .exec(
+            exec(&format!("echo changed > '{remote_str}/sub/new.txt'")),
+            |_, _| {},
+        )
+        .await
+        .unwrap();
+    assert_eq!(result.exit_code, Some(0));
+    let back = scratch.path().join("back");
+    let report = pull(
+        &session,
+        remote_str,
+        &back,
+        &options,
+        Arc::new(Progress::default()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(report.files_sent, 4, "{report:?}");
+    assert_eq!(tree(&back), tree(&remote));
+    assert_eq!(
+        std::fs::read_to_string(back.join("sub/new.txt")).unwrap(),
+        "changed\n"
+    );
+}

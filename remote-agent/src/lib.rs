@@ -1,0 +1,61 @@
+//! `outpost-agent`: Outpost's helper on each host.
+//!
+//! The controller uploads this crate's binary and runs `outpost-agent serve`
+//! over one SSH exec channel (or as a local child); the two then speak the
+//! framed protocol of `outpost-protocol` on stdin/stdout. The agent exists so
+//! that commands get real timeouts (whole process trees killed), bounded
+//! output capture, concurrency on one connection, host metrics, GPU leases,
+//! the host side of file sync, and background jobs that outlive the
+//! connection (`daemon` and `shim` are the processes behind those; see
+//! `jobs`).
+//!
+//! The library holds everything; `main.rs` only parses arguments. Besides the
+//! entry points of the binary's commands it offers [`serve::serve_on`], the
+//! protocol session on any reader and writer, so a program can run an agent
+//! in-process (the controller's tests do, over an in-memory pipe).
+//!
+//! Logs and diagnostics go to stderr only: in `serve` mode stdout carries
+//! protocol bytes and nothing else.
+
+mod capture;
+mod cleanup;
+mod diagnose;
+mod exec;
+mod files;
+mod gpu;
+mod guard;
+mod identity;
+mod jobs;
+mod leases;
+mod metrics;
+mod outbox;
+mod paths;
+mod proctree;
+pub mod serve;
+
+/// `outpost-agent diagnose`: prints a report about this host and the
+/// agent's state; returns the exit code.
+pub fn diagnose() -> i32 {
+    diagnose::run()
+}
+
+/// `outpost-agent daemon`: the per-user job daemon. `started_by` says how
+/// it was started (`None`: by a double fork).
+pub fn daemon(started_by: Option<&str>) -> i32 {
+    jobs::daemon::main(started_by.unwrap_or(jobs::client::STARTED_BY_FORK))
+}
+
+/// `outpost-agent shim <dir>`: supervises one background job.
+pub fn shim(dir: &std::path::Path, resume: bool) -> i32 {
+    jobs::shim::run(dir, resume)
+}
+
+/// `outpost-agent guard`: the watchdog `serve` starts with a pipe on stdin.
+pub fn guard() -> i32 {
+    guard::main()
+}
+
+/// `outpost-agent <version> (<first 12 hex digits of the build hash>)`.
+pub fn version_line() -> String {
+    identity::version_line()
+}
