@@ -1,0 +1,225 @@
+//! One connection per sandbox, shared by every call, with requests multiplexed.
+//!
+//! A [`Session`] is `Disconnected` until a call needs it, then holds a live
+//! [`Connection`]: a reader task dispatching responses by request id, a writer task
+//! owning the agent's stdin, and a heartbeat. Any of them failing moves the
+//! connection to `Closed(reason)`: every call in flight fails at once with
+//! [`CallError::ConnectionLost`], and the next call connects afresh.
+//!
+//! Architecture invariant: a request is sent at most once. Connecting is retried
+//! by the next call; a request whose connection died is reported, never re-sent,
+//! so no command runs twice.
+
+mod connection;
+mod error;
+mod heartbeat;
+mod writer;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use outpost_protocol::{
+    ExecRequest, ExecResult, GpuLease, GpuLeaseRequest, HostMetrics, OutputStream, Request,
+    Response,
+};
+
+use crate::config::SandboxConfig;
+use crate::host::{self, HostContext};
+
+pub use connection::{Call, Connection};
+pub use error::CallError;
+
+pub struct Session {
+    pub config: SandboxConfig,
+    ctx: Arc<HostContext>,
+    /// Serializes connecting, so concurrent first calls share one connection.
+    current: tokio::sync::Mutex<Option<Arc<Connection>>>,
+    last_error: Mutex<Option<String>>,
+}
+
+/// The observable state of a session.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SessionState {
+    Disconnected,
+    Connected,
+    Closed(String),
+}
+
+impl Session {
+    pub fn new(config: SandboxConfig, ctx: Arc<HostContext>) -> Session {
+        Session {
+            config,
+            ctx,
+            current: tokio::sync::Mutex::new(None),
+            last_error: Mutex::new(None),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    /// Current state without connecting.
+    pub fn state(&self) -> SessionState {
+        let last_error = self.last_error.lock().unwrap().clone();
+        match self.current.try_lock() {
+            Ok(guard) => match guard.as_ref() {
+                Some(conn) => match conn.closed_reason() {
+                    None => SessionState::Connected,
+                    Some(reason) => SessionState::Closed(reason),
+                },
+                None => match last_error {
+                    Some(e) => SessionState::Closed(e),
+                    None => SessionState::Disconnected,
+                },
+            },
+            // Someone is connecting right now.
+            Err(_) => SessionState::Disconnected,
+        }
+    }
+
+    /// The live connection, connecting first if there is none.
+    pub async fn connection(&self) -> Result<Arc<Connection>, CallError> {
+        let mut current = self.current.lock().await;
+        if let Some(conn) = current.as_ref()
+            && conn.closed_reason().is_none()
+        {
+            return Ok(conn.clone());
+        }
+        *current = None;
+        match self.connect().await {
+            Ok(conn) => {
+                *self.last_error.lock().unwrap() = None;
+                *current = Some(conn.clone());
+                Ok(conn)
+            }
+            Err(e) => {
+                *self.last_error.lock().unwrap() = Some(e.clone());
+                Err(CallError::Connect(e))
+            }
+        }
+    }
+
+    async fn connect(&self) -> Result<Arc<Connection>, String> {
+        let began = Instant::now();
+        let (host, started) = host::start(&self.config.target, &self.ctx).await?;
+        let conn = Connection::open(
+            started.link,
+            started.reader,
+            started.hello,
+            started.agent_path,
+            started.uploaded,
+            started.facts,
+            host,
+        );
+        tracing::info!(
+            sandbox = %self.config.name,
+            ms = began.elapsed().as_millis() as u64,
+            uploaded = conn.uploaded,
+            "connected"
+        );
+        Ok(conn)
+    }
+
+    /// Sends one request; the returned [`Call`] yields its responses.
+    pub async fn start(&self, request: Request) -> Result<Call, CallError> {
+        let conn = self.connection().await?;
+        conn.start(request)
+    }
+
+    /// Runs a command. `on_output` sees streamed chunks when `req.stream` is set.
+    pub async fn exec(
+        &self,
+        req: ExecRequest,
+        mut on_output: impl FnMut(OutputStream, &[u8]),
+    ) -> Result<ExecResult, CallError> {
+        // The agent enforces the timeout; this deadline only guards against an
+        // agent that stops answering without the heartbeat noticing.
+        let deadline = req
+            .timeout_ms
+            .map(|ms| Duration::from_millis(ms) + Duration::from_secs(15));
+        let mut call = self.start(Request::Exec(req)).await?;
+        let wait = async {
+            loop {
+                match call.next().await? {
+                    Response::Output { stream, data } => on_output(stream, &data),
+                    Response::ExecDone(result) => return Ok(result),
+                    Response::Error(e) => return Err(CallError::Agent(e)),
+                    other => {
+                        return Err(CallError::Protocol(format!(
+                            "unexpected answer to exec: {other:?}"
+                        )));
+                    }
+                }
+            }
+        };
+        match deadline {
+            Some(d) => tokio::time::timeout(d, wait).await.map_err(|_| {
+                CallError::ConnectionLost(format!(
+                    "the agent did not finish the command within {} s",
+                    d.as_secs()
+                ))
+            })?,
+            None => wait.await,
+        }
+    }
+
+    pub async fn metrics(&self) -> Result<HostMetrics, CallError> {
+        let mut call = self.start(Request::Metrics).await?;
+        match call.next().await? {
+            Response::Metrics(m) => Ok(m),
+            Response::Error(e) => Err(CallError::Agent(e)),
+            other => Err(CallError::Protocol(format!(
+                "unexpected answer to metrics: {other:?}"
+            ))),
+        }
+    }
+
+    /// Reserves GPUs on the host. The lease lives as long as the returned
+    /// connection (the agent holding it) or until [`Session::release`].
+    pub async fn lease(
+        &self,
+        request: GpuLeaseRequest,
+    ) -> Result<(GpuLease, Arc<Connection>), CallError> {
+        let conn = self.connection().await?;
+        let mut call = conn.start(Request::GpuLease(request))?;
+        match call.next().await? {
+            Response::GpuLease(lease) => Ok((lease, conn)),
+            Response::Error(e) => Err(CallError::Agent(e)),
+            other => Err(CallError::Protocol(format!(
+                "unexpected answer to a GPU lease: {other:?}"
+            ))),
+        }
+    }
+
+    pub async fn release(&self, lease_id: &str) -> Result<(), CallError> {
+        let mut call = self
+            .start(Request::GpuRelease {
+                lease_id: lease_id.to_string(),
+            })
+            .await?;
+        match call.next().await? {
+            Response::Released => Ok(()),
+            Response::Error(e) => Err(CallError::Agent(e)),
+            other => Err(CallError::Protocol(format!(
+                "unexpected answer to a GPU release: {other:?}"
+            ))),
+        }
+    }
+
+    /// The live connection if there is one, without connecting.
+    pub fn current(&self) -> Option<Arc<Connection>> {
+        let guard = self.current.try_lock().ok()?;
+        guard
+            .as_ref()
+            .filter(|c| c.closed_reason().is_none())
+            .cloned()
+    }
+
+    /// Drops the connection (the agent sees EOF and stops what it runs).
+    pub async fn disconnect(&self) {
+        if let Some(conn) = self.current.lock().await.take() {
+            conn.close("disconnected by the controller".into());
+        }
+    }
+}
