@@ -236,7 +236,7 @@ impl ServerHandler for OutpostServer {
             crate::ops::audit::digest(args),
         );
         let tcc = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
-        call.run(self.tool_router.call(tcc)).await
+        call.run(self.tool_router.call(tcc), audit_outcome).await
     }
 
     async fn list_tools(
@@ -359,6 +359,34 @@ impl ServerHandler for OutpostServer {
                  exec_bash runs on the active sandbox unless sandbox_name is given. \
                  Long commands: exec_bash_background, then wait_background_task.",
         )
+    }
+}
+
+/// How a tool call ended, for its audit line, and its error's first line.
+fn audit_outcome(
+    result: &Result<rmcp::model::CallToolResponse, rmcp::ErrorData>,
+) -> (&'static str, Option<String>) {
+    use rmcp::model::CallToolResponse;
+    match result {
+        Ok(CallToolResponse::Complete(r)) if r.is_error == Some(true) => {
+            let text: String = r
+                .content
+                .iter()
+                .filter_map(|c| c.as_text().map(|t| t.text.as_str()))
+                .collect::<Vec<_>>()
+                .join(" ");
+            let kind = if text.starts_with("refused") {
+                "refused"
+            } else {
+                "tool_error"
+            };
+            (kind, Some(crate::ops::audit::short_error(&text)))
+        }
+        Ok(CallToolResponse::Complete(_)) => ("ok", None),
+        Ok(CallToolResponse::InputRequired(_)) => ("input_required", None),
+        Ok(CallToolResponse::Task(_)) => ("task", None),
+        Ok(_) => ("ok", None),
+        Err(e) => ("error", Some(crate::ops::audit::short_error(&e.message))),
     }
 }
 

@@ -402,34 +402,6 @@ pub fn sandbox_of(args: Option<&Map<String, Value>>, active: impl FnOnce() -> St
     json!(active())
 }
 
-/// The outcome of a call and its error's first line.
-pub fn outcome(
-    result: &Result<rmcp::model::CallToolResponse, rmcp::ErrorData>,
-) -> (&'static str, Option<String>) {
-    use rmcp::model::CallToolResponse;
-    match result {
-        Ok(CallToolResponse::Complete(r)) if r.is_error == Some(true) => {
-            let text: String = r
-                .content
-                .iter()
-                .filter_map(|c| c.as_text().map(|t| t.text.as_str()))
-                .collect::<Vec<_>>()
-                .join(" ");
-            let kind = if text.starts_with("refused") {
-                "refused"
-            } else {
-                "tool_error"
-            };
-            (kind, Some(short_error(&text)))
-        }
-        Ok(CallToolResponse::Complete(_)) => ("ok", None),
-        Ok(CallToolResponse::InputRequired(_)) => ("input_required", None),
-        Ok(CallToolResponse::Task(_)) => ("task", None),
-        Ok(_) => ("ok", None),
-        Err(e) => ("error", Some(short_error(&e.message))),
-    }
-}
-
 /// An error message as kept: its first line, scrubbed, cut.
 pub fn short_error(text: &str) -> String {
     let first = text.trim().lines().next().unwrap_or("");
@@ -487,10 +459,16 @@ impl Call {
         }
     }
 
-    /// Runs `call` with a place for its notes, then writes the line.
-    pub async fn run<F>(mut self, call: F) -> Result<rmcp::model::CallToolResponse, rmcp::ErrorData>
+    /// Runs `call` with a place for its notes, then writes the line with
+    /// the outcome `classify` reads from its result (`ok`, `tool_error`,
+    /// `refused`, `error`, …, and the error's first line).
+    pub async fn run<T, F>(
+        mut self,
+        call: F,
+        classify: impl FnOnce(&T) -> (&'static str, Option<String>),
+    ) -> T
     where
-        F: Future<Output = Result<rmcp::model::CallToolResponse, rmcp::ErrorData>>,
+        F: Future<Output = T>,
     {
         let (result, notes) = NOTES
             .scope(Mutex::new(Map::new()), async {
@@ -500,7 +478,7 @@ impl Call {
                 (result, notes)
             })
             .await;
-        let (kind, error) = outcome(&result);
+        let (kind, error) = classify(&result);
         if let Some(record) = self.record.as_mut() {
             record.outcome = kind.into();
             record.error = error;
