@@ -29,17 +29,16 @@
 
 use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io::{self, Read, Write};
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use outpost_protocol::{AgentError, ErrorKind, GpuInfo, GpuLease, GpuLeaseRequest, GpuReport};
 use serde::{Deserialize, Serialize};
 
-use crate::{gpu, proctree};
+use crate::{flock, gpu, proctree};
 
 /// Names the table's directory, for tests and for hosts that want it
 /// elsewhere.
@@ -491,28 +490,18 @@ impl Table {
                 format!("{} is not a regular file", path.display()),
             ));
         }
-        let deadline = Instant::now() + LOCK_WAIT;
-        loop {
-            // SAFETY: plain syscall on an open descriptor.
-            if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-                return Ok(lock);
-            }
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::EWOULDBLOCK) && e.kind() != io::ErrorKind::Interrupted
-            {
-                return Err(self.internal("cannot lock the lease table", e));
-            }
-            if Instant::now() >= deadline {
-                return Err(error(
-                    ErrorKind::Unavailable,
-                    format!(
-                        "the GPU lease table {} stayed locked by another process for 5 s",
-                        self.dir.display()
-                    ),
-                ));
-            }
-            std::thread::sleep(Duration::from_millis(10));
+        if flock::lock_within(&lock, LOCK_WAIT)
+            .map_err(|e| self.internal("cannot lock the lease table", e))?
+        {
+            return Ok(lock);
         }
+        Err(error(
+            ErrorKind::Unavailable,
+            format!(
+                "the GPU lease table {} stayed locked by another process for 5 s",
+                self.dir.display()
+            ),
+        ))
     }
 
     /// Every lease file that parses. A file that does not, or that is not

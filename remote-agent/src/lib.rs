@@ -22,6 +22,7 @@ mod cleanup;
 mod diagnose;
 mod exec;
 mod files;
+mod flock;
 mod gpu;
 mod guard;
 mod identity;

@@ -36,7 +36,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 
 use super::store::{self, ProcId, Record, ResumeRecord, Snapshot, error};
-use crate::{paths, proctree};
+use crate::{flock, paths, proctree};
 
 /// How long an idle daemon stays.
 const IDLE_EXIT: Duration = Duration::from_secs(600);
@@ -241,28 +241,21 @@ pub fn main(started_by: &str) -> i32 {
     detach_stdio(&run);
     let _ = std::env::set_current_dir("/");
 
-    let lock = match OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .open(run.join("daemon.lock"))
-    {
+    let lock = match flock::open_private(&run.join("daemon.lock")) {
         Ok(f) => f,
         Err(e) => {
             eprintln!("outpost-agent daemon: cannot open the lock: {e}");
             return 1;
         }
     };
-    let deadline = Instant::now() + LOCK_WAIT;
-    // SAFETY: plain syscall on an open descriptor.
-    while unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        if Instant::now() >= deadline {
-            // Another daemon serves this state dir: nothing to do.
-            return 0;
+    match flock::lock_within(&lock, LOCK_WAIT) {
+        Ok(true) => {}
+        // Another daemon serves this state dir: nothing to do.
+        Ok(false) => return 0,
+        Err(e) => {
+            eprintln!("outpost-agent daemon: cannot take the lock: {e}");
+            return 1;
         }
-        std::thread::sleep(Duration::from_millis(20));
     }
 
     let socket = match prepare_socket_dir(&state) {

@@ -29,17 +29,16 @@
 
 use std::fs::{self, DirBuilder, File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom, Write};
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use outpost_protocol::{AgentError, ErrorKind, JobEvent, JobInfo, JobSpec, JobState};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::{paths, proctree};
+use crate::{flock, paths, proctree};
 
 pub const SPEC: &str = "spec.json";
 pub const LOG: &str = "log";
@@ -470,14 +469,10 @@ pub fn report_end(root: &Path, dir: &Path, exit: &ExitRecord) {
 
 /// Appends one event; returns its sequence number.
 pub fn emit(root: &Path, job: &str, kind: &str, detail: &str) -> io::Result<u64> {
-    let lock = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .open(root.join(EVENTS_LOCK))?;
-    lock_exclusive(&lock)?;
+    let lock = flock::open_private(&root.join(EVENTS_LOCK))?;
+    if !flock::lock_within(&lock, LOCK_WAIT)? {
+        return Err(io::Error::other("the events file stayed locked for 5 s"));
+    }
     let path = root.join(EVENTS);
     let mut file = OpenOptions::new()
         .read(true)
@@ -511,24 +506,6 @@ pub fn emit(root: &Path, job: &str, kind: &str, detail: &str) -> io::Result<u64>
         trim_events(&path, &mut file)?;
     }
     Ok(seq)
-}
-
-fn lock_exclusive(lock: &File) -> io::Result<()> {
-    let deadline = Instant::now() + LOCK_WAIT;
-    loop {
-        // SAFETY: plain syscall on an open descriptor.
-        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-            return Ok(());
-        }
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EWOULDBLOCK) && e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-        if Instant::now() >= deadline {
-            return Err(io::Error::other("the events file stayed locked for 5 s"));
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 /// The highest sequence number in the events file: from its last whole line
