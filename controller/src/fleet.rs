@@ -48,7 +48,7 @@ impl HeldLease {
 }
 
 /// One row of `list_sandboxes`.
-#[derive(Debug, Clone, Serialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Serialize)]
 pub struct SandboxStatus {
     pub name: String,
     pub host: String,

@@ -4,10 +4,9 @@
 //! everything else is added beside them, so its users' prompts keep working.
 
 use outpost_protocol::{GpuSource, HostMetrics};
-use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize)]
 pub struct Resources {
     pub cpu: CpuResources,
     pub memory: MemoryResources,
@@ -26,7 +25,7 @@ pub struct Resources {
     pub idle_score: f64,
 }
 
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize)]
 pub struct CpuResources {
     pub load_1m: f64,
     pub load_5m: f64,
@@ -37,7 +36,7 @@ pub struct CpuResources {
     pub usage_pct: Option<f64>,
 }
 
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize)]
 pub struct MemoryResources {
     pub total_mb: u64,
     pub used_mb: u64,
@@ -47,7 +46,7 @@ pub struct MemoryResources {
     pub swap_used_mb: u64,
 }
 
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize)]
 pub struct GpuResources {
     pub index: u32,
     pub util_pct: f64,
@@ -67,7 +66,7 @@ pub struct GpuResources {
     pub processes: Vec<GpuProcessResources>,
 }
 
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize)]
 pub struct GpuProcessResources {
     pub pid: u32,
     pub user: String,
@@ -76,7 +75,7 @@ pub struct GpuProcessResources {
     pub mem_mb: Option<u64>,
 }
 
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize)]
 pub struct DiskResources {
     /// "home" or "cwd".
     pub role: String,
@@ -224,7 +223,7 @@ pub fn idle_score(
 }
 
 /// What `select_sandbox("auto")` must find on a host.
-#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Default, Deserialize)]
 pub struct Requirements {
     /// GPUs that are unleased and have min_gpu_free_mb free each.
     pub min_gpus: Option<u32>,

@@ -1,16 +1,137 @@
 //! The file tools: syncs both ways (inline, or continued in the background
 //! past the inline limits, as transfer tasks to poll and cancel), and
-//! listing, reading and writing remote files. Each is a thin call into
-//! [`crate::ops::files`], which also holds their parameter and result types.
+//! listing, reading and writing remote files. Each parses its arguments into
+//! a request of [`crate::ops::files`] and makes one call there; the results
+//! are that module's types, described by the mirrors of [`super::shape`].
 
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::service::Peer;
 use rmcp::{Json, RoleServer, tool, tool_router};
+use schemars::JsonSchema;
+use serde::Deserialize;
 
 use super::OutpostServer;
-use crate::ops::files::{
-    self, ListParams as FileListParams, ReadParams, SyncParams, TaskParams, WriteParams,
+use super::shape::{
+    FileListShape, ReadShape, Shaped, SyncOutcomeShape, SyncReportShape, TransferShape, WriteShape,
 };
+use crate::ops::files::{self, ListRequest, ReadRequest, SyncRequest, WriteRequest};
+use crate::ops::transfers::TransferView;
+use crate::sync::SyncReport;
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct SyncParams {
+    pub local_path: String,
+    pub remote_path: String,
+    /// Remove target paths the source lacks (never excluded ones).
+    #[serde(default)]
+    pub delete_extras: bool,
+    /// gitignore-syntax patterns, added to the defaults (.git/, node_modules/, …).
+    pub excludes: Option<Vec<String>>,
+    /// A local file of patterns.
+    pub exclude_file: Option<String>,
+    /// Also honour the source tree's .gitignore files.
+    #[serde(default)]
+    pub use_gitignore: bool,
+    /// Return the plan; change nothing.
+    #[serde(default)]
+    pub dry_run: bool,
+    /// Let delete_extras remove most of a non-trivial target.
+    #[serde(default)]
+    pub force: bool,
+    pub sandbox_name: Option<String>,
+}
+
+impl From<SyncParams> for SyncRequest {
+    fn from(p: SyncParams) -> Self {
+        SyncRequest {
+            local_path: p.local_path,
+            remote_path: p.remote_path,
+            delete_extras: p.delete_extras,
+            excludes: p.excludes,
+            exclude_file: p.exclude_file,
+            use_gitignore: p.use_gitignore,
+            dry_run: p.dry_run,
+            force: p.force,
+            sandbox_name: p.sandbox_name,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct TaskParams {
+    pub task_id: String,
+    /// Log lines to return. Default 50.
+    pub last_n_lines: Option<usize>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct FileListParams {
+    /// Default "." (the home).
+    pub remote_path: Option<String>,
+    #[serde(default)]
+    pub recursive: bool,
+    /// Default 200, at most 100000.
+    pub max_entries: Option<u64>,
+    pub sandbox_name: Option<String>,
+}
+
+impl From<FileListParams> for ListRequest {
+    fn from(p: FileListParams) -> Self {
+        ListRequest {
+            remote_path: p.remote_path,
+            recursive: p.recursive,
+            max_entries: p.max_entries,
+            sandbox_name: p.sandbox_name,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ReadParams {
+    pub remote_path: String,
+    /// Default 200000.
+    pub max_bytes: Option<u64>,
+    /// Byte offset to start at. Default 0.
+    pub offset: Option<u64>,
+    pub sandbox_name: Option<String>,
+}
+
+impl From<ReadParams> for ReadRequest {
+    fn from(p: ReadParams) -> Self {
+        ReadRequest {
+            remote_path: p.remote_path,
+            max_bytes: p.max_bytes,
+            offset: p.offset,
+            sandbox_name: p.sandbox_name,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct WriteParams {
+    pub remote_path: String,
+    pub content: String,
+    /// Octal permission string, e.g. "755". Default "644".
+    pub mode: Option<String>,
+    /// Create missing parent directories. Default true.
+    pub create_parents: Option<bool>,
+    pub sandbox_name: Option<String>,
+}
+
+impl From<WriteParams> for WriteRequest {
+    fn from(p: WriteParams) -> Self {
+        WriteRequest {
+            remote_path: p.remote_path,
+            content: p.content,
+            mode: p.mode,
+            create_parents: p.create_parents,
+            sandbox_name: p.sandbox_name,
+        }
+    }
+}
+
+type SyncOutcome = Shaped<files::SyncOutcome, SyncOutcomeShape>;
+type Transfer = Shaped<TransferView, TransferShape>;
 
 #[tool_router(router = files_router, vis = "pub(super)")]
 impl OutpostServer {
@@ -21,11 +142,11 @@ impl OutpostServer {
         &self,
         Parameters(p): Parameters<SyncParams>,
         peer: Peer<RoleServer>,
-    ) -> Result<Json<files::SyncOutcome>, String> {
+    ) -> Result<Json<SyncOutcome>, String> {
         let roots = self.local_roots(&peer).await;
-        files::sync_maybe_inline(&self.fleet, &self.transfers, &roots, p)
+        files::sync_maybe_inline(&self.fleet, &self.transfers, &roots, p.into())
             .await
-            .map(Json)
+            .map(|r| Json(Shaped::new(r)))
     }
 
     #[tool(
@@ -35,9 +156,10 @@ impl OutpostServer {
         &self,
         Parameters(p): Parameters<SyncParams>,
         peer: Peer<RoleServer>,
-    ) -> Result<Json<files::SyncOutcome>, String> {
+    ) -> Result<Json<SyncOutcome>, String> {
         let roots = self.local_roots(&peer).await;
-        files::sync_background(&self.fleet, &self.transfers, &roots, p).map(Json)
+        files::sync_background(&self.fleet, &self.transfers, &roots, p.into())
+            .map(|r| Json(Shaped::new(r)))
     }
 
     #[tool(
@@ -46,9 +168,9 @@ impl OutpostServer {
     async fn check_file_transfer_task(
         &self,
         Parameters(p): Parameters<TaskParams>,
-    ) -> Result<Json<crate::ops::transfers::TransferView>, String> {
+    ) -> Result<Json<Transfer>, String> {
         let task = self.transfers.get(&p.task_id)?;
-        Ok(Json(task.view(p.last_n_lines.unwrap_or(50))))
+        Ok(Json(Shaped::new(task.view(p.last_n_lines.unwrap_or(50)))))
     }
 
     #[tool(
@@ -57,11 +179,11 @@ impl OutpostServer {
     async fn cancel_file_transfer_task(
         &self,
         Parameters(p): Parameters<TaskParams>,
-    ) -> Result<Json<crate::ops::transfers::TransferView>, String> {
+    ) -> Result<Json<Transfer>, String> {
         let task = self.transfers.get(&p.task_id)?;
         task.cancel();
         let _ = tokio::time::timeout(std::time::Duration::from_secs(10), task.finished()).await;
-        Ok(Json(task.view(p.last_n_lines.unwrap_or(10))))
+        Ok(Json(Shaped::new(task.view(p.last_n_lines.unwrap_or(10)))))
     }
 
     #[tool(
@@ -71,9 +193,11 @@ impl OutpostServer {
         &self,
         Parameters(p): Parameters<SyncParams>,
         peer: Peer<RoleServer>,
-    ) -> Result<Json<crate::sync::SyncReport>, String> {
+    ) -> Result<Json<Shaped<SyncReport, SyncReportShape>>, String> {
         let roots = self.local_roots(&peer).await;
-        files::pull(&self.fleet, &roots, p).await.map(Json)
+        files::pull(&self.fleet, &roots, p.into())
+            .await
+            .map(|r| Json(Shaped::new(r)))
     }
 
     #[tool(
@@ -82,8 +206,10 @@ impl OutpostServer {
     async fn list_remote_files(
         &self,
         Parameters(p): Parameters<FileListParams>,
-    ) -> Result<Json<files::ListResult>, String> {
-        files::list(&self.fleet, p).await.map(Json)
+    ) -> Result<Json<Shaped<files::ListResult, FileListShape>>, String> {
+        files::list(&self.fleet, p.into())
+            .await
+            .map(|r| Json(Shaped::new(r)))
     }
 
     #[tool(
@@ -92,15 +218,19 @@ impl OutpostServer {
     async fn read_remote_file(
         &self,
         Parameters(p): Parameters<ReadParams>,
-    ) -> Result<Json<files::ReadResult>, String> {
-        files::read(&self.fleet, p).await.map(Json)
+    ) -> Result<Json<Shaped<files::ReadResult, ReadShape>>, String> {
+        files::read(&self.fleet, p.into())
+            .await
+            .map(|r| Json(Shaped::new(r)))
     }
 
     #[tool(description = "Write a sandbox file atomically (parents created by default).")]
     async fn write_remote_file(
         &self,
         Parameters(p): Parameters<WriteParams>,
-    ) -> Result<Json<files::WriteResult>, String> {
-        files::write(&self.fleet, p).await.map(Json)
+    ) -> Result<Json<Shaped<files::WriteResult, WriteShape>>, String> {
+        files::write(&self.fleet, p.into())
+            .await
+            .map(|r| Json(Shaped::new(r)))
     }
 }

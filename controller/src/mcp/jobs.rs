@@ -1,19 +1,19 @@
 //! The background-job tools, after remote-sandbox-mcp's (`tmux_session` is
 //! the job name): start, check, list, cancel, wait for, and read the log of a
-//! job. `job_spec` turns `exec_bash_background`'s parameters into the job
-//! request; the calls themselves are [`crate::ops::jobs`]. The first job tool
+//! job. `start_request` turns `exec_bash_background`'s parameters into a
+//! job request; checking it and the calls themselves are [`crate::ops::jobs`]. The first job tool
 //! used on a sandbox starts its event follower (`job_session`).
 
 use std::time::Duration;
 
-use outpost_protocol::{JobRead, JobSpec, JobState, JobWait, WaitReason, WatchSpec};
+use outpost_protocol::{JobRead, JobSpec, JobState, JobWait, WaitReason};
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::{Json, RoleServer, tool, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::OutpostServer;
-use crate::ops::jobs;
+use crate::ops::jobs::{self, StartRequest, seconds};
 use crate::policy::Planned;
 
 /// What the hook parameters of remote-sandbox-mcp get instead of running.
@@ -219,21 +219,6 @@ pub(super) fn given(s: &Option<String>) -> Option<String> {
         .map(str::to_string)
 }
 
-pub(super) fn seconds(
-    name: &str,
-    value: Option<f64>,
-    default: f64,
-    max: f64,
-) -> Result<Duration, String> {
-    let v = value.unwrap_or(default);
-    if !(v >= 0.0 && v <= max) {
-        return Err(format!(
-            "{name} must be between 0 and {max} seconds, got {v}"
-        ));
-    }
-    Ok(Duration::from_secs_f64(v))
-}
-
 pub(super) fn log_bytes(value: Option<u64>) -> Result<u64, String> {
     match value.unwrap_or(DEFAULT_LOG_BYTES) {
         0 => Err("max_bytes must be 1 or more".into()),
@@ -241,75 +226,35 @@ pub(super) fn log_bytes(value: Option<u64>) -> Result<u64, String> {
     }
 }
 
-fn valid_json(name: &str, value: &Option<String>) -> Result<Option<String>, String> {
-    let Some(text) = given(value) else {
-        return Ok(None);
-    };
-    serde_json::from_str::<serde_json::Value>(&text)
-        .map_err(|e| format!("{name} is not valid JSON: {e}"))?;
-    Ok(Some(text))
-}
-
-/// The job request for `exec_bash_background`, or what is wrong with the call.
-pub fn job_spec(p: &BackgroundParams) -> Result<JobSpec, String> {
+/// `exec_bash_background`'s arguments as a job request. Hooks are refused
+/// here: they come from the config file only, never from a tool call.
+fn start_request(p: &BackgroundParams) -> Result<StartRequest, String> {
     if given(&p.webhook_url).is_some() || given(&p.event_command).is_some() {
         return Err(HOOKS_REFUSED.into());
     }
-    if p.command.trim().is_empty() {
-        return Err("command is empty".into());
-    }
-    let checkpoint_format = given(&p.checkpoint_format).unwrap_or_else(|| "text".into());
-    if checkpoint_format != "text" && checkpoint_format != "json" {
-        return Err(format!(
-            "checkpoint_format must be \"text\" or \"json\", got {checkpoint_format:?}"
-        ));
-    }
-    let cwd = given(&p.cwd);
-    let day = 86_400.0;
-    let watch = WatchSpec {
+    Ok(StartRequest {
+        command: p.command.clone(),
+        name: given(&p.session_name),
+        log_file: given(&p.log_file),
+        cwd: given(&p.cwd),
         run_id: given(&p.run_id),
         watch_name: given(&p.watch_name),
         resume_command: given(&p.resume_command),
-        resume_plan_json: valid_json("resume_plan_json", &p.resume_plan_json)?,
+        resume_plan_json: given(&p.resume_plan_json),
         checkpoint_path: given(&p.checkpoint_path),
-        checkpoint_format: Some(checkpoint_format),
+        checkpoint_format: given(&p.checkpoint_format),
         checkpoint_command: given(&p.checkpoint_command),
-        auto_resume: p.auto_resume.unwrap_or(false),
-        max_resume_attempts: p.max_resume_attempts.unwrap_or(1),
-        resume_delay_s: seconds("resume_delay_s", p.resume_delay_s, 300.0, day)?.as_secs(),
-        alert_after_failures: p.alert_after_failures.unwrap_or(2),
-        interval_s: seconds("interval_s", p.interval_s, 300.0, day)?.as_secs(),
-        metadata_json: jobs::with_cwd(
-            valid_json("metadata_json", &p.metadata_json)?,
-            cwd.as_deref(),
-        ),
-    };
-    if watch.auto_resume && watch.resume_command.is_none() && watch.resume_plan_json.is_none() {
-        return Err("auto_resume needs resume_command (or resume_plan_json)".into());
-    }
-    Ok(JobSpec {
-        name: given(&p.session_name),
-        command: p.command.clone(),
-        env: Vec::new(),
-        log_file: given(&p.log_file).map(|log| relative_to(cwd.as_deref(), log)),
-        cwd,
-        watch,
+        interval_s: p.interval_s,
+        alert_after_failures: p.alert_after_failures,
+        resume_delay_s: p.resume_delay_s,
+        auto_resume: p.auto_resume,
+        max_resume_attempts: p.max_resume_attempts,
+        metadata_json: given(&p.metadata_json),
     })
 }
 
-/// A relative remote `path` resolved against `cwd`, as remote-sandbox-mcp
-/// resolves log files (the host resolves relative paths against the home).
-fn relative_to(cwd: Option<&str>, path: String) -> String {
-    match cwd {
-        Some(cwd) if !path.starts_with('/') && !path.starts_with('~') => {
-            format!(
-                "{}/{}",
-                cwd.trim_end_matches('/'),
-                path.trim_start_matches("./")
-            )
-        }
-        _ => path,
-    }
+pub fn job_spec(p: &BackgroundParams) -> Result<JobSpec, String> {
+    jobs::job_spec(&start_request(p)?)
 }
 
 #[tool_router(router = jobs_router, vis = "pub(super)")]

@@ -21,8 +21,10 @@
 //! `sandboxes.rs` (sandboxes and GPU leases), `exec.rs` (`exec_bash` and the
 //! policy check), `files.rs` (syncs and remote files), `jobs.rs` (background
 //! jobs), `watch.rs` (the advanced watch tools), `resources.rs`,
-//! `prompts.rs`, and `linelimit.rs` (oversized messages on stdin). This file
-//! holds the server, merges the routers and implements `ServerHandler`.
+//! `prompts.rs`, `linelimit.rs` (oversized messages on stdin) and `shape.rs`
+//! (the schemas of results that lower layers define: only `mcp/` knows
+//! schemars). This file holds the server, merges the routers and implements
+//! `ServerHandler`.
 
 mod exec;
 mod files;
@@ -31,6 +33,7 @@ pub mod linelimit;
 mod prompts;
 mod resources;
 mod sandboxes;
+mod shape;
 mod watch;
 
 use std::sync::atomic::{AtomicU8, Ordering};

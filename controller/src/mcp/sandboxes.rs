@@ -8,6 +8,7 @@ use rmcp::{Json, tool, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::shape::SandboxStatusShape;
 use super::{OutpostServer, RESOURCE_DEADLINE_EXTRA};
 use crate::fleet::SandboxStatus;
 use crate::resources::Requirements;
@@ -22,6 +23,7 @@ pub struct ListParams {
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct ListResult {
     pub active_sandbox: String,
+    #[schemars(with = "Vec<SandboxStatusShape>")]
     pub sandboxes: Vec<SandboxStatus>,
 }
 
@@ -29,8 +31,25 @@ pub struct ListResult {
 pub struct SelectParams {
     /// A sandbox name, or "auto": the idlest sandbox meeting the requirements.
     pub sandbox_name: String,
-    #[serde(flatten)]
-    pub requirements: Requirements,
+    /// GPUs that are unleased and have min_gpu_free_mb free each.
+    pub min_gpus: Option<u32>,
+    /// Free memory per GPU, MiB.
+    pub min_gpu_free_mb: Option<u64>,
+    /// Free host memory, MiB.
+    pub min_free_mem_mb: Option<u64>,
+    /// Highest acceptable 1-minute load per CPU (e.g. 0.5).
+    pub max_load_per_cpu: Option<f64>,
+}
+
+impl SelectParams {
+    fn requirements(&self) -> Requirements {
+        Requirements {
+            min_gpus: self.min_gpus,
+            min_gpu_free_mb: self.min_gpu_free_mb,
+            min_free_mem_mb: self.min_free_mem_mb,
+            max_load_per_cpu: self.max_load_per_cpu,
+        }
+    }
 }
 
 #[derive(Debug, Serialize, JsonSchema)]
@@ -107,7 +126,7 @@ impl OutpostServer {
         let mut idle_score = None;
         if p.sandbox_name == "auto" && self.fleet.get(Some("auto")).is_err() {
             let deadline = self.fleet.config.connect_timeout + RESOURCE_DEADLINE_EXTRA;
-            let (_, r) = self.fleet.select_auto(&p.requirements, deadline).await?;
+            let (_, r) = self.fleet.select_auto(&p.requirements(), deadline).await?;
             idle_score = Some(r.idle_score);
         } else {
             self.fleet.select(&p.sandbox_name)?;

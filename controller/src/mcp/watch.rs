@@ -164,6 +164,7 @@ pub struct EventRow {
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct WatchdogStatus {
     /// Sandboxes whose job events this server follows.
+    #[schemars(with = "Vec<super::shape::FollowerShape>")]
     pub followers: Vec<crate::ops::events::FollowerView>,
     /// Configured hooks: "webhook_url", "event_command".
     pub hooks: Vec<String>,

@@ -27,7 +27,6 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use schemars::JsonSchema;
 use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -51,7 +50,7 @@ const WEBHOOK_TIMEOUT: Duration = Duration::from_secs(10);
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A job event, or a reachability alert, as hooks and clients see it.
-#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct HookEvent {
     /// started, completed, failed, cancelled, interrupted, resume_started,
     /// resume_failed; host_unreachable, host_reachable.
@@ -243,7 +242,7 @@ struct FollowerState {
     last_error: Mutex<Option<String>>,
 }
 
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Serialize)]
 pub struct FollowerView {
     pub sandbox: String,
     /// Whether this process runs the hooks for this sandbox (another Outpost

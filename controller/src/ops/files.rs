@@ -7,8 +7,7 @@ use std::time::Duration;
 
 use outpost_protocol::{EntryKind, FilterSpec, ScanRequest};
 use outpost_treesync::relpath;
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::fleet::Fleet;
 use crate::ops::localpath::{Intent, Roots};
@@ -21,48 +20,31 @@ const PLAN_WAIT: Duration = Duration::from_secs(20);
 /// Longest an inline sync blocks a tool call before going to the background.
 const INLINE_WAIT: Duration = Duration::from_secs(100);
 
-#[derive(Debug, Deserialize, JsonSchema)]
-pub struct SyncParams {
+// Requests as plain data: the MCP front end (`mcp/files.rs`) parses its
+// arguments, with their defaults and documentation, into these.
+
+pub struct SyncRequest {
     pub local_path: String,
     pub remote_path: String,
-    /// Remove target paths the source lacks (never excluded ones).
-    #[serde(default)]
     pub delete_extras: bool,
-    /// gitignore-syntax patterns, added to the defaults (.git/, node_modules/, …).
     pub excludes: Option<Vec<String>>,
-    /// A local file of patterns.
     pub exclude_file: Option<String>,
-    /// Also honour the source tree's .gitignore files.
-    #[serde(default)]
     pub use_gitignore: bool,
-    /// Return the plan; change nothing.
-    #[serde(default)]
     pub dry_run: bool,
-    /// Let delete_extras remove most of a non-trivial target.
-    #[serde(default)]
     pub force: bool,
     pub sandbox_name: Option<String>,
 }
 
-#[derive(Debug, Deserialize, JsonSchema)]
-pub struct TaskParams {
-    pub task_id: String,
-    /// Log lines to return. Default 50.
-    pub last_n_lines: Option<usize>,
-}
-
-#[derive(Debug, Deserialize, JsonSchema)]
-pub struct ListParams {
+pub struct ListRequest {
     /// Default "." (the home).
     pub remote_path: Option<String>,
-    #[serde(default)]
     pub recursive: bool,
     /// Default 200, at most 100000.
     pub max_entries: Option<u64>,
     pub sandbox_name: Option<String>,
 }
 
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Serialize)]
 pub struct ListEntry {
     /// Relative to remote_path.
     pub path: String,
@@ -74,23 +56,22 @@ pub struct ListEntry {
     pub symlink: Option<String>,
 }
 
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Serialize)]
 pub struct ListResult {
     pub entries: Vec<ListEntry>,
     pub truncated: bool,
 }
 
-#[derive(Debug, Deserialize, JsonSchema)]
-pub struct ReadParams {
+pub struct ReadRequest {
     pub remote_path: String,
     /// Default 200000.
     pub max_bytes: Option<u64>,
-    /// Byte offset to start at. Default 0.
+    /// Default 0.
     pub offset: Option<u64>,
     pub sandbox_name: Option<String>,
 }
 
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Serialize)]
 pub struct ReadResult {
     pub size: u64,
     pub truncated: bool,
@@ -101,18 +82,17 @@ pub struct ReadResult {
     pub binary: bool,
 }
 
-#[derive(Debug, Deserialize, JsonSchema)]
-pub struct WriteParams {
+pub struct WriteRequest {
     pub remote_path: String,
     pub content: String,
     /// Octal permission string, e.g. "755". Default "644".
     pub mode: Option<String>,
-    /// Create missing parent directories. Default true.
+    /// Default true.
     pub create_parents: Option<bool>,
     pub sandbox_name: Option<String>,
 }
 
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Serialize)]
 pub struct WriteResult {
     pub status: String,
     pub size: u64,
@@ -120,7 +100,7 @@ pub struct WriteResult {
 
 /// A sync's answer: the report when it ran inline, or the task when it went to
 /// the background.
-#[derive(Debug, Serialize, JsonSchema)]
+#[derive(Debug, Serialize)]
 pub struct SyncOutcome {
     /// "inline" or "background".
     pub mode: String,
@@ -140,7 +120,7 @@ pub struct SyncOutcome {
 /// The local directory of a sync, checked against `roots`, and its options.
 fn options(
     roots: &Roots,
-    p: &SyncParams,
+    p: &SyncRequest,
     direction: Direction,
 ) -> Result<(PathBuf, SyncOptions), String> {
     let intent = match direction {
@@ -171,7 +151,7 @@ pub fn sync_background(
     fleet: &Fleet,
     transfers: &Transfers,
     roots: &Roots,
-    p: SyncParams,
+    p: SyncRequest,
 ) -> Result<SyncOutcome, String> {
     let (local, options) = options(roots, &p, Direction::Push)?;
     let session = fleet.get(p.sandbox_name.as_deref())?;
@@ -193,7 +173,7 @@ pub async fn sync_maybe_inline(
     fleet: &Fleet,
     transfers: &Transfers,
     roots: &Roots,
-    p: SyncParams,
+    p: SyncRequest,
 ) -> Result<SyncOutcome, String> {
     let (local, options) = options(roots, &p, Direction::Push)?;
     let session = fleet.get(p.sandbox_name.as_deref())?;
@@ -248,7 +228,7 @@ pub async fn sync_maybe_inline(
     }
 }
 
-pub async fn pull(fleet: &Fleet, roots: &Roots, p: SyncParams) -> Result<SyncReport, String> {
+pub async fn pull(fleet: &Fleet, roots: &Roots, p: SyncRequest) -> Result<SyncReport, String> {
     let (local, options) = options(roots, &p, Direction::Pull)?;
     let session = fleet.get(p.sandbox_name.as_deref())?;
     sync::pull(
@@ -262,7 +242,7 @@ pub async fn pull(fleet: &Fleet, roots: &Roots, p: SyncParams) -> Result<SyncRep
     .map_err(|e| e.to_string())
 }
 
-pub async fn list(fleet: &Fleet, p: ListParams) -> Result<ListResult, String> {
+pub async fn list(fleet: &Fleet, p: ListRequest) -> Result<ListResult, String> {
     let session = fleet.get(p.sandbox_name.as_deref())?;
     let root = match p.remote_path.as_deref() {
         None | Some("") | Some(".") => "~".to_string(),
@@ -306,7 +286,7 @@ pub async fn list(fleet: &Fleet, p: ListParams) -> Result<ListResult, String> {
     })
 }
 
-pub async fn read(fleet: &Fleet, p: ReadParams) -> Result<ReadResult, String> {
+pub async fn read(fleet: &Fleet, p: ReadRequest) -> Result<ReadResult, String> {
     let session = fleet.get(p.sandbox_name.as_deref())?;
     let max = p.max_bytes.unwrap_or(200_000);
     let offset = p.offset.unwrap_or(0);
@@ -342,7 +322,7 @@ const MAX_LIST_ENTRIES: u64 = 100_000;
 /// MCP message and one model turn; larger files belong to the sync tools.
 pub const MAX_WRITE_BYTES: usize = 8 << 20;
 
-pub async fn write(fleet: &Fleet, p: WriteParams) -> Result<WriteResult, String> {
+pub async fn write(fleet: &Fleet, p: WriteRequest) -> Result<WriteResult, String> {
     if p.content.len() > MAX_WRITE_BYTES {
         return Err(format!(
             "content is {} bytes; write_remote_file takes at most {} MiB: write the file locally and use sync_local_to_remote",

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use outpost_protocol::{
     ExecRequest, JobEvent, JobInfo, JobLog, JobRead, JobSpec, JobState, JobWait, JobWaited,
-    Request, Response,
+    Request, Response, WatchSpec,
 };
 
 use crate::session::{CallError, Session};
@@ -54,6 +54,109 @@ fn unexpected(what: &str, response: Response) -> CallError {
         shown.push('…');
     }
     CallError::Protocol(format!("unexpected answer to {what}: {shown}"))
+}
+
+/// A job to start, as plain data: a front end fills it from its arguments
+/// (strings that were left empty as `None`); [`job_spec`] checks it.
+#[derive(Debug, Default)]
+pub struct StartRequest {
+    pub command: String,
+    pub name: Option<String>,
+    /// Relative paths are taken from `cwd`.
+    pub log_file: Option<String>,
+    pub cwd: Option<String>,
+    pub run_id: Option<String>,
+    pub watch_name: Option<String>,
+    pub resume_command: Option<String>,
+    pub resume_plan_json: Option<String>,
+    pub checkpoint_path: Option<String>,
+    /// "text" (the default) or "json".
+    pub checkpoint_format: Option<String>,
+    pub checkpoint_command: Option<String>,
+    pub interval_s: Option<f64>,
+    pub alert_after_failures: Option<u32>,
+    pub resume_delay_s: Option<f64>,
+    pub auto_resume: Option<bool>,
+    pub max_resume_attempts: Option<u32>,
+    pub metadata_json: Option<String>,
+}
+
+/// The agent's request for `r`, or what is wrong with it.
+pub fn job_spec(r: &StartRequest) -> Result<JobSpec, String> {
+    if r.command.trim().is_empty() {
+        return Err("command is empty".into());
+    }
+    let checkpoint_format = r.checkpoint_format.clone().unwrap_or_else(|| "text".into());
+    if checkpoint_format != "text" && checkpoint_format != "json" {
+        return Err(format!(
+            "checkpoint_format must be \"text\" or \"json\", got {checkpoint_format:?}"
+        ));
+    }
+    let day = 86_400.0;
+    let watch = WatchSpec {
+        run_id: r.run_id.clone(),
+        watch_name: r.watch_name.clone(),
+        resume_command: r.resume_command.clone(),
+        resume_plan_json: valid_json("resume_plan_json", &r.resume_plan_json)?,
+        checkpoint_path: r.checkpoint_path.clone(),
+        checkpoint_format: Some(checkpoint_format),
+        checkpoint_command: r.checkpoint_command.clone(),
+        auto_resume: r.auto_resume.unwrap_or(false),
+        max_resume_attempts: r.max_resume_attempts.unwrap_or(1),
+        resume_delay_s: seconds("resume_delay_s", r.resume_delay_s, 300.0, day)?.as_secs(),
+        alert_after_failures: r.alert_after_failures.unwrap_or(2),
+        interval_s: seconds("interval_s", r.interval_s, 300.0, day)?.as_secs(),
+        metadata_json: with_cwd(
+            valid_json("metadata_json", &r.metadata_json)?,
+            r.cwd.as_deref(),
+        ),
+    };
+    if watch.auto_resume && watch.resume_command.is_none() && watch.resume_plan_json.is_none() {
+        return Err("auto_resume needs resume_command (or resume_plan_json)".into());
+    }
+    Ok(JobSpec {
+        name: r.name.clone(),
+        command: r.command.clone(),
+        env: Vec::new(),
+        log_file: r
+            .log_file
+            .clone()
+            .map(|log| relative_to(r.cwd.as_deref(), log)),
+        cwd: r.cwd.clone(),
+        watch,
+    })
+}
+
+fn valid_json(name: &str, value: &Option<String>) -> Result<Option<String>, String> {
+    if let Some(text) = value {
+        serde_json::from_str::<serde_json::Value>(text)
+            .map_err(|e| format!("{name} is not valid JSON: {e}"))?;
+    }
+    Ok(value.clone())
+}
+
+fn relative_to(cwd: Option<&str>, path: String) -> String {
+    match cwd {
+        Some(cwd) if !path.starts_with('/') && !path.starts_with('~') => {
+            format!(
+                "{}/{}",
+                cwd.trim_end_matches('/'),
+                path.trim_start_matches("./")
+            )
+        }
+        _ => path,
+    }
+}
+
+/// `value` seconds (else `default`), checked to lie in 0..=`max`.
+pub fn seconds(name: &str, value: Option<f64>, default: f64, max: f64) -> Result<Duration, String> {
+    let v = value.unwrap_or(default);
+    if !(v >= 0.0 && v <= max) {
+        return Err(format!(
+            "{name} must be between 0 and {max} seconds, got {v}"
+        ));
+    }
+    Ok(Duration::from_secs_f64(v))
 }
 
 /// Starts a job; the answer describes it (its name, when the agent chose it).

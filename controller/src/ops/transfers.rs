@@ -11,7 +11,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use schemars::JsonSchema;
 use serde::Serialize;
 
 use crate::session::Session;
@@ -20,7 +19,7 @@ use crate::sync::{self, Progress, SyncError, SyncOptions, SyncReport};
 /// Lines of log kept per transfer.
 const LOG_LINES: usize = 500;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Status {
     Running,
@@ -50,7 +49,7 @@ struct TransferState {
     log: VecDeque<String>,
 }
 
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize)]
 pub struct ProgressView {
     pub files_done: u64,
     pub files_total: u64,
@@ -61,7 +60,7 @@ pub struct ProgressView {
 }
 
 /// What `check_file_transfer_task` returns.
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Serialize)]
 pub struct TransferView {
     pub task_id: String,
     pub status: Status,

@@ -54,7 +54,7 @@ pub struct Progress {
 }
 
 /// What a sync did (or, with dry_run, would do).
-#[derive(Debug, Clone, Default, serde::Serialize, schemars::JsonSchema)]
+#[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct SyncReport {
     pub files_sent: u64,
     pub files_unchanged: u64,

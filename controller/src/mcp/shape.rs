@@ -1,0 +1,322 @@
+//! JSON schemas for the results that `ops`, `fleet`, `resources` and `sync`
+//! build, so that only `mcp/` knows schemars.
+//!
+//! Those layers return plain serde types (the CLI prints the same values as
+//! JSON). Here each gets a schema-only mirror: a struct with the same field
+//! names, types and serde attributes that derives `JsonSchema` and nothing
+//! else. [`Shaped`] pairs a value with its mirror for a tool's return type;
+//! a field of an MCP result struct takes its mirror with
+//! `#[schemars(with = "…")]`.
+//!
+//! A mirror that drifts from its type would advertise a wrong output schema,
+//! which strict clients reject. The end-to-end tests check every structured
+//! result they receive against the tool's advertised schema, refusing any key
+//! the schema does not name.
+
+use std::borrow::Cow;
+use std::marker::PhantomData;
+
+use schemars::{JsonSchema, Schema, SchemaGenerator};
+use serde::{Serialize, Serializer};
+
+/// `T` serialized as itself, described by the schema of `S`.
+pub struct Shaped<T, S>(pub T, PhantomData<S>);
+
+impl<T, S> Shaped<T, S> {
+    pub fn new(value: T) -> Self {
+        Shaped(value, PhantomData)
+    }
+}
+
+impl<T: Serialize, S> Serialize for Shaped<T, S> {
+    fn serialize<Z: Serializer>(&self, serializer: Z) -> Result<Z::Ok, Z::Error> {
+        self.0.serialize(serializer)
+    }
+}
+
+impl<T, S: JsonSchema> JsonSchema for Shaped<T, S> {
+    fn inline_schema() -> bool {
+        S::inline_schema()
+    }
+
+    fn schema_name() -> Cow<'static, str> {
+        S::schema_name()
+    }
+
+    fn schema_id() -> Cow<'static, str> {
+        S::schema_id()
+    }
+
+    fn json_schema(generator: &mut SchemaGenerator) -> Schema {
+        S::json_schema(generator)
+    }
+}
+
+// Mirrors. Names drop the `Shape` suffix in the schema so that the
+// advertised `$defs` keep the names they always had.
+
+// Mirrors `crate::fleet::SandboxStatus`.
+#[derive(JsonSchema)]
+#[schemars(rename = "SandboxStatus")]
+#[allow(dead_code)]
+pub struct SandboxStatusShape {
+    name: String,
+    host: String,
+    port: u16,
+    user: String,
+    is_active: bool,
+    connection_alive: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    connection_error: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    resources: Option<ResourcesShape>,
+}
+
+// Mirrors `crate::resources::Resources`.
+#[derive(JsonSchema)]
+#[schemars(rename = "Resources")]
+#[allow(dead_code)]
+pub struct ResourcesShape {
+    cpu: CpuShape,
+    memory: MemoryShape,
+    /// Per-GPU usage; empty without a readable NVIDIA GPU.
+    gpu: Vec<GpuShape>,
+    /// "nvml", "nvidia-smi", or "none".
+    gpu_source: String,
+    /// A GPU driver is present but could not be read: GPU state unknown.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gpu_error: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    disks: Vec<DiskShape>,
+    processes: u32,
+    uptime_s: u64,
+    /// 0 = fully busy, 1 = fully idle.
+    idle_score: f64,
+}
+
+#[derive(JsonSchema)]
+#[schemars(rename = "CpuResources")]
+#[allow(dead_code)]
+struct CpuShape {
+    load_1m: f64,
+    load_5m: f64,
+    load_15m: f64,
+    count: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage_pct: Option<f64>,
+}
+
+#[derive(JsonSchema)]
+#[schemars(rename = "MemoryResources")]
+#[allow(dead_code)]
+struct MemoryShape {
+    total_mb: u64,
+    used_mb: u64,
+    free_mb: u64,
+    used_pct: f64,
+    swap_total_mb: u64,
+    swap_used_mb: u64,
+}
+
+#[derive(JsonSchema)]
+#[schemars(rename = "GpuResources")]
+#[allow(dead_code)]
+struct GpuShape {
+    index: u32,
+    util_pct: f64,
+    mem_used_mb: u64,
+    mem_total_mb: u64,
+    mem_used_pct: f64,
+    name: String,
+    uuid: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature_c: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    power_w: Option<f64>,
+    /// The live lease holding this GPU.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lease: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    processes: Vec<GpuProcessShape>,
+}
+
+#[derive(JsonSchema)]
+#[schemars(rename = "GpuProcessResources")]
+#[allow(dead_code)]
+struct GpuProcessShape {
+    pid: u32,
+    user: String,
+    command: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mem_mb: Option<u64>,
+}
+
+#[derive(JsonSchema)]
+#[schemars(rename = "DiskResources")]
+#[allow(dead_code)]
+struct DiskShape {
+    /// "home" or "cwd".
+    role: String,
+    mount: String,
+    total_gb: f64,
+    free_gb: f64,
+}
+
+// Mirrors `crate::sync::SyncReport`.
+#[derive(JsonSchema)]
+#[schemars(rename = "SyncReport")]
+#[allow(dead_code)]
+pub struct SyncReportShape {
+    files_sent: u64,
+    files_unchanged: u64,
+    dirs_created: u64,
+    symlinks: u64,
+    /// Mode or mtime updates without content.
+    attrs_updated: u64,
+    deleted: u64,
+    /// Content bytes of the files sent.
+    bytes_total: u64,
+    /// Bytes that crossed the link (compressed data, chunk deltas).
+    bytes_sent: u64,
+    /// Taken from an interrupted earlier transfer's partial file.
+    #[serde(skip_serializing_if = "is_zero")]
+    bytes_resumed: u64,
+    /// Per-path problems; the rest of the sync completed.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    problems: Vec<String>,
+    duration_s: f64,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    dry_run: bool,
+    /// With dry_run: paths that would be sent (capped).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    would_send: Vec<String>,
+    /// With dry_run: paths that would be deleted (capped).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    would_delete: Vec<String>,
+}
+
+// Mirrors `crate::ops::files::SyncOutcome`.
+#[derive(JsonSchema)]
+#[schemars(rename = "SyncOutcome")]
+#[allow(dead_code)]
+pub struct SyncOutcomeShape {
+    /// "inline" or "background".
+    mode: String,
+    #[serde(flatten)]
+    report: Option<SyncReportShape>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    task_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<TransferStatusShape>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    progress: Option<ProgressShape>,
+    /// Set when an inline sync outgrew the inline limits.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    auto_switched: bool,
+}
+
+// Mirrors `crate::ops::files::ListResult`.
+#[derive(JsonSchema)]
+#[schemars(rename = "ListResult")]
+#[allow(dead_code)]
+pub struct FileListShape {
+    entries: Vec<FileEntryShape>,
+    truncated: bool,
+}
+
+#[derive(JsonSchema)]
+#[schemars(rename = "ListEntry")]
+#[allow(dead_code)]
+struct FileEntryShape {
+    /// Relative to remote_path.
+    path: String,
+    is_dir: bool,
+    size: u64,
+    /// Seconds since the epoch.
+    mtime: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    symlink: Option<String>,
+}
+
+// Mirrors `crate::ops::files::ReadResult`.
+#[derive(JsonSchema)]
+#[schemars(rename = "ReadResult")]
+#[allow(dead_code)]
+pub struct ReadShape {
+    size: u64,
+    truncated: bool,
+    /// The text; absent for binary files.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content: Option<String>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    binary: bool,
+}
+
+// Mirrors `crate::ops::files::WriteResult`.
+#[derive(JsonSchema)]
+#[schemars(rename = "WriteResult")]
+#[allow(dead_code)]
+pub struct WriteShape {
+    status: String,
+    size: u64,
+}
+
+// Mirrors `crate::ops::transfers::Status`.
+#[derive(JsonSchema)]
+#[schemars(rename = "Status")]
+#[serde(rename_all = "lowercase")]
+#[allow(dead_code)]
+enum TransferStatusShape {
+    Running,
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+// Mirrors `crate::ops::transfers::ProgressView`.
+#[derive(JsonSchema)]
+#[schemars(rename = "ProgressView")]
+#[allow(dead_code)]
+struct ProgressShape {
+    files_done: u64,
+    files_total: u64,
+    bytes_done: u64,
+    bytes_total: u64,
+    /// Content bytes per second since the start.
+    rate_mb_s: f64,
+}
+
+// Mirrors `crate::ops::transfers::TransferView`.
+#[derive(JsonSchema)]
+#[schemars(rename = "TransferView")]
+#[allow(dead_code)]
+pub struct TransferShape {
+    task_id: String,
+    status: TransferStatusShape,
+    /// Present (true) while the transfer runs.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    running: bool,
+    progress: ProgressShape,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    result: Option<SyncReportShape>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    log_tail: String,
+}
+
+// Mirrors `crate::ops::events::FollowerView`.
+#[derive(JsonSchema)]
+#[schemars(rename = "FollowerView")]
+#[allow(dead_code)]
+pub struct FollowerShape {
+    sandbox: String,
+    /// Whether this process runs the hooks for this sandbox (else another
+    /// Outpost process holding its events lock does).
+    runs_hooks: bool,
+    last_seq: u64,
+    /// Failed reachability checks in a row.
+    failures: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    last_error: Option<String>,
+}
