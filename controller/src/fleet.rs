@@ -4,6 +4,7 @@
 //! costs its connect timeout once, in parallel, and never looks idle.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::Duration;
 
@@ -199,16 +200,19 @@ impl Fleet {
 
     /// Measures every sandbox concurrently and makes the idlest one that meets
     /// `req` active. Returns its name and resources, or why none fits.
+    /// `answered` counts the sandboxes measured (or given up on) so far.
     pub async fn select_auto(
         &self,
         req: &Requirements,
         deadline: Duration,
+        answered: &AtomicUsize,
     ) -> Result<(String, Resources), String> {
-        let measured =
-            futures::future::join_all(self.sessions.iter().map(|s| async move {
-                (s.name().to_string(), Self::resources(s, deadline).await)
-            }))
-            .await;
+        let measured = futures::future::join_all(self.sessions.iter().map(|s| async move {
+            let result = Self::resources(s, deadline).await;
+            answered.fetch_add(1, Ordering::Relaxed);
+            (s.name().to_string(), result)
+        }))
+        .await;
         let mut best: Option<(String, Resources)> = None;
         let mut rejected = Vec::new();
         for (name, result) in measured {

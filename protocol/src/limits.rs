@@ -17,3 +17,9 @@ pub const OUTPUT_CHUNK_LEN: usize = 64 * 1024;
 
 /// Largest stdin an exec request may carry.
 pub const MAX_STDIN_LEN: usize = 1024 * 1024;
+
+/// Longest `last_line` of an [`crate::ExecProgress`], in bytes.
+pub const PROGRESS_LINE_LEN: usize = 200;
+
+/// Shortest interval between two [`crate::ExecProgress`] of one command.
+pub const MIN_PROGRESS_MS: u32 = 100;

@@ -489,6 +489,23 @@ pub struct ExecRequest {
     /// Also send output as it arrives (`Response::Output`); the captured output in
     /// `ExecDone` is then empty.
     pub stream: bool,
+    /// Send `Response::ExecProgress` at once and then this often (at least
+    /// 100 ms apart) until the command ends. None: no progress.
+    pub progress_ms: Option<u32>,
+}
+
+/// How far a running command has got (not final): what a person watching
+/// its terminal would see at a glance.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ExecProgress {
+    pub stdout_bytes: u64,
+    pub stderr_bytes: u64,
+    /// Newlines written to either stream.
+    pub lines: u64,
+    /// The last non-empty line either stream completed (or the partial line
+    /// being written), cut to [`crate::limits::PROGRESS_LINE_LEN`] bytes.
+    pub last_line: String,
+    pub elapsed_ms: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -552,6 +569,8 @@ pub enum Response {
     Resumed {
         present: Vec<u32>,
     },
+    /// Part of an exec with `progress_ms` (not final).
+    ExecProgress(ExecProgress),
 }
 
 impl Response {
@@ -559,7 +578,10 @@ impl Response {
     pub fn is_final(&self) -> bool {
         !matches!(
             self,
-            Response::Output { .. } | Response::Entries(_) | Response::FileData { .. }
+            Response::Output { .. }
+                | Response::Entries(_)
+                | Response::FileData { .. }
+                | Response::ExecProgress(_)
         )
     }
 }

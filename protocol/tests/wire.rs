@@ -25,6 +25,7 @@ fn sample_messages() -> (Hello, Vec<ClientMessage>, Vec<AgentMessage>) {
                 timeout_ms: Some(2_000),
                 output_limit: 20_000,
                 stream: true,
+                progress_ms: None,
             }),
         },
         ClientMessage::Request {

@@ -13,13 +13,17 @@ use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::pin::pin;
 use std::process::{ExitStatus, Stdio};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::Poll;
 use std::time::{Duration, Instant};
 
-use outpost_protocol::limits::{MAX_EXEC_OUTPUT_LIMIT, MAX_STDIN_LEN, OUTPUT_CHUNK_LEN};
+use outpost_protocol::limits::{
+    MAX_EXEC_OUTPUT_LIMIT, MAX_STDIN_LEN, MIN_PROGRESS_MS, OUTPUT_CHUNK_LEN, PROGRESS_LINE_LEN,
+};
 use outpost_protocol::{
-    AgentError, CapturedOutput, ErrorKind, ExecRequest, ExecResult, OutputStream, RequestId,
-    Response,
+    AgentError, CapturedOutput, ErrorKind, ExecProgress, ExecRequest, ExecResult, OutputStream,
+    RequestId, Response,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
@@ -56,6 +60,7 @@ struct Plan {
     timeout: Option<Duration>,
     limit: usize,
     stream: bool,
+    progress: Option<Duration>,
 }
 
 fn error(kind: ErrorKind, message: impl Into<String>) -> AgentError {
@@ -117,6 +122,9 @@ fn plan(req: ExecRequest) -> Result<Plan, AgentError> {
         timeout: req.timeout_ms.map(Duration::from_millis),
         limit: req.output_limit.min(MAX_EXEC_OUTPUT_LIMIT) as usize,
         stream: req.stream,
+        progress: req
+            .progress_ms
+            .map(|ms| Duration::from_millis(ms.max(MIN_PROGRESS_MS).into())),
     })
 }
 
@@ -194,15 +202,114 @@ fn spawn(plan: &Plan, token: &str) -> Result<Child, AgentError> {
     })
 }
 
+/// What progress reports are made of: counted as output passes, whatever
+/// is kept of it.
+#[derive(Default)]
+struct Tally {
+    bytes: [AtomicU64; 2],
+    lines: AtomicU64,
+    text: Mutex<LastLine>,
+}
+
+#[derive(Default)]
+struct LastLine {
+    /// The last non-empty line either stream completed.
+    done: Vec<u8>,
+    /// Each stream's line in progress (after its last `\r`, so a progress
+    /// bar shows its latest state), at most [`PROGRESS_LINE_LEN`] bytes.
+    partial: [Vec<u8>; 2],
+}
+
+impl Tally {
+    fn push(&self, stream: OutputStream, data: &[u8]) {
+        let which = stream as usize;
+        self.bytes[which].fetch_add(data.len() as u64, Ordering::Relaxed);
+        let newlines = data.iter().filter(|&&b| b == b'\n').count() as u64;
+        self.lines.fetch_add(newlines, Ordering::Relaxed);
+        let mut text = self.text.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(last_nl) = data.iter().rposition(|&b| b == b'\n') else {
+            append_line(&mut text.partial[which], data);
+            return;
+        };
+        let complete = &data[..last_nl];
+        // The first line of the chunk finishes the stream's partial line.
+        let first_end = complete
+            .iter()
+            .position(|&b| b == b'\n')
+            .unwrap_or(complete.len());
+        let later = complete[first_end..]
+            .rsplit(|&b| b == b'\n')
+            .map(after_cr)
+            .find(|l| !l.trim_ascii().is_empty());
+        let line = match later {
+            Some(l) => l[..l.len().min(PROGRESS_LINE_LEN)].to_vec(),
+            None => {
+                let mut first = std::mem::take(&mut text.partial[which]);
+                append_line(&mut first, &complete[..first_end]);
+                first
+            }
+        };
+        if !line.trim_ascii().is_empty() {
+            text.done = line;
+        }
+        text.partial[which].clear();
+        append_line(&mut text.partial[which], &data[last_nl + 1..]);
+    }
+
+    fn snapshot(&self, started: Instant) -> ExecProgress {
+        let text = self.text.lock().unwrap_or_else(|p| p.into_inner());
+        // A line still being written (a prompt, a progress bar) is newer
+        // than the last finished one.
+        let line = [&text.partial[0], &text.partial[1]]
+            .into_iter()
+            .find(|l| !l.trim_ascii().is_empty())
+            .unwrap_or(&text.done);
+        ExecProgress {
+            stdout_bytes: self.bytes[0].load(Ordering::Relaxed),
+            stderr_bytes: self.bytes[1].load(Ordering::Relaxed),
+            lines: self.lines.load(Ordering::Relaxed),
+            last_line: String::from_utf8_lossy(line.trim_ascii()).into_owned(),
+            elapsed_ms: started.elapsed().as_millis() as u64,
+        }
+    }
+}
+
+/// The text after a line's last carriage return.
+fn after_cr(line: &[u8]) -> &[u8] {
+    match line.iter().rposition(|&b| b == b'\r') {
+        Some(i) => &line[i + 1..],
+        None => line,
+    }
+}
+
+/// Continues a partial line with `data` (no newline in it): a `\r` starts
+/// it over; past [`PROGRESS_LINE_LEN`] bytes the rest is dropped.
+fn append_line(line: &mut Vec<u8>, data: &[u8]) {
+    let data = match data.iter().rposition(|&b| b == b'\r') {
+        Some(i) => {
+            line.clear();
+            &data[i + 1..]
+        }
+        None => data,
+    };
+    let room = PROGRESS_LINE_LEN.saturating_sub(line.len());
+    line.extend_from_slice(&data[..data.len().min(room)]);
+}
+
 /// Where a stream's bytes go.
 struct Sink<'a> {
     capture: Capture,
     /// Set when streaming: chunks go to the controller as they arrive.
     stream: Option<(&'a Outbox, RequestId, OutputStream)>,
+    /// Set when progress is reported.
+    tally: Option<(&'a Tally, OutputStream)>,
 }
 
 impl Sink<'_> {
     async fn deliver(&mut self, data: &[u8]) {
+        if let Some((tally, stream)) = self.tally {
+            tally.push(stream, data);
+        }
         match self.stream {
             Some((outbox, id, stream)) => {
                 // A gone controller is handled by the serve loop; keep reading
@@ -323,10 +430,14 @@ pub async fn run(
         _ => None,
     };
 
+    let tally = Tally::default();
     let sink = |stream| Sink {
         capture: Capture::new(if plan.stream { 0 } else { plan.limit }),
         stream: plan.stream.then_some((outbox, id, stream)),
+        tally: plan.progress.is_some().then_some((&tally, stream)),
     };
+    // The first tick is immediate: a watcher hears at once that it started.
+    let mut ticker = tokio::time::interval(plan.progress.unwrap_or(Duration::from_secs(3600)));
     let mut out_sink = sink(OutputStream::Stdout);
     let mut err_sink = sink(OutputStream::Stderr);
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -362,6 +473,10 @@ pub async fn run(
                 _ = &mut pumps, if !pumps_done => pumps_done = true,
                 _ = &mut deadline => break Ending::TimedOut,
                 _ = &mut cancelled => break Ending::Cancelled,
+                _ = ticker.tick(), if plan.progress.is_some() => {
+                    let progress = Response::ExecProgress(tally.snapshot(started));
+                    let _ = outbox.send(id, progress).await;
+                }
             }
         };
 
@@ -448,6 +563,7 @@ mod tests {
             timeout_ms: None,
             output_limit: 100,
             stream: false,
+            progress_ms: None,
         }
     }
 

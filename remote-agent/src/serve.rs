@@ -536,6 +536,7 @@ mod tests {
                 timeout_ms: None,
                 output_limit: 10,
                 stream: false,
+                progress_ms: None,
             }),
         });
         p.truncate(5);

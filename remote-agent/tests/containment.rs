@@ -24,6 +24,7 @@ fn exec(command: &str) -> ExecRequest {
         timeout_ms: None,
         output_limit: 10_000,
         stream: false,
+        progress_ms: None,
     }
 }
 

@@ -21,6 +21,7 @@ fn ex(command: &str) -> ExecRequest {
         timeout_ms: None,
         output_limit: 1 << 20,
         stream: false,
+        progress_ms: None,
     }
 }
 
@@ -292,6 +293,47 @@ fn streaming_sends_chunks_then_an_empty_result() {
     assert_eq!(out.len(), 200_003);
     assert!(out.starts_with(b"abc"));
     assert_eq!(err, b"def");
+}
+
+#[test]
+fn progress_comes_at_once_then_periodically_and_output_is_still_captured() {
+    let mut agent = Agent::start();
+    let mut req = ex(
+        "echo first; sleep 0.6; printf 'second\\n\\n' >&2; sleep 0.6; printf 'bar 10%%\\rbar 90%%'",
+    );
+    req.progress_ms = Some(100);
+    agent.exec(1, req);
+    let mut responses = agent.responses(1, Duration::from_secs(10));
+    let Some(Response::ExecDone(r)) = responses.pop() else {
+        panic!("no ExecDone");
+    };
+    assert_eq!(text(&r.stdout), "first\nbar 10%\rbar 90%");
+    assert_eq!(text(&r.stderr), "second\n\n");
+    let progress: Vec<_> = responses
+        .into_iter()
+        .map(|resp| match resp {
+            Response::ExecProgress(p) => p,
+            other => panic!("unexpected {other:?}"),
+        })
+        .collect();
+    // One at once, then one per 100 ms for about 1.2 s.
+    assert!(progress.len() >= 6, "{progress:?}");
+    assert!(progress[0].elapsed_ms < 100, "{:?}", progress[0]);
+    let lines: Vec<&str> = progress.iter().map(|p| p.last_line.as_str()).collect();
+    assert!(lines.contains(&"first"), "{lines:?}");
+    assert!(lines.contains(&"second"), "{lines:?}");
+    let last = progress.last().unwrap();
+    assert!(
+        last.last_line == "second" || last.last_line == "bar 90%",
+        "{last:?}"
+    );
+    assert!(last.lines <= 3 && last.stdout_bytes <= 23, "{last:?}");
+    assert!(
+        progress
+            .windows(2)
+            .all(|w| w[0].elapsed_ms <= w[1].elapsed_ms),
+        "{progress:?}"
+    );
 }
 
 #[test]

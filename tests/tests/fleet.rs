@@ -136,12 +136,15 @@ async fn auto_selection_and_fan_out() {
         min_free_mem_mb: Some(u64::MAX / 2),
         ..Default::default()
     };
-    let err = fleet.select_auto(&impossible, deadline).await.unwrap_err();
+    let err = fleet
+        .select_auto(&impossible, deadline, &Default::default())
+        .await
+        .unwrap_err();
     for name in ["h00", "h01", "local"] {
         assert!(err.contains(name), "{err}");
     }
     let (name, r) = fleet
-        .select_auto(&Requirements::default(), deadline)
+        .select_auto(&Requirements::default(), deadline, &Default::default())
         .await
         .unwrap();
     assert_eq!(fleet.active_name(), name);

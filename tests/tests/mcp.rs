@@ -6,8 +6,10 @@
 
 mod common;
 
-use common::mcp_client::{call, ssh_env, start};
-use outpost_e2e::Sshd;
+use std::time::Duration;
+
+use common::mcp_client::{ProgressLog, call, ssh_env, start, start_as};
+use outpost_e2e::{Sshd, pids_with_cmdline, wait_until};
 use serde_json::{Value, json};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -441,5 +443,103 @@ async fn mcp_file_tools_and_transfers() {
         r["status"] == "cancelled" || r["status"] == "completed",
         "{r}"
     );
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_long_calls_send_progress() {
+    let log = ProgressLog::default();
+    let (client, _home) = start_as(log.clone(), &[]).await;
+
+    // exec_bash: one notification at once, then one every 3 s, each newer
+    // than the last, counting toward the timeout, with the last line.
+    let (err, r) = call(
+        &client,
+        "exec_bash",
+        json!({"command": "echo step-1; sleep 4; echo step-2; sleep 4", "timeout_s": 60}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    assert_eq!(r["stdout"], "step-1\nstep-2\n");
+    let got = log.take();
+    assert!(got.len() >= 3, "{got:?}");
+    assert!(
+        got.windows(2).all(|w| w[0].progress < w[1].progress),
+        "{got:?}"
+    );
+    assert!(got.iter().all(|p| p.total == Some(60.0)), "{got:?}");
+    let messages: Vec<String> = got.iter().filter_map(|p| p.message.clone()).collect();
+    assert!(
+        messages.iter().any(|m| m.ends_with(": step-1")),
+        "{messages:?}"
+    );
+    assert!(
+        messages.iter().any(|m| m.ends_with(": step-2")),
+        "{messages:?}"
+    );
+
+    // A quick call gets its result (and at most the first notification).
+    let (_, r) = call(&client, "exec_bash", json!({"command": "true"})).await;
+    assert_eq!(r["exit_code"], 0);
+    assert!(log.take().len() <= 1);
+
+    // wait_background_task: the job's state and its last line.
+    let (err, r) = call(
+        &client,
+        "exec_bash_background",
+        json!({"command": "echo waiting-1; sleep 4; echo waiting-2"}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    let name = r["tmux_session"].as_str().unwrap().to_string();
+    let (err, r) = call(
+        &client,
+        "wait_background_task",
+        json!({"name": name, "timeout_s": 30}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    assert_eq!(r["reason"], "ended");
+    let got = log.take();
+    assert!(got.len() >= 2, "{got:?}");
+    assert!(
+        got.iter()
+            .filter_map(|p| p.message.as_deref())
+            .any(|m| m.starts_with("running") && m.ends_with(": waiting-1")),
+        "{got:?}"
+    );
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_cancelled_exec_kills_its_process_tree() {
+    let (client, _home) = start(&[]).await;
+    let needle = format!("sleep 300.{}", std::process::id());
+    let args = json!({"command": format!("{needle} & {needle}; wait")});
+    let mut running = Box::pin(
+        client.call_tool(
+            rmcp::model::CallToolRequestParams::new("exec_bash")
+                .with_arguments(args.as_object().unwrap().clone()),
+        ),
+    );
+    tokio::select! {
+        r = &mut running => panic!("the command ended: {r:?}"),
+        () = async {
+            while pids_with_cmdline(&needle).len() < 2 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        } => {}
+    }
+    // Dropping rmcp's call sends notifications/cancelled.
+    drop(running);
+    assert!(
+        wait_until(Duration::from_secs(10), || pids_with_cmdline(&needle)
+            .is_empty()),
+        "left running: {:?}",
+        pids_with_cmdline(&needle)
+    );
+    // The server goes on serving.
+    let (_, r) = call(&client, "exec_bash", json!({"command": "echo after"})).await;
+    assert_eq!(r["stdout"], "after\n");
     client.cancel().await.unwrap();
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use outpost::fleet::Fleet;
+use outpost::ops::human_bytes;
 
 /// `NAME:PATH` when NAME is a configured sandbox.
 fn remote_spec<'a>(fleet: &Fleet, arg: &'a str) -> Option<(String, &'a str)> {
@@ -121,13 +122,4 @@ pub(super) async fn sync(
     } else {
         ExitCode::from(23)
     })
-}
-
-pub(super) fn human_bytes(n: u64) -> String {
-    match n {
-        n if n >= 1 << 30 => format!("{:.1} GiB", n as f64 / (1u64 << 30) as f64),
-        n if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / (1u64 << 20) as f64),
-        n if n >= 1 << 10 => format!("{:.1} KiB", n as f64 / 1024.0),
-        n => format!("{n} B"),
-    }
 }

@@ -4,14 +4,19 @@
 //! where a confirm rule says so). The request and the exit status come from
 //! [`crate::ops::exec`].
 
-use outpost_protocol::ExecRequest;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use outpost_protocol::{ExecProgress, ExecRequest};
 use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::RequestMetaObject;
 use rmcp::{Json, RoleServer, tool, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::OutpostServer;
-use crate::ops::exec;
+use super::progress::{AGENT_EVERY_MS, Progress, Report};
+use crate::ops::{exec, human_bytes};
 use crate::policy::Planned;
 use crate::session::CallError;
 
@@ -79,6 +84,33 @@ fn exec_request(p: &ExecParams, stream: bool) -> Result<ExecRequest, String> {
     })
 }
 
+/// A progress notification from the agent's last report: seconds elapsed
+/// (of the timeout), output so far and its last line.
+fn exec_report(seen: Option<ExecProgress>, timeout_s: Option<f64>) -> Report {
+    let Some(p) = seen else {
+        return Report {
+            done: 0.0,
+            total: timeout_s,
+            message: "started".into(),
+        };
+    };
+    let elapsed = p.elapsed_ms as f64 / 1000.0;
+    let mut message = format!(
+        "{elapsed:.0} s, {} lines, {}",
+        p.lines,
+        human_bytes(p.stdout_bytes + p.stderr_bytes)
+    );
+    if !p.last_line.is_empty() {
+        message.push_str(": ");
+        message.push_str(&p.last_line);
+    }
+    Report {
+        done: elapsed,
+        total: timeout_s,
+        message,
+    }
+}
+
 /// Shapes an agent exec result for the `exec_bash` tool.
 fn exec_output(
     result: Result<outpost_protocol::ExecResult, CallError>,
@@ -113,7 +145,9 @@ impl OutpostServer {
         &self,
         Parameters(p): Parameters<ExecParams>,
         peer: rmcp::Peer<RoleServer>,
+        meta: RequestMetaObject,
     ) -> Result<Json<ExecReply>, String> {
+        let progress = Progress::of(&peer, &meta);
         let mut req = exec_request(&p, false)?;
         let mut target = p.sandbox_name.clone();
         if let Some(id) = &p.gpu_lease {
@@ -140,6 +174,18 @@ impl OutpostServer {
                     })
                     .collect();
                 self.permit(&peer, &planned).await?;
+                let started = Instant::now();
+                let count = names.len();
+                let _ticker = progress.every(move || {
+                    let elapsed = started.elapsed().as_secs_f64();
+                    async move {
+                        Report {
+                            done: elapsed,
+                            total: None,
+                            message: format!("running on {count} sandboxes, {elapsed:.0} s"),
+                        }
+                    }
+                });
                 ExecReply {
                     single: None,
                     groups: Some(self.fan_out(&names, &req).await?),
@@ -156,8 +202,27 @@ impl OutpostServer {
                     }],
                 )
                 .await?;
+                let latest: Arc<Mutex<Option<ExecProgress>>> = Arc::default();
+                let timeout_s = req.timeout_ms.map(|ms| ms as f64 / 1000.0);
+                let _ticker = progress.every({
+                    let latest = latest.clone();
+                    move || {
+                        let seen = latest.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                        async move { exec_report(seen, timeout_s) }
+                    }
+                });
+                if progress.wanted() {
+                    req.progress_ms = Some(AGENT_EVERY_MS);
+                }
+                let result = session
+                    .exec_watched(
+                        req,
+                        |_, _| {},
+                        |p| *latest.lock().unwrap_or_else(|p| p.into_inner()) = Some(p),
+                    )
+                    .await;
                 ExecReply {
-                    single: Some(exec_output(session.exec(req, |_, _| {}).await)?),
+                    single: Some(exec_output(result)?),
                     groups: None,
                 }
             }

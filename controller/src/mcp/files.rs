@@ -4,19 +4,25 @@
 //! a request of [`crate::ops::files`] and makes one call there; the results
 //! are that module's types, described by the mirrors of [`super::shape`].
 
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
 use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::RequestMetaObject;
 use rmcp::service::Peer;
 use rmcp::{Json, RoleServer, tool, tool_router};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
 use super::OutpostServer;
+use super::progress::{Progress, Report};
 use super::shape::{
     FileListShape, ReadShape, Shaped, SyncOutcomeShape, SyncReportShape, TransferShape, WriteShape,
 };
 use crate::ops::files::{self, ListRequest, ReadRequest, SyncRequest, WriteRequest};
+use crate::ops::human_bytes;
 use crate::ops::transfers::TransferView;
-use crate::sync::SyncReport;
+use crate::sync::{self, SyncReport};
 
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct SyncParams {
@@ -130,6 +136,28 @@ impl From<WriteParams> for WriteRequest {
     }
 }
 
+/// A progress notification from a sync's live counters: bytes done of
+/// total, and files.
+fn sync_report(p: &sync::Progress) -> Report {
+    let load = |n: &std::sync::atomic::AtomicU64| n.load(Ordering::Relaxed);
+    let (files_done, files_total) = (load(&p.files_done), load(&p.files_total));
+    let (bytes_done, bytes_total) = (load(&p.bytes_done), load(&p.bytes_total));
+    let message = if files_total == 0 {
+        "comparing trees".to_string()
+    } else {
+        format!(
+            "{files_done}/{files_total} files, {} of {}",
+            human_bytes(bytes_done),
+            human_bytes(bytes_total)
+        )
+    };
+    Report {
+        done: bytes_done as f64,
+        total: (files_total > 0).then_some(bytes_total as f64),
+        message,
+    }
+}
+
 type SyncOutcome = Shaped<files::SyncOutcome, SyncOutcomeShape>;
 type Transfer = Shaped<TransferView, TransferShape>;
 
@@ -142,9 +170,18 @@ impl OutpostServer {
         &self,
         Parameters(p): Parameters<SyncParams>,
         peer: Peer<RoleServer>,
+        meta: RequestMetaObject,
     ) -> Result<Json<SyncOutcome>, String> {
         let roots = self.local_roots(&peer).await;
-        files::sync_maybe_inline(&self.fleet, &self.transfers, &roots, p.into())
+        let progress = Progress::of(&peer, &meta);
+        let mut ticker = None;
+        let watch = |counters: Arc<sync::Progress>| {
+            ticker = Some(progress.every(move || {
+                let report = sync_report(&counters);
+                async move { report }
+            }));
+        };
+        files::sync_maybe_inline(&self.fleet, &self.transfers, &roots, p.into(), watch)
             .await
             .map(|r| Json(Shaped::new(r)))
     }
@@ -193,9 +230,18 @@ impl OutpostServer {
         &self,
         Parameters(p): Parameters<SyncParams>,
         peer: Peer<RoleServer>,
+        meta: RequestMetaObject,
     ) -> Result<Json<Shaped<SyncReport, SyncReportShape>>, String> {
         let roots = self.local_roots(&peer).await;
-        files::pull(&self.fleet, &roots, p.into())
+        let counters = Arc::new(sync::Progress::default());
+        let _ticker = Progress::of(&peer, &meta).every({
+            let counters = counters.clone();
+            move || {
+                let report = sync_report(&counters);
+                async move { report }
+            }
+        });
+        files::pull(&self.fleet, &roots, p.into(), counters)
             .await
             .map(|r| Json(Shaped::new(r)))
     }

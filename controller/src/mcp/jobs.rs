@@ -4,23 +4,28 @@
 //! job request; checking it and the calls themselves are [`crate::ops::jobs`]. The first job tool
 //! used on a sandbox starts its event follower (`job_session`).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use outpost_protocol::{JobRead, JobSpec, JobState, JobWait, WaitReason};
 use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::RequestMetaObject;
 use rmcp::{Json, RoleServer, tool, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::OutpostServer;
+use super::progress::{Progress, Report};
 use crate::ops::jobs::{self, StartRequest, seconds};
 use crate::policy::Planned;
+use crate::session::Session;
 
 /// What the hook parameters of remote-sandbox-mcp get instead of running.
 const HOOKS_REFUSED: &str = "webhook_url/event_command are not accepted from tool calls (they would let a caller run commands on this machine); configure hooks in the Outpost config file: [hooks] webhook_url = …, event_command = …";
 
 /// Default and largest log bytes one job tool answer carries.
 pub(super) const DEFAULT_LOG_BYTES: u64 = 20_000;
+/// Most log bytes a progress notification reads for its last line.
+const PROGRESS_TAIL_BYTES: u64 = 400;
 
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct BackgroundParams {
@@ -226,6 +231,32 @@ pub(super) fn log_bytes(value: Option<u64>) -> Result<u64, String> {
     }
 }
 
+/// A progress notification while waiting for a job: its state and the last
+/// line of its log.
+async fn wait_report(session: &Session, name: &str, started: Instant, timeout_s: f64) -> Report {
+    let elapsed = started.elapsed().as_secs_f64();
+    let message = match jobs::status(session, name).await {
+        Ok(job) => {
+            let tail = jobs::tail(session, name, 1, PROGRESS_TAIL_BYTES)
+                .await
+                .unwrap_or_default();
+            let line = tail.trim();
+            let state = jobs::state_name(job.state);
+            if line.is_empty() {
+                format!("{state}, waited {elapsed:.0} s")
+            } else {
+                format!("{state}, waited {elapsed:.0} s: {line}")
+            }
+        }
+        Err(e) => format!("waited {elapsed:.0} s (job status unavailable: {e})"),
+    };
+    Report {
+        done: elapsed,
+        total: Some(timeout_s),
+        message,
+    }
+}
+
 /// `exec_bash_background`'s arguments as a job request. Hooks are refused
 /// here: they come from the config file only, never from a tool call.
 fn start_request(p: &BackgroundParams) -> Result<StartRequest, String> {
@@ -387,6 +418,8 @@ impl OutpostServer {
     async fn wait_background_task(
         &self,
         Parameters(p): Parameters<WaitParams>,
+        peer: rmcp::Peer<RoleServer>,
+        meta: RequestMetaObject,
     ) -> Result<Json<WaitResult>, String> {
         let timeout = seconds("timeout_s", p.timeout_s, 60.0, jobs::MAX_WAIT.as_secs_f64())?;
         let silence = match p.silence_s {
@@ -403,6 +436,14 @@ impl OutpostServer {
         let cursor = p
             .cursor
             .unwrap_or_else(|| self.cursors.get(session.name(), &p.name));
+        let _ticker = Progress::of(&peer, &meta).every({
+            let (session, name) = (session.clone(), p.name.clone());
+            let (started, timeout_s) = (Instant::now(), timeout.as_secs_f64());
+            move || {
+                let (session, name) = (session.clone(), name.clone());
+                async move { wait_report(&session, &name, started, timeout_s).await }
+            }
+        });
         let waited = jobs::wait(
             &session,
             JobWait {

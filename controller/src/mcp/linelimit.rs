@@ -23,6 +23,8 @@ use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, ReadBuf};
 
+use crate::ops::human_bytes;
+
 /// The method of the request that stands in for an oversized one.
 pub const OVERSIZED_METHOD: &str = "outpost/oversized";
 
@@ -152,17 +154,9 @@ pub fn oversized_error(bytes: u64, limit: u64) -> String {
     format!(
         "message of {} exceeds the {} limit of one MCP message; send less per call \
          (for file content, write it locally and use sync_local_to_remote)",
-        human(bytes),
-        human(limit)
+        human_bytes(bytes),
+        human_bytes(limit)
     )
-}
-
-fn human(bytes: u64) -> String {
-    if bytes >= 1 << 20 {
-        format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
-    } else {
-        format!("{bytes} bytes")
-    }
 }
 
 /// Finds the top-level `"id"` member of one JSON object streamed in pieces,

@@ -30,6 +30,7 @@ mod exec;
 mod files;
 mod jobs;
 pub mod linelimit;
+mod progress;
 mod prompts;
 mod resources;
 mod sandboxes;
@@ -57,6 +58,9 @@ use crate::ops::localpath::Roots;
 use crate::ops::transfers::Transfers;
 use crate::session::Session;
 use linelimit::{LineLimit, OVERSIZED_METHOD, oversized_error};
+
+/// The answer to a call the client cancelled (which it no longer reads).
+const CANCELLED: &str = "cancelled by the client";
 
 /// Per-host deadline for `list_sandboxes(check_resources=true)`, on top of the
 /// connect timeout a fresh connection may need.
@@ -238,8 +242,18 @@ impl ServerHandler for OutpostServer {
             crate::ops::audit::sandbox_of(args, || self.fleet.active_name()),
             crate::ops::audit::digest(args),
         );
+        // rmcp only flags a cancelled request; dropping the call is what
+        // stops it: an exec's process tree is killed, a wait given up.
+        let cancelled = context.ct.clone();
         let tcc = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
-        call.run(self.tool_router.call(tcc), audit_outcome).await
+        let work = self.tool_router.call(tcc);
+        let call_or_cancel = async move {
+            tokio::select! {
+                result = work => result,
+                () = cancelled.cancelled() => Err(McpError::internal_error(CANCELLED, None)),
+            }
+        };
+        call.run(call_or_cancel, audit_outcome).await
     }
 
     async fn list_tools(
@@ -389,6 +403,7 @@ fn audit_outcome(
         Ok(CallToolResponse::InputRequired(_)) => ("input_required", None),
         Ok(CallToolResponse::Task(_)) => ("task", None),
         Ok(_) => ("ok", None),
+        Err(e) if e.message == CANCELLED => ("cancelled", None),
         Err(e) => ("error", Some(crate::ops::audit::short_error(&e.message))),
     }
 }

@@ -2,12 +2,17 @@
 //! the idlest that fits), check the active one; and GPU leases (reserve,
 //! release) that `exec_bash` runs under.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use outpost_protocol::GpuLeaseRequest;
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::{Json, tool, tool_router};
+use rmcp::model::RequestMetaObject;
+use rmcp::{Json, Peer, RoleServer, tool, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use super::progress::{Progress, Report};
 use super::shape::SandboxStatusShape;
 use super::{OutpostServer, RESOURCE_DEADLINE_EXTRA};
 use crate::fleet::SandboxStatus;
@@ -122,11 +127,31 @@ impl OutpostServer {
     async fn select_sandbox(
         &self,
         Parameters(p): Parameters<SelectParams>,
+        peer: Peer<RoleServer>,
+        meta: RequestMetaObject,
     ) -> Result<Json<SelectResult>, String> {
         let mut idle_score = None;
         if p.sandbox_name == "auto" && self.fleet.get(Some("auto")).is_err() {
             let deadline = self.fleet.config.connect_timeout + RESOURCE_DEADLINE_EXTRA;
-            let (_, r) = self.fleet.select_auto(&p.requirements(), deadline).await?;
+            let answered = Arc::new(AtomicUsize::new(0));
+            let total = self.fleet.names().len();
+            let _ticker = Progress::of(&peer, &meta).every({
+                let answered = answered.clone();
+                move || {
+                    let done = answered.load(Ordering::Relaxed);
+                    async move {
+                        Report {
+                            done: done as f64,
+                            total: Some(total as f64),
+                            message: format!("{done} of {total} sandboxes measured"),
+                        }
+                    }
+                }
+            });
+            let (_, r) = self
+                .fleet
+                .select_auto(&p.requirements(), deadline, &answered)
+                .await?;
             idle_score = Some(r.idle_score);
         } else {
             self.fleet.select(&p.sandbox_name)?;

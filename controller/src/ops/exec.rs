@@ -50,6 +50,7 @@ pub fn request(cmd: &Command<'_>) -> Result<ExecRequest, String> {
         timeout_ms,
         output_limit: cmd.max_output as u64,
         stream: cmd.stream,
+        progress_ms: None,
     })
 }
 

@@ -3,6 +3,7 @@
 //! remote-sandbox-mcp; the work is done by [`crate::sync`].
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use outpost_protocol::{EntryKind, FilterSpec, ScanRequest};
@@ -12,7 +13,7 @@ use serde::Serialize;
 use crate::fleet::Fleet;
 use crate::ops::localpath::{Intent, Roots};
 use crate::ops::transfers::{Direction, ProgressView, Status, Transfers};
-use crate::sync::{self, SyncOptions, SyncReport};
+use crate::sync::{self, Progress, SyncOptions, SyncReport};
 
 /// How long an inline sync may wait for its plan before it is known whether
 /// it fits the inline limits; past that it continues in the background.
@@ -168,16 +169,19 @@ pub fn sync_background(
 }
 
 /// Runs inline while the work to send stays within the configured limits;
-/// otherwise leaves it running in the background and says so.
+/// otherwise leaves it running in the background and says so. `watch` gets
+/// the transfer's live counters once it has started.
 pub async fn sync_maybe_inline(
     fleet: &Fleet,
     transfers: &Transfers,
     roots: &Roots,
     p: SyncRequest,
+    watch: impl FnOnce(Arc<Progress>),
 ) -> Result<SyncOutcome, String> {
     let (local, options) = options(roots, &p, Direction::Push)?;
     let session = fleet.get(p.sandbox_name.as_deref())?;
     let task = transfers.start(session, Direction::Push, local, p.remote_path, options);
+    watch(task.progress.clone());
     let (max_files, max_bytes) = (
         fleet.config.inline_sync_max_files,
         fleet.config.inline_sync_max_bytes,
@@ -228,18 +232,18 @@ pub async fn sync_maybe_inline(
     }
 }
 
-pub async fn pull(fleet: &Fleet, roots: &Roots, p: SyncRequest) -> Result<SyncReport, String> {
+/// Pulls inline; `progress` holds its live counters.
+pub async fn pull(
+    fleet: &Fleet,
+    roots: &Roots,
+    p: SyncRequest,
+    progress: Arc<Progress>,
+) -> Result<SyncReport, String> {
     let (local, options) = options(roots, &p, Direction::Pull)?;
     let session = fleet.get(p.sandbox_name.as_deref())?;
-    sync::pull(
-        &session,
-        &p.remote_path,
-        &local,
-        &options,
-        Default::default(),
-    )
-    .await
-    .map_err(|e| e.to_string())
+    sync::pull(&session, &p.remote_path, &local, &options, progress)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 pub async fn list(fleet: &Fleet, p: ListRequest) -> Result<ListResult, String> {

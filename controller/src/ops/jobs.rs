@@ -454,6 +454,7 @@ pub fn checkpoint_request(job: &JobInfo, max_bytes: u64) -> Option<(&'static str
         timeout_ms: Some(30_000),
         output_limit: limit,
         stream: false,
+        progress_ms: None,
     };
     Some((source, req))
 }

@@ -21,3 +21,13 @@ pub mod files;
 pub mod jobs;
 pub mod localpath;
 pub mod transfers;
+
+/// Bytes for people: "512 B", "3.4 KiB", "12.0 MiB", "1.5 GiB".
+pub fn human_bytes(n: u64) -> String {
+    match n {
+        n if n >= 1 << 30 => format!("{:.1} GiB", n as f64 / (1u64 << 30) as f64),
+        n if n >= 1 << 20 => format!("{:.1} MiB", n as f64 / (1u64 << 20) as f64),
+        n if n >= 1 << 10 => format!("{:.1} KiB", n as f64 / 1024.0),
+        n => format!("{n} B"),
+    }
+}

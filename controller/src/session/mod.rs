@@ -19,8 +19,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use outpost_protocol::{
-    ExecRequest, ExecResult, GpuLease, GpuLeaseRequest, HostMetrics, OutputStream, Request,
-    Response,
+    ExecProgress, ExecRequest, ExecResult, GpuLease, GpuLeaseRequest, HostMetrics, OutputStream,
+    Request, Response,
 };
 
 use crate::config::SandboxConfig;
@@ -131,7 +131,18 @@ impl Session {
     pub async fn exec(
         &self,
         req: ExecRequest,
+        on_output: impl FnMut(OutputStream, &[u8]),
+    ) -> Result<ExecResult, CallError> {
+        self.exec_watched(req, on_output, |_| {}).await
+    }
+
+    /// [`Session::exec`], and `on_progress` sees the agent's progress reports
+    /// when `req.progress_ms` is set.
+    pub async fn exec_watched(
+        &self,
+        req: ExecRequest,
         mut on_output: impl FnMut(OutputStream, &[u8]),
+        mut on_progress: impl FnMut(ExecProgress),
     ) -> Result<ExecResult, CallError> {
         // The agent enforces the timeout; this deadline only guards against an
         // agent that stops answering without the heartbeat noticing.
@@ -143,6 +154,7 @@ impl Session {
             loop {
                 match call.next().await? {
                     Response::Output { stream, data } => on_output(stream, &data),
+                    Response::ExecProgress(p) => on_progress(p),
                     Response::ExecDone(result) => return Ok(result),
                     Response::Error(e) => return Err(CallError::Agent(e)),
                     other => {

@@ -98,6 +98,7 @@ pub(super) fn unexpected(what: &str, response: &Response) -> CallError {
         Response::JobLog(_) => "JobLog",
         Response::JobEvents(_) => "JobEvents",
         Response::Resumed { .. } => "Resumed",
+        Response::ExecProgress(_) => "ExecProgress",
     };
     CallError::Protocol(format!("unexpected answer to {what}: {name}"))
 }

@@ -4,16 +4,45 @@ use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
 use outpost_e2e::{Sshd, TempDir, target_bin};
-use rmcp::ServiceExt;
-use rmcp::model::CallToolRequestParams;
+use rmcp::model::{CallToolRequestParams, ProgressNotificationParam};
+use rmcp::service::NotificationContext;
 use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
+use rmcp::{ClientHandler, RoleClient, ServiceExt};
 use serde_json::{Value, json};
 
-pub type Client = rmcp::service::RunningService<rmcp::RoleClient, ()>;
+pub type Client<H = ()> = rmcp::service::RunningService<RoleClient, H>;
+
+/// A client that keeps every progress notification it receives.
+#[derive(Clone, Default)]
+pub struct ProgressLog(pub std::sync::Arc<Mutex<Vec<ProgressNotificationParam>>>);
+
+impl ProgressLog {
+    pub fn take(&self) -> Vec<ProgressNotificationParam> {
+        std::mem::take(&mut *self.0.lock().unwrap())
+    }
+}
+
+impl ClientHandler for ProgressLog {
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        self.0.lock().unwrap().push(params);
+    }
+}
 
 /// `outpost mcp` with only `env` and an empty home; the home lives as long as
 /// the returned guard.
 pub async fn start(env: &[(&str, String)]) -> (Client, TempDir) {
+    start_as((), env).await
+}
+
+/// [`start`] with `handler` as the client's handler.
+pub async fn start_as<H: ClientHandler>(
+    handler: H,
+    env: &[(&str, String)],
+) -> (Client<H>, TempDir) {
     let home = super::scratch("mcp-home");
     let transport = TokioChildProcess::new(
         tokio::process::Command::new(target_bin("outpost")).configure(|cmd| {
@@ -30,7 +59,7 @@ pub async fn start(env: &[(&str, String)]) -> (Client, TempDir) {
         }),
     )
     .unwrap();
-    (().serve(transport).await.unwrap(), home)
+    (handler.serve(transport).await.unwrap(), home)
 }
 
 /// remote-sandbox-mcp's single-host variables for `sshd`.
@@ -56,7 +85,11 @@ pub fn isolated_env(sshd: &Sshd) -> (Vec<(&'static str, String)>, TempDir) {
 /// Calls a tool; returns whether it was an error and its structured result
 /// (or its text, for errors). A structured result must fit the tool's
 /// advertised output schema (see [`fits`]).
-pub async fn call(client: &Client, tool: &'static str, args: Value) -> (bool, Value) {
+pub async fn call<H: ClientHandler>(
+    client: &Client<H>,
+    tool: &'static str,
+    args: Value,
+) -> (bool, Value) {
     let result = client
         .call_tool(
             CallToolRequestParams::new(tool).with_arguments(args.as_object().unwrap().clone()),
@@ -85,7 +118,7 @@ pub async fn call(client: &Client, tool: &'static str, args: Value) -> (bool, Va
 
 /// The output schema of `tool`, fetched once per test process (every server
 /// advertises the same ones).
-async fn output_schema(client: &Client, tool: &str) -> Value {
+async fn output_schema<H: ClientHandler>(client: &Client<H>, tool: &str) -> Value {
     static SCHEMAS: OnceLock<Mutex<HashMap<String, Value>>> = OnceLock::new();
     let cache = SCHEMAS.get_or_init(Default::default);
     if let Some(schema) = cache.lock().unwrap().get(tool) {

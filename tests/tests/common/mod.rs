@@ -64,6 +64,7 @@ pub fn req(command: &str) -> ExecRequest {
         timeout_ms: Some(60_000),
         output_limit: 20_000,
         stream: false,
+        progress_ms: None,
     }
 }
 

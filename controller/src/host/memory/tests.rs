@@ -29,6 +29,7 @@ fn exec(command: &str) -> ExecRequest {
         timeout_ms: Some(10_000),
         output_limit: 64 * 1024,
         stream: false,
+        progress_ms: None,
     }
 }
 
@@ -97,6 +98,7 @@ async fn start_sleeper(call: &mut Call) -> i32 {
 fn sleeper() -> Request {
     Request::Exec(ExecRequest {
         stream: true,
+        progress_ms: None,
         ..exec("echo $$; exec sleep 30")
     })
 }
@@ -120,6 +122,7 @@ async fn exec_round_trip() {
         .exec(
             ExecRequest {
                 stream: true,
+                progress_ms: None,
                 ..exec("echo one; echo two")
             },
             |stream, data| {
