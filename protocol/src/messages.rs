@@ -489,8 +489,8 @@ pub struct ExecRequest {
     /// Also send output as it arrives (`Response::Output`); the captured output in
     /// `ExecDone` is then empty.
     pub stream: bool,
-    /// Send `Response::ExecProgress` at once and then this often (at least
-    /// 100 ms apart) until the command ends. None: no progress.
+    /// Send `Response::ExecProgress` this often (at least 100 ms apart, the
+    /// first one period in) until the command ends. None: no progress.
     pub progress_ms: Option<u32>,
 }
 

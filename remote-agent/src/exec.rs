@@ -436,8 +436,10 @@ pub async fn run(
         stream: plan.stream.then_some((outbox, id, stream)),
         tally: plan.progress.is_some().then_some((&tally, stream)),
     };
-    // The first tick is immediate: a watcher hears at once that it started.
-    let mut ticker = tokio::time::interval(plan.progress.unwrap_or(Duration::from_secs(3600)));
+    // The first report comes one period in: a command that ends sooner costs
+    // nothing (the controller tells its client at once that it started).
+    let period = plan.progress.unwrap_or(Duration::from_secs(3600));
+    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     let mut out_sink = sink(OutputStream::Stdout);
     let mut err_sink = sink(OutputStream::Stderr);
     let (stop_tx, stop_rx) = watch::channel(false);

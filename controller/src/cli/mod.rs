@@ -35,8 +35,17 @@ pub struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve the MCP tools on stdin/stdout (for Claude Code, Codex, Cursor…).
-    Mcp,
+    /// Serve the MCP tools on stdin/stdout (for Claude Code, Codex, Cursor…),
+    /// or with --http over Streamable HTTP.
+    Mcp {
+        /// Serve over Streamable HTTP at http://ADDR:PORT/mcp instead
+        /// (default 127.0.0.1:8742). Clients must send `Authorization: Bearer
+        /// <token>`: $OUTPOST_HTTP_TOKEN, else $OUTPOST_HOME/http-token (made
+        /// on first use and printed with the client configuration).
+        #[arg(long, value_name = "ADDR:PORT", num_args = 0..=1,
+              default_missing_value = mcp::http::DEFAULT_ADDR)]
+        http: Option<std::net::SocketAddr>,
+    },
     /// List the sandboxes and check each one, all in parallel.
     Hosts {
         /// Also show CPU, memory, GPUs and the idle score.
@@ -188,7 +197,11 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
     let config = Config::load()?;
     let fleet = Arc::new(Fleet::try_new(config)?);
     match cli.command {
-        Command::Mcp => {
+        Command::Mcp { http: Some(addr) } => {
+            mcp::http::serve_http(fleet, addr).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Mcp { http: None } => {
             if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
                 eprintln!(
                     "outpost mcp: serving MCP on stdin/stdout; sandboxes: {} (active: {}). Register this command in an MCP client (see README); Ctrl-C stops.",

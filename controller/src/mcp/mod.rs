@@ -28,6 +28,7 @@
 
 mod exec;
 mod files;
+pub mod http;
 mod jobs;
 pub mod linelimit;
 mod progress;
@@ -66,7 +67,8 @@ const CANCELLED: &str = "cancelled by the client";
 /// connect timeout a fresh connection may need.
 const RESOURCE_DEADLINE_EXTRA: Duration = Duration::from_secs(5);
 
-/// Longest MCP message read from stdin (rmcp's own default is 16 MiB).
+/// Longest MCP message read from stdin or an HTTP request body (rmcp's own
+/// defaults are 16 MiB and 4 MiB).
 pub const MAX_MESSAGE_BYTES: usize = 32 << 20;
 
 /// How long a `roots/list` request may take.
@@ -318,6 +320,12 @@ impl ServerHandler for OutpostServer {
             request.uri.clone(),
         )])
         .into())
+    }
+
+    /// Job events go to every client that finished its handshake (over
+    /// HTTP, each session; on stdio `serve_stdio` starts them at once).
+    async fn on_initialized(&self, context: rmcp::service::NotificationContext<RoleServer>) {
+        self.events.forward(context.peer.clone());
     }
 
     #[allow(deprecated)] // MCP logging carries the job events
