@@ -504,6 +504,85 @@ impl Drop for Sshd {
     }
 }
 
+/// `outpost mcp --http 127.0.0.1:0` with an empty home; killed when
+/// dropped. The address and the token come from the client configuration
+/// line it prints (the token was made just now).
+pub struct McpHttp {
+    child: Child,
+    /// `127.0.0.1:PORT`.
+    pub addr: String,
+    pub token: String,
+    pub home: TempDir,
+}
+
+impl McpHttp {
+    pub fn start() -> McpHttp {
+        use std::io::BufRead;
+        let home = TempDir::new("http-home");
+        let mut child = Command::new(target_bin("outpost"))
+            .args(["mcp", "--http", "127.0.0.1:0"])
+            .current_dir(std::env::temp_dir())
+            .env_clear()
+            .env("HOME", home.path())
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn outpost mcp --http");
+        let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+        let config: serde_json::Value = loop {
+            let line = lines.next().expect("outpost mcp --http exited").unwrap();
+            if line.starts_with('{') {
+                break serde_json::from_str(&line).unwrap();
+            }
+        };
+        // Keep draining stderr so that the server never blocks on it.
+        std::thread::spawn(move || for _ in lines {});
+        let url = config["url"].as_str().unwrap();
+        let addr = url
+            .strip_prefix("http://")
+            .and_then(|u| u.strip_suffix("/mcp"))
+            .unwrap()
+            .to_string();
+        let token = config["headers"]["Authorization"]
+            .as_str()
+            .and_then(|h| h.strip_prefix("Bearer "))
+            .unwrap()
+            .to_string();
+        McpHttp {
+            child,
+            addr,
+            token,
+            home,
+        }
+    }
+
+    /// An MCP client over Streamable HTTP with the token.
+    pub async fn client<H: rmcp::ClientHandler>(
+        &self,
+        handler: H,
+    ) -> rmcp::service::RunningService<rmcp::RoleClient, H> {
+        use rmcp::ServiceExt;
+        use rmcp::transport::StreamableHttpClientTransport;
+        use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+        let config =
+            StreamableHttpClientTransportConfig::with_uri(format!("http://{}/mcp", self.addr))
+                .auth_header(self.token.clone());
+        handler
+            .serve(StreamableHttpClientTransport::from_config(config))
+            .await
+            .expect("MCP handshake over HTTP")
+    }
+}
+
+impl Drop for McpHttp {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// A fresh directory `/tmp/outpost-<label>-<random>` (mode 0755), removed
 /// with its contents on drop; for controller state, homes and the like.
 pub struct TempDir {

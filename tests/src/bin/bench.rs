@@ -18,13 +18,18 @@
 //! * background jobs: start latency, a job's end to wait_background_task
 //!   returning, the daemon's idle cost.
 //!
-//! `outpost-bench sync` or `outpost-bench jobs` runs only that part.
+//! * long calls, on the local sandbox: exec_bash('true') with a progress
+//!   token vs without one (the cost of progress notifications), and over
+//!   Streamable HTTP vs stdio.
+//!
+//! `outpost-bench sync`, `outpost-bench jobs` or `outpost-bench calls` runs
+//! only that part.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use outpost_e2e::{Sshd, TempDir, noise, pids_with_cmdline, target_bin};
+use outpost_e2e::{McpHttp, Sshd, TempDir, noise, pids_with_cmdline, target_bin};
 use rmcp::ServiceExt;
 use rmcp::model::CallToolRequestParams;
 use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
@@ -165,9 +170,119 @@ async fn main() {
     if only.is_none() || only.as_deref() == Some("jobs") {
         jobs().await;
     }
+    if only.is_none() || only.as_deref() == Some("calls") {
+        long_calls().await;
+    }
     if only.is_none() || only.as_deref() == Some("sync") {
         sync_vs_rsync();
     }
+}
+
+/// exec_bash('true') on the local sandbox: with and without a progress token
+/// (alternating, on one raw stdio connection, since rmcp's client always
+/// sends one), then rmcp's clients over Streamable HTTP and stdio.
+async fn long_calls() {
+    use std::io::{BufRead, BufReader, Write};
+    const ROUNDS: usize = 400;
+    let home = TempDir::new("bench-calls");
+    let mut server = Command::new(target_bin("outpost"))
+        .arg("mcp")
+        .env_clear()
+        .env("HOME", home.path())
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn outpost mcp");
+    let mut to = server.stdin.take().unwrap();
+    let mut from = BufReader::new(server.stdout.take().unwrap());
+    let mut ask = |id: usize, msg: serde_json::Value| {
+        writeln!(to, "{msg}").unwrap();
+        to.flush().unwrap();
+        let mut line = String::new();
+        loop {
+            line.clear();
+            from.read_line(&mut line).unwrap();
+            let answer: serde_json::Value = serde_json::from_str(&line).unwrap();
+            if answer["id"] == id {
+                return answer;
+            }
+        }
+    };
+    ask(
+        0,
+        json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "bench", "version": "1"}}}),
+    );
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    for id in 1..=2 * ROUNDS {
+        let mut params = json!({"name": "exec_bash", "arguments": {"command": "true"}});
+        if id % 2 == 0 {
+            params["_meta"] = json!({"progressToken": id});
+        }
+        let t = Instant::now();
+        let answer = ask(
+            id,
+            json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params}),
+        );
+        let took = t.elapsed();
+        assert_eq!(answer["result"]["structuredContent"]["exit_code"], 0);
+        if id > 40 {
+            if id % 2 == 0 { &mut with } else { &mut without }.push(took);
+        }
+    }
+    drop(to);
+    let _ = server.wait();
+
+    let stdio = mcp_client_local(home.path()).await;
+    let http_server = McpHttp::start();
+    let http = http_server.client(()).await;
+    let (mut over_stdio, mut over_http) = (Vec::new(), Vec::new());
+    for round in 0..ROUNDS {
+        for (client, times) in [(&stdio, &mut over_stdio), (&http, &mut over_http)] {
+            let t = Instant::now();
+            let r = exec_bash(client, "true").await;
+            if round >= 20 {
+                times.push(t.elapsed());
+            }
+            assert_eq!(r["exit_code"], 0);
+        }
+    }
+    stdio.cancel().await.ok();
+    http.cancel().await.ok();
+
+    let (w, wo) = (median(with), median(without));
+    let (h, s) = (median(over_http), median(over_stdio));
+    println!();
+    println!("long calls: exec_bash('true') on the local sandbox ({ROUNDS} calls each)");
+    println!("  with a progressToken       median {}", ms(w));
+    println!("  without                    median {}", ms(wo));
+    println!(
+        "  ratio with/without         {:.2}x",
+        w.as_secs_f64() / wo.as_secs_f64()
+    );
+    println!("  Streamable HTTP (rmcp)     median {}", ms(h));
+    println!("  stdio (rmcp)               median {}", ms(s));
+    println!(
+        "  ratio HTTP/stdio           {:.2}x",
+        h.as_secs_f64() / s.as_secs_f64()
+    );
+}
+
+/// `outpost mcp` on stdio with no configuration (the local sandbox).
+async fn mcp_client_local(home: &Path) -> Client {
+    let transport = TokioChildProcess::new(
+        tokio::process::Command::new(target_bin("outpost")).configure(|cmd| {
+            cmd.arg("mcp")
+                .env_clear()
+                .env("HOME", home)
+                .env("PATH", std::env::var("PATH").unwrap_or_default());
+        }),
+    )
+    .expect("spawn outpost mcp");
+    ().serve(transport).await.expect("MCP handshake")
 }
 
 /// Job start latency, time from a job's end to wait_background_task
