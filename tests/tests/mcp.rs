@@ -543,3 +543,107 @@ async fn mcp_cancelled_exec_kills_its_process_tree() {
     assert_eq!(r["stdout"], "after\n");
     client.cancel().await.unwrap();
 }
+
+/// A person who answers every host-key question the same way (None: they
+/// dismiss it), counting the questions.
+#[derive(Clone)]
+struct KeyPerson {
+    answer: Option<&'static str>,
+    asked: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl rmcp::ClientHandler for KeyPerson {
+    fn get_info(&self) -> rmcp::model::InitializeRequestParams {
+        let mut capabilities = rmcp::model::ClientCapabilities::default();
+        capabilities.elicitation = Some(rmcp::model::ElicitationCapability::default());
+        rmcp::model::InitializeRequestParams::new(
+            capabilities,
+            rmcp::model::Implementation::new("key-person", "1.0"),
+        )
+    }
+
+    async fn create_elicitation(
+        &self,
+        request: rmcp::model::ElicitRequestParams,
+        _context: rmcp::service::RequestContext<rmcp::RoleClient>,
+    ) -> Result<rmcp::model::ElicitResult, rmcp::ErrorData> {
+        use rmcp::model::{ElicitRequestParams, ElicitResult, ElicitationAction};
+        if let ElicitRequestParams::FormElicitationParams { message, .. } = &request {
+            self.asked.lock().unwrap().push(message.clone());
+        }
+        Ok(match self.answer {
+            Some(decision) => ElicitResult::new(ElicitationAction::Accept)
+                .with_content(json!({ "decision": decision })),
+            None => ElicitResult::new(ElicitationAction::Cancel),
+        })
+    }
+}
+
+async fn exec_in(client: &common::mcp_client::Client<KeyPerson>) -> Value {
+    let (err, r) = call(client, "exec_bash", json!({"command": "echo in"})).await;
+    assert!(!err, "{r}");
+    r
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_unknown_host_keys_are_confirmed_by_the_person() {
+    let sshd = Sshd::start();
+    let state = common::scratch("hostkey-state");
+    let known_hosts = state.path().join("known_hosts");
+    let mut env = ssh_env(&sshd);
+    env.push(("OUTPOST_HOME", state.path().display().to_string()));
+    let recorded = || {
+        std::fs::read_to_string(&known_hosts)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .count()
+    };
+    let person = |answer| KeyPerson {
+        answer,
+        asked: Default::default(),
+    };
+
+    for answer in [Some("reject"), None] {
+        let who = person(answer);
+        let (client, _home) = start_as(who.clone(), &env).await;
+        let r = exec_in(&client).await;
+        assert_eq!(r["connection_error"], true, "{r}");
+        let stderr = r["stderr"].as_str().unwrap();
+        assert!(
+            stderr.contains("was not trusted") && stderr.contains("SHA256:"),
+            "{stderr}"
+        );
+        let asked = who.asked.lock().unwrap().clone();
+        assert_eq!(asked.len(), 1, "{asked:?}");
+        assert!(
+            asked[0].contains(&sshd.port().to_string()) && asked[0].contains("SHA256:"),
+            "{}",
+            asked[0]
+        );
+        assert_eq!(recorded(), 0, "a rejected key was recorded");
+        client.cancel().await.unwrap();
+    }
+
+    // Trusted once: it connects, and nothing is recorded.
+    let once = person(Some("trust_once"));
+    let (client, _home) = start_as(once.clone(), &env).await;
+    assert_eq!(exec_in(&client).await["stdout"], "in\n");
+    assert_eq!(once.asked.lock().unwrap().len(), 1);
+    assert_eq!(recorded(), 0);
+    client.cancel().await.unwrap();
+
+    // Trusted and saved: recorded once; the next server does not ask.
+    let save = person(Some("trust_and_save"));
+    let (client, _home) = start_as(save.clone(), &env).await;
+    assert_eq!(exec_in(&client).await["stdout"], "in\n");
+    assert_eq!(save.asked.lock().unwrap().len(), 1);
+    assert_eq!(recorded(), 1);
+    client.cancel().await.unwrap();
+    let later = person(Some("reject"));
+    let (client, _home) = start_as(later.clone(), &env).await;
+    assert_eq!(exec_in(&client).await["stdout"], "in\n");
+    assert!(later.asked.lock().unwrap().is_empty());
+    assert_eq!(recorded(), 1);
+    client.cancel().await.unwrap();
+}

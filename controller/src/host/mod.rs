@@ -83,6 +83,42 @@ pub trait Host: Send + Sync {
     fn disconnect(&self) -> BoxFuture<'_, ()>;
 }
 
+/// A host key that no known_hosts file records, as a person would check it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownHostKey {
+    /// `host` or `[host]:port`, as known_hosts writes it.
+    pub host: String,
+    pub port: u16,
+    /// e.g. `ssh-ed25519`.
+    pub key_type: String,
+    /// `SHA256:…`, as `ssh-keygen -l` prints it.
+    pub fingerprint: String,
+}
+
+/// What a person decided about an [`UnknownHostKey`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostKeyDecision {
+    Reject,
+    /// For as long as this process runs; nothing is recorded.
+    TrustOnce,
+    /// Recorded in Outpost's own known_hosts.
+    TrustAndSave,
+}
+
+/// Asks a person about a host key. A front end that can ask (MCP with
+/// elicitation) provides one for the duration of a call through
+/// [`HOST_KEY_CONFIRMATION`]; without one the target's rule applies
+/// (accept-new, or refuse with `strict_host_keys`). Never reachable from a
+/// tool's arguments.
+pub trait ConfirmHostKey: Send + Sync {
+    fn confirm(&self, key: UnknownHostKey) -> BoxFuture<'_, HostKeyDecision>;
+}
+
+tokio::task_local! {
+    /// Who to ask about an unknown host key while connecting in this task.
+    pub static HOST_KEY_CONFIRMATION: Arc<dyn ConfirmHostKey>;
+}
+
 /// What starting an agent needs besides the target.
 pub struct HostContext {
     /// Outpost's own known_hosts, where accepted keys are recorded.

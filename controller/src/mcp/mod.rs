@@ -28,6 +28,7 @@
 
 mod exec;
 mod files;
+mod hostkey;
 pub mod http;
 mod jobs;
 pub mod linelimit;
@@ -247,8 +248,17 @@ impl ServerHandler for OutpostServer {
         // rmcp only flags a cancelled request; dropping the call is what
         // stops it: an exec's process tree is killed, a wait given up.
         let cancelled = context.ct.clone();
+        let asker = hostkey::asker(&context.peer, self.fleet.policy.confirm_timeout);
         let tcc = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
         let work = self.tool_router.call(tcc);
+        // An unknown host key met while connecting for this call is put to
+        // the person, when the client can ask.
+        let work = async move {
+            match asker {
+                Some(asker) => crate::host::HOST_KEY_CONFIRMATION.scope(asker, work).await,
+                None => work.await,
+            }
+        };
         let call_or_cancel = async move {
             tokio::select! {
                 result = work => result,

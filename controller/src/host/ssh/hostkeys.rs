@@ -1,7 +1,9 @@
 //! The SSH client's handler: the host key is checked against the user's
-//! `~/.ssh/known_hosts` (read only) and Outpost's own known_hosts
-//! (accept-new unless strict; a changed key is always refused), and why a
-//! connection ended is kept for the channels that close with it.
+//! `~/.ssh/known_hosts` (read only) and Outpost's own known_hosts (a changed
+//! key is always refused). An unknown key is handed back to be confirmed by a
+//! person when one can be asked, else accepted and recorded (accept-new)
+//! unless strict. Why a connection ended is kept for the channels that close
+//! with it.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -11,6 +13,29 @@ use russh::keys::PublicKeyOrCertificate;
 use russh::keys::ssh_key::{self, HashAlg};
 
 use super::{KEEPALIVE, KEEPALIVE_MAX};
+use crate::host::UnknownHostKey;
+
+/// Keys a person trusted once, and keys a person rejected: both hold for as
+/// long as this process runs. A rejection binds the connections made where
+/// nobody can be asked (an event follower must not accept-new a key the
+/// person refused).
+static TRUSTED_ONCE: Mutex<Vec<UnknownHostKey>> = Mutex::new(Vec::new());
+static REJECTED: Mutex<Vec<UnknownHostKey>> = Mutex::new(Vec::new());
+
+pub(super) fn trust_once(key: UnknownHostKey) {
+    TRUSTED_ONCE
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(key);
+}
+
+pub(super) fn reject(key: UnknownHostKey) {
+    REJECTED.lock().unwrap_or_else(|p| p.into_inner()).push(key);
+}
+
+fn listed(list: &Mutex<Vec<UnknownHostKey>>, key: &UnknownHostKey) -> bool {
+    list.lock().unwrap_or_else(|p| p.into_inner()).contains(key)
+}
 
 /// Outcome of the host-key check, kept so a refused connection can explain itself.
 #[derive(Debug, Clone)]
@@ -23,6 +48,15 @@ pub(super) enum HostKeyVerdict {
     UnknownStrict {
         offered: String,
     },
+    /// A person rejected this key earlier in this process.
+    Rejected {
+        unknown: UnknownHostKey,
+    },
+    /// Unknown, and a person can be asked: the connection stops here.
+    ToConfirm {
+        key: Box<ssh_key::PublicKey>,
+        unknown: UnknownHostKey,
+    },
 }
 
 pub(super) struct Client {
@@ -31,6 +65,8 @@ pub(super) struct Client {
     pub(super) known_hosts: Vec<PathBuf>,
     pub(super) own_known_hosts: PathBuf,
     pub(super) strict: bool,
+    /// Hand an unknown key back to be confirmed instead of applying `strict`.
+    pub(super) ask: bool,
     pub(super) verdict: Arc<Mutex<Option<HostKeyVerdict>>>,
     /// Why the connection ended, once it has: what a closed channel reports.
     pub(super) ended: Arc<Mutex<Option<String>>>,
@@ -96,27 +132,34 @@ impl client::Handler for Client {
                 }
             }
         }
+        let unknown = UnknownHostKey {
+            host: known_host_pattern(&self.hostname, self.port),
+            port: self.port,
+            key_type: key.algorithm().as_str().to_string(),
+            fingerprint: offered.clone(),
+        };
+        if listed(&TRUSTED_ONCE, &unknown) {
+            return Ok(true);
+        }
+        // A person who can be asked again may change their mind.
+        if !self.ask && listed(&REJECTED, &unknown) {
+            *self.verdict.lock().unwrap() = Some(HostKeyVerdict::Rejected { unknown });
+            return Ok(false);
+        }
+        if self.ask {
+            *self.verdict.lock().unwrap() = Some(HostKeyVerdict::ToConfirm {
+                key: Box::new(key),
+                unknown,
+            });
+            return Ok(false);
+        }
         if self.strict {
             *self.verdict.lock().unwrap() = Some(HostKeyVerdict::UnknownStrict { offered });
             return Ok(false);
         }
         // accept-new: record in Outpost's own file, never in the user's.
-        if let Err(e) = russh::keys::known_hosts::learn_known_hosts_path(
-            &self.hostname,
-            self.port,
-            &key,
-            &self.own_known_hosts,
-        ) {
-            tracing::warn!(
-                "cannot record host key in {}: {e}",
-                self.own_known_hosts.display()
-            );
-        } else {
-            tracing::info!(
-                "recorded new host key {offered} for {} in {}",
-                known_host_pattern(&self.hostname, self.port),
-                self.own_known_hosts.display()
-            );
+        if let Err(e) = record(&self.hostname, self.port, &key, &self.own_known_hosts) {
+            tracing::warn!("{e}");
         }
         Ok(true)
     }
@@ -141,4 +184,22 @@ impl client::Handler for Client {
             client::DisconnectReason::Error(e) => Err(e),
         }
     }
+}
+
+/// Records `key` for `hostname:port` in Outpost's own known_hosts.
+pub(super) fn record(
+    hostname: &str,
+    port: u16,
+    key: &ssh_key::PublicKey,
+    file: &std::path::Path,
+) -> Result<(), String> {
+    russh::keys::known_hosts::learn_known_hosts_path(hostname, port, key, file)
+        .map_err(|e| format!("cannot record the host key in {}: {e}", file.display()))?;
+    tracing::info!(
+        "recorded host key {} for {} in {}",
+        key.fingerprint(HashAlg::Sha256),
+        known_host_pattern(hostname, port),
+        file.display()
+    );
+    Ok(())
 }

@@ -16,7 +16,9 @@ use russh::client::{self, Handle};
 use russh::{ChannelMsg, Disconnect};
 use tokio::sync::mpsc;
 
-use super::{AgentLink, CapturedRun, Host, LinkEvent};
+use super::{
+    AgentLink, CapturedRun, HOST_KEY_CONFIRMATION, Host, HostKeyDecision, LinkEvent, UnknownHostKey,
+};
 use crate::config::SshTarget;
 use hostkeys::{Client, HostKeyVerdict, known_host_pattern};
 
@@ -51,6 +53,14 @@ pub enum ConnectError {
         port: u16,
         offered: String,
     },
+    #[error(
+        "host key {offered} of {host} was not trusted ({why}); nothing was recorded. Check the fingerprint on the host (ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub) and try again"
+    )]
+    HostKeyRejected {
+        host: String,
+        offered: String,
+        why: &'static str,
+    },
     #[error("authentication failed for {user}@{addr} (tried: {tried})")]
     Auth {
         user: String,
@@ -59,6 +69,10 @@ pub enum ConnectError {
     },
     #[error("SSH error with {addr}: {reason}")]
     Ssh { addr: String, reason: String },
+    /// An unknown key waits for a person's decision (never leaves
+    /// [`SshConnection::connect`]).
+    #[error("host key {} of {} is not confirmed yet", .0.1.fingerprint, .0.1.host)]
+    Unconfirmed(Box<(russh::keys::ssh_key::PublicKey, UnknownHostKey)>),
 }
 
 /// AES-GCM first: it runs on the CPU's AES instructions, several times faster
@@ -104,25 +118,68 @@ pub struct HostKeyFiles<'a> {
 
 impl SshConnection {
     /// Connects, checks the host key and authenticates, all within `timeout`.
+    /// An unknown host key goes to the person [`HOST_KEY_CONFIRMATION`] asks
+    /// when the caller has one (their time to answer is not counted); a
+    /// trusted key is then connected to again.
     pub async fn connect(
         target: &SshTarget,
         keys: HostKeyFiles<'_>,
         timeout: Duration,
     ) -> Result<SshConnection, ConnectError> {
         let addr = format!("{}:{}", target.hostname, target.port);
-        match tokio::time::timeout(timeout, Self::connect_inner(target, keys, &addr)).await {
-            Ok(result) => result,
-            Err(_) => Err(ConnectError::Timeout {
-                addr,
-                secs: timeout.as_secs_f64(),
-            }),
+        let confirmation = HOST_KEY_CONFIRMATION.try_with(Arc::clone).ok();
+        let ask = confirmation.is_some();
+        let attempt = || async {
+            let inner = Self::connect_inner(target, &keys, &addr, ask);
+            match tokio::time::timeout(timeout, inner).await {
+                Ok(result) => result,
+                Err(_) => Err(ConnectError::Timeout {
+                    addr: addr.clone(),
+                    secs: timeout.as_secs_f64(),
+                }),
+            }
+        };
+        let (key, unknown, confirm) = match (attempt().await, confirmation) {
+            (Err(ConnectError::Unconfirmed(pending)), Some(confirm)) => {
+                let (key, unknown) = *pending;
+                (key, unknown, confirm)
+            }
+            (other, _) => return other,
+        };
+        let rejected = |why| ConnectError::HostKeyRejected {
+            host: unknown.host.clone(),
+            offered: unknown.fingerprint.clone(),
+            why,
+        };
+        match confirm.confirm(unknown.clone()).await {
+            HostKeyDecision::Reject => {
+                hostkeys::reject(unknown.clone());
+                return Err(rejected("the user rejected it"));
+            }
+            HostKeyDecision::TrustOnce => hostkeys::trust_once(unknown.clone()),
+            HostKeyDecision::TrustAndSave => {
+                hostkeys::record(&target.hostname, target.port, &key, keys.own).map_err(
+                    |reason| ConnectError::Io {
+                        addr: addr.clone(),
+                        reason,
+                    },
+                )?;
+            }
+        }
+        match attempt().await {
+            // The host offered yet another key: not the one the person saw.
+            Err(ConnectError::Unconfirmed(_)) => Err(rejected(
+                "the host offered a different key after this one was confirmed",
+            )),
+            other => other,
         }
     }
 
     async fn connect_inner(
         target: &SshTarget,
-        keys: HostKeyFiles<'_>,
+        keys: &HostKeyFiles<'_>,
         addr: &str,
+        ask: bool,
     ) -> Result<SshConnection, ConnectError> {
         let sockaddrs: Vec<_> = tokio::net::lookup_host((target.hostname.as_str(), target.port))
             .await
@@ -169,6 +226,7 @@ impl SshConnection {
             known_hosts: keys.user.map(Path::to_path_buf).into_iter().collect(),
             own_known_hosts: keys.own.to_path_buf(),
             strict: target.strict_host_keys,
+            ask,
             verdict: verdict.clone(),
             ended: ended.clone(),
         };
@@ -187,6 +245,14 @@ impl SshConnection {
                         recorded,
                         file,
                     },
+                    Some(HostKeyVerdict::Rejected { unknown }) => ConnectError::HostKeyRejected {
+                        host,
+                        offered: unknown.fingerprint,
+                        why: "the user rejected it earlier",
+                    },
+                    Some(HostKeyVerdict::ToConfirm { key, unknown }) => {
+                        ConnectError::Unconfirmed(Box::new((*key, unknown)))
+                    }
                     Some(HostKeyVerdict::UnknownStrict { offered }) => {
                         ConnectError::HostKeyUnknown {
                             host,
