@@ -647,3 +647,119 @@ async fn mcp_unknown_host_keys_are_confirmed_by_the_person() {
     assert_eq!(recorded(), 1);
     client.cancel().await.unwrap();
 }
+
+/// A client that declares the MCP Tasks extension.
+#[derive(Clone)]
+struct TasksClient;
+
+impl rmcp::ClientHandler for TasksClient {
+    fn get_info(&self) -> rmcp::model::InitializeRequestParams {
+        rmcp::model::InitializeRequestParams::new(
+            rmcp::model::ClientCapabilities::builder()
+                .enable_tasks()
+                .build(),
+            rmcp::model::Implementation::new("tasks-client", "1.0"),
+        )
+    }
+}
+
+/// Polls a task until it ends; returns it and every status message seen.
+async fn poll_task(
+    client: &common::mcp_client::Client<TasksClient>,
+    id: &str,
+) -> (rmcp::model::DetailedTask, Vec<String>) {
+    let mut seen = Vec::new();
+    for _ in 0..600 {
+        let info = client
+            .peer()
+            .get_task(rmcp::model::GetTaskParams::new(id.to_string()))
+            .await
+            .unwrap();
+        if let Some(m) = &info.task.task.status_message
+            && seen.last() != Some(m)
+        {
+            seen.push(m.clone());
+        }
+        if info.task.status().is_terminal() {
+            return (info.task, seen);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("task {id} did not end: {seen:?}");
+}
+
+async fn task_of(
+    client: &common::mcp_client::Client<TasksClient>,
+    tool: &'static str,
+    args: Value,
+) -> String {
+    let response = client
+        .call_tool_once(
+            rmcp::model::CallToolRequestParams::new(tool)
+                .with_arguments(args.as_object().unwrap().clone()),
+        )
+        .await
+        .unwrap();
+    match response {
+        rmcp::model::CallToolResponse::Task(created) => created.task.task_id,
+        other => panic!("{tool}: expected a task, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_tasks_for_clients_that_declare_them() {
+    use rmcp::model::{TaskPayload, TaskStatus};
+    let (client, _home) = start_as(TasksClient, &[]).await;
+
+    // exec_bash becomes a task: its status follows the output; its result is
+    // exec_bash's own.
+    let id = task_of(
+        &client,
+        "exec_bash",
+        json!({"command": "echo t-1; sleep 5; echo t-2"}),
+    )
+    .await;
+    let (task, seen) = poll_task(&client, &id).await;
+    assert!(seen.iter().any(|m| m.ends_with(": t-1")), "{seen:?}");
+    let TaskPayload::Completed { result } = task.payload else {
+        panic!("{task:?}");
+    };
+    assert_eq!(
+        result["structuredContent"]["stdout"], "t-1\nt-2\n",
+        "{result:?}"
+    );
+    assert_eq!(result["structuredContent"]["exit_code"], 0);
+
+    // Cancelling the task kills the command's whole tree.
+    let needle = format!("sleep 300.{}7", std::process::id());
+    let id = task_of(
+        &client,
+        "exec_bash",
+        json!({"command": format!("{needle} & {needle}; wait")}),
+    )
+    .await;
+    assert!(wait_until(Duration::from_secs(10), || pids_with_cmdline(
+        &needle
+    )
+    .len()
+        >= 2));
+    client
+        .peer()
+        .cancel_task(rmcp::model::CancelTaskParams::new(id.clone()))
+        .await
+        .unwrap();
+    let (task, _) = poll_task(&client, &id).await;
+    assert_eq!(task.status(), TaskStatus::Cancelled);
+    assert!(
+        wait_until(Duration::from_secs(10), || pids_with_cmdline(&needle)
+            .is_empty()),
+        "left running: {:?}",
+        pids_with_cmdline(&needle)
+    );
+
+    // Quick tools stay inline.
+    let (err, r) = call(&client, "get_active_sandbox", json!({})).await;
+    assert!(!err, "{r}");
+    assert_eq!(r["active_sandbox"], "local");
+    client.cancel().await.unwrap();
+}

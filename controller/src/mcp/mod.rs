@@ -37,6 +37,7 @@ mod prompts;
 mod resources;
 mod sandboxes;
 mod shape;
+mod tasks;
 mod watch;
 
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -92,6 +93,8 @@ pub struct OutpostServer {
     audit: crate::ops::audit::AuditLog,
     tool_router: ToolRouter<Self>,
     prompt_router: PromptRouter<Self>,
+    /// Calls run as MCP Tasks for clients that declare the extension.
+    tasks: rmcp::task_manager::TaskManager,
 }
 
 /// Job events on their way to the client, in order, as logging notifications.
@@ -174,6 +177,7 @@ impl OutpostServer {
             audit,
             tool_router,
             prompt_router: Self::prompt_router(),
+            tasks: rmcp::task_manager::TaskManager::new(),
         }
     }
 
@@ -249,6 +253,10 @@ impl ServerHandler for OutpostServer {
         // stops it: an exec's process tree is killed, a wait given up.
         let cancelled = context.ct.clone();
         let asker = hostkey::asker(&context.peer, self.fleet.policy.confirm_timeout);
+        if let Some(ttl) = tasks::ttl_for(&request, &context) {
+            let answer = tasks::spawn(self, request, context, asker, ttl);
+            return call.run(async { answer }, audit_outcome).await;
+        }
         let tcc = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
         let work = self.tool_router.call(tcc);
         // An unknown host key met while connecting for this call is put to
@@ -282,6 +290,33 @@ impl ServerHandler for OutpostServer {
             result.cache_scope = Some(rmcp::model::CacheScope::Public);
         }
         Ok(result)
+    }
+
+    async fn get_task(
+        &self,
+        request: rmcp::model::GetTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::GetTaskResult, McpError> {
+        Ok(rmcp::model::GetTaskResult::new(
+            self.tasks.get_task(&request.task_id)?,
+        ))
+    }
+
+    async fn update_task(
+        &self,
+        request: rmcp::model::UpdateTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        self.tasks
+            .update_task(&request.task_id, request.input_responses)
+    }
+
+    async fn cancel_task(
+        &self,
+        request: rmcp::model::CancelTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        self.tasks.cancel_task(&request.task_id)
     }
 
     fn get_tool(&self, name: &str) -> Option<rmcp::model::Tool> {
@@ -386,6 +421,7 @@ impl ServerHandler for OutpostServer {
                 .enable_prompts()
                 .enable_resources()
                 .enable_logging()
+                .enable_tasks()
                 .build(),
         )
         .with_server_info(Implementation::new("outpost", env!("CARGO_PKG_VERSION")))

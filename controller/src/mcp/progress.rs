@@ -3,13 +3,15 @@
 //! A request that carries a `progressToken` gets a notification at once and
 //! then one every [`EVERY`] until its result: clients such as Claude Code keep
 //! a call alive while progress arrives, and show its message to the person.
-//! A request without a token costs nothing here.
+//! A request without a token costs nothing here. A call that runs as an MCP
+//! Task reports the same text as the task's status message instead.
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rmcp::model::{ProgressNotificationParam, ProgressToken, RequestMetaObject};
+use rmcp::task_manager::TaskContext;
 use rmcp::{Peer, RoleServer};
 use tokio::task::JoinHandle;
 
@@ -33,17 +35,26 @@ pub(super) struct Report {
 #[derive(Clone)]
 pub(super) struct Progress(Option<Arc<Target>>);
 
-struct Target {
-    peer: Peer<RoleServer>,
-    token: ProgressToken,
-    last: Mutex<f64>,
+enum Target {
+    Notifications {
+        peer: Peer<RoleServer>,
+        token: ProgressToken,
+        last: Mutex<f64>,
+    },
+    /// The call runs as an MCP Task, whose status message is the one
+    /// progress channel the extension allows.
+    Task(TaskContext),
 }
 
 impl Progress {
-    /// The progress channel of the request with `meta`, if it asked for one.
+    /// The progress channel of the request with `meta`: its task's status,
+    /// or notifications if it asked for them.
     pub fn of(peer: &Peer<RoleServer>, meta: &RequestMetaObject) -> Progress {
+        if let Ok(task) = super::tasks::CURRENT_TASK.try_with(TaskContext::clone) {
+            return Progress(Some(Arc::new(Target::Task(task))));
+        }
         Progress(meta.get_progress_token().map(|token| {
-            Arc::new(Target {
+            Arc::new(Target::Notifications {
                 peer: peer.clone(),
                 token,
                 last: Mutex::new(f64::NEG_INFINITY),
@@ -59,11 +70,13 @@ impl Progress {
     /// every notification; a call that made none since the last one repeats
     /// its figure plus a thousandth.
     pub async fn send(&self, report: Report) {
-        let Some(target) = &self.0 else {
-            return;
+        let (peer, token, last) = match self.0.as_deref() {
+            None => return,
+            Some(Target::Task(task)) => return task.set_status_message(report.message),
+            Some(Target::Notifications { peer, token, last }) => (peer, token, last),
         };
         let done = {
-            let mut last = target.last.lock().unwrap_or_else(|p| p.into_inner());
+            let mut last = last.lock().unwrap_or_else(|p| p.into_inner());
             *last = if report.done > *last {
                 report.done
             } else {
@@ -72,12 +85,12 @@ impl Progress {
             *last
         };
         let mut param =
-            ProgressNotificationParam::new(target.token.clone(), done).with_message(report.message);
+            ProgressNotificationParam::new(token.clone(), done).with_message(report.message);
         if let Some(total) = report.total {
             param = param.with_total(total.max(done));
         }
         // A client that went away is noticed by the request itself.
-        let _ = target.peer.notify_progress(param).await;
+        let _ = peer.notify_progress(param).await;
     }
 
     /// Sends `snapshot()` at once and then every [`EVERY`] until the returned
