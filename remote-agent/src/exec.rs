@@ -215,6 +215,8 @@ struct Tally {
 struct LastLine {
     /// The last non-empty line either stream completed.
     done: Vec<u8>,
+    /// The stream written to last: its partial line is the newest text.
+    latest: usize,
     /// Each stream's line in progress (after its last `\r`, so a progress
     /// bar shows its latest state), at most [`PROGRESS_LINE_LEN`] bytes.
     partial: [Vec<u8>; 2],
@@ -227,6 +229,7 @@ impl Tally {
         let newlines = data.iter().filter(|&&b| b == b'\n').count() as u64;
         self.lines.fetch_add(newlines, Ordering::Relaxed);
         let mut text = self.text.lock().unwrap_or_else(|p| p.into_inner());
+        text.latest = which;
         let Some(last_nl) = data.iter().rposition(|&b| b == b'\n') else {
             append_line(&mut text.partial[which], data);
             return;
@@ -246,6 +249,9 @@ impl Tally {
             None => {
                 let mut first = std::mem::take(&mut text.partial[which]);
                 append_line(&mut first, &complete[..first_end]);
+                if first.last() == Some(&b'\r') {
+                    first.pop();
+                }
                 first
             }
         };
@@ -258,12 +264,14 @@ impl Tally {
 
     fn snapshot(&self, started: Instant) -> ExecProgress {
         let text = self.text.lock().unwrap_or_else(|p| p.into_inner());
-        // A line still being written (a prompt, a progress bar) is newer
-        // than the last finished one.
-        let line = [&text.partial[0], &text.partial[1]]
-            .into_iter()
-            .find(|l| !l.trim_ascii().is_empty())
-            .unwrap_or(&text.done);
+        // A line still being written (a prompt, a progress bar) on the
+        // stream written to last is newer than the last finished one.
+        let partial = &text.partial[text.latest];
+        let line = if partial.trim_ascii().is_empty() {
+            &text.done
+        } else {
+            partial
+        };
         ExecProgress {
             stdout_bytes: self.bytes[0].load(Ordering::Relaxed),
             stderr_bytes: self.bytes[1].load(Ordering::Relaxed),
@@ -274,8 +282,10 @@ impl Tally {
     }
 }
 
-/// The text after a line's last carriage return.
+/// The text after a line's last carriage return (a `\r\n` ending is not
+/// one).
 fn after_cr(line: &[u8]) -> &[u8] {
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
     match line.iter().rposition(|&b| b == b'\r') {
         Some(i) => &line[i + 1..],
         None => line,
@@ -440,6 +450,7 @@ pub async fn run(
     // nothing (the controller tells its client at once that it started).
     let period = plan.progress.unwrap_or(Duration::from_secs(3600));
     let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut out_sink = sink(OutputStream::Stdout);
     let mut err_sink = sink(OutputStream::Stderr);
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -476,8 +487,9 @@ pub async fn run(
                 _ = &mut deadline => break Ending::TimedOut,
                 _ = &mut cancelled => break Ending::Cancelled,
                 _ = ticker.tick(), if plan.progress.is_some() => {
-                    let progress = Response::ExecProgress(tally.snapshot(started));
-                    let _ = outbox.send(id, progress).await;
+                    // Never waits: a full queue skips this report, so the
+                    // deadline and a cancel are always heard.
+                    outbox.offer(id, Response::ExecProgress(tally.snapshot(started)));
                 }
             }
         };
@@ -583,6 +595,24 @@ mod tests {
         let e = plan(r).err().unwrap();
         assert_eq!(e.kind, ErrorKind::SpawnFailed);
         assert_eq!(e.message, "cwd not found: /no/such/dir/xyz");
+    }
+
+    #[test]
+    fn progress_keeps_the_newest_line() {
+        let tally = Tally::default();
+        let line = |t: &Tally| t.snapshot(Instant::now()).last_line;
+        tally.push(OutputStream::Stdout, b"one\r\ntwo\r\n\r\n");
+        assert_eq!(line(&tally), "two");
+        tally.push(OutputStream::Stderr, b"bar 10%\rbar 50%");
+        assert_eq!(line(&tally), "bar 50%");
+        // A half-line on stdout is older than stderr's newer lines.
+        tally.push(OutputStream::Stdout, b"half");
+        tally.push(OutputStream::Stderr, b"\rbar 90%\nlogged\n");
+        assert_eq!(line(&tally), "logged");
+        tally.push(OutputStream::Stdout, b" done\n");
+        assert_eq!(line(&tally), "half done");
+        let p = tally.snapshot(Instant::now());
+        assert_eq!((p.lines, p.stdout_bytes), (6, 22));
     }
 
     #[test]

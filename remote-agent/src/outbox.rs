@@ -23,6 +23,16 @@ pub struct Outbox {
 }
 
 impl Outbox {
+    /// Queues one response unless the queue is full (or the writer gone):
+    /// for reports that a newer one replaces, which must never make their
+    /// sender wait.
+    pub fn offer(&self, id: RequestId, body: Response) -> bool {
+        match encode_frame(&AgentMessage::Response { id, body }) {
+            Ok(frame) => self.tx.try_send(frame).is_ok(),
+            Err(_) => false,
+        }
+    }
+
     /// Queues one response. Returns false once the writer is gone.
     pub async fn send(&self, id: RequestId, body: Response) -> bool {
         let frame = match encode_frame(&AgentMessage::Response { id, body }) {

@@ -108,7 +108,7 @@ async fn mcp_over_http_needs_the_token_and_serves_clients_at_once() {
 fn a_non_loopback_address_needs_a_token_set_up_beforehand() {
     let home = common::scratch("http-home-remote");
     let out = Command::new(target_bin("outpost"))
-        .args(["mcp", "--http", "0.0.0.0:0"])
+        .args(["mcp", "--http", "192.0.2.1:0"])
         .env_clear()
         .env("HOME", home.path())
         .env("PATH", std::env::var("PATH").unwrap())
@@ -122,6 +122,22 @@ fn a_non_loopback_address_needs_a_token_set_up_beforehand() {
         "{err}"
     );
     assert!(!home.path().join(".outpost/http-token").exists());
+
+    // A wildcard address could not have its Host header checked.
+    let out = Command::new(target_bin("outpost"))
+        .args(["mcp", "--http", "0.0.0.0:0"])
+        .env_clear()
+        .env("HOME", home.path())
+        .env("PATH", std::env::var("PATH").unwrap())
+        .env("OUTPOST_HTTP_TOKEN", "0123456789abcdef0123")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("name the address"),
+        "{out:?}"
+    );
 
     // A token that is too short is refused outright.
     let out = Command::new(target_bin("outpost"))

@@ -625,6 +625,26 @@ async fn mcp_unknown_host_keys_are_confirmed_by_the_person() {
         client.cancel().await.unwrap();
     }
 
+    // Job tools and syncs ask too: they connect within the call, not first
+    // in a follower's or a transfer's own task where nobody could be asked.
+    let who = person(Some("reject"));
+    let (client, _home) = start_as(who.clone(), &env).await;
+    let (err, r) = call(&client, "list_background_tasks", json!({})).await;
+    assert!(err && r.to_string().contains("was not trusted"), "{r}");
+    let src = common::scratch("hostkey-sync");
+    std::fs::write(src.path().join("f"), "x").unwrap();
+    let (err, r) = call(
+        &client,
+        "sync_local_to_remote",
+        json!({"local_path": src.path(), "remote_path": "hostkey-sync"}),
+    )
+    .await;
+    assert!(err && r.to_string().contains("was not trusted"), "{r}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(who.asked.lock().unwrap().len(), 2);
+    assert_eq!(recorded(), 0, "a rejected key was recorded");
+    client.cancel().await.unwrap();
+
     // Trusted once: it connects, and nothing is recorded.
     let once = person(Some("trust_once"));
     let (client, _home) = start_as(once.clone(), &env).await;

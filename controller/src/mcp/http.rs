@@ -25,7 +25,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::header::{AUTHORIZATION, WWW_AUTHENTICATE};
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use subtle::ConstantTimeEq;
@@ -40,6 +40,8 @@ pub const DEFAULT_ADDR: &str = "127.0.0.1:8742";
 pub const PATH: &str = "/mcp";
 const TOKEN_ENV: &str = "OUTPOST_HTTP_TOKEN";
 const TOKEN_FILE: &str = "http-token";
+/// A client that sends no complete request head within this is dropped.
+const HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 /// Shorter tokens are refused: they could be guessed.
 const MIN_TOKEN_LEN: usize = 16;
 
@@ -153,6 +155,12 @@ fn bare(status: StatusCode) -> Response<BoxBody<Bytes, Infallible>> {
 
 /// Serves MCP over HTTP at `addr` until SIGTERM/SIGINT.
 pub async fn serve_http(fleet: Arc<Fleet>, addr: SocketAddr) -> anyhow::Result<()> {
+    if addr.ip().is_unspecified() {
+        bail!(
+            "refusing to serve {addr}: name the address clients will use (e.g. 127.0.0.1, or \
+             this machine's address on a private network), so that its Host header can be checked"
+        );
+    }
     let token = token(&fleet.config.home)?;
     if !addr.ip().is_loopback()
         && let TokenSource::Made(path) = &token.source
@@ -190,6 +198,8 @@ pub async fn serve_http(fleet: Arc<Fleet>, addr: SocketAddr) -> anyhow::Result<(
     let token = Arc::new(token.value);
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let interrupted = tokio::signal::ctrl_c();
+    tokio::pin!(interrupted);
     loop {
         let (stream, _) = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -200,7 +210,7 @@ pub async fn serve_http(fleet: Arc<Fleet>, addr: SocketAddr) -> anyhow::Result<(
                 }
             },
             _ = term.recv() => break,
-            _ = tokio::signal::ctrl_c() => break,
+            _ = &mut interrupted => break,
         };
         let _ = stream.set_nodelay(true);
         let (service, token) = (service.clone(), token.clone());
@@ -218,6 +228,8 @@ pub async fn serve_http(fleet: Arc<Fleet>, addr: SocketAddr) -> anyhow::Result<(
                 }
             });
             let connection = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
                 .serve_connection(TokioIo::new(stream), handle);
             if let Err(e) = connection.await {
                 tracing::debug!("HTTP connection ended: {e}");

@@ -314,7 +314,7 @@ impl OutpostServer {
             })
             .collect();
         self.permit(&peer, &planned).await?;
-        let session = self.job_session(Some(&sandbox))?;
+        let session = self.job_session(Some(&sandbox)).await?;
         let job = jobs::start(&session, spec)
             .await
             .map_err(|e| e.to_string())?;
@@ -334,7 +334,7 @@ impl OutpostServer {
         &self,
         Parameters(p): Parameters<CheckParams>,
     ) -> Result<Json<CheckResult>, String> {
-        let session = self.job_session(p.sandbox_name.as_deref())?;
+        let session = self.job_session(p.sandbox_name.as_deref()).await?;
         let by_watch = given(&p.watch_id);
         let name = match (given(&p.tmux_session), &by_watch, given(&p.log_file)) {
             (Some(name), _, _) => name,
@@ -370,7 +370,7 @@ impl OutpostServer {
         Parameters(p): Parameters<ListTasksParams>,
     ) -> Result<Json<ListTasksResult>, String> {
         let state = given(&p.state).map(|s| jobs::parse_state(&s)).transpose()?;
-        let session = self.job_session(p.sandbox_name.as_deref())?;
+        let session = self.job_session(p.sandbox_name.as_deref()).await?;
         let limit = p.limit.unwrap_or(LIST_DEFAULT).max(1);
         let (list, older_omitted) = jobs::list(&session, state, limit)
             .await
@@ -400,7 +400,7 @@ impl OutpostServer {
         Parameters(p): Parameters<CancelParams>,
     ) -> Result<Json<CancelResult>, String> {
         let grace = seconds("grace_s", p.grace_s, 3.0, 600.0)?;
-        let session = self.job_session(p.sandbox_name.as_deref())?;
+        let session = self.job_session(p.sandbox_name.as_deref()).await?;
         let job = jobs::cancel(&session, &p.name, grace)
             .await
             .map_err(|e| e.to_string())?;
@@ -432,7 +432,7 @@ impl OutpostServer {
             None => None,
         };
         let max_bytes = log_bytes(p.max_bytes)?;
-        let session = self.job_session(p.sandbox_name.as_deref())?;
+        let session = self.job_session(p.sandbox_name.as_deref()).await?;
         let cursor = p
             .cursor
             .unwrap_or_else(|| self.cursors.get(session.name(), &p.name));
@@ -485,7 +485,7 @@ impl OutpostServer {
         Parameters(p): Parameters<ReadLogParams>,
     ) -> Result<Json<ReadLogResult>, String> {
         let max_bytes = log_bytes(p.max_bytes)?;
-        let session = self.job_session(p.sandbox_name.as_deref())?;
+        let session = self.job_session(p.sandbox_name.as_deref()).await?;
         let offset = p.offset.or(if p.tail_lines.is_none() {
             Some(0)
         } else {

@@ -95,6 +95,26 @@ pub struct OutpostServer {
     prompt_router: PromptRouter<Self>,
     /// Calls run as MCP Tasks for clients that declare the extension.
     tasks: rmcp::task_manager::TaskManager,
+    /// Cancelled when this client's session ends (see [`SessionEnd`]).
+    session_end: tokio_util::sync::CancellationToken,
+    /// Held by the session's server only, not by the copies tasks run on.
+    _session: Option<Arc<SessionEnd>>,
+}
+
+/// Ends what a client started when its session ends (the server rmcp holds
+/// for it is dropped): its tasks are cancelled (an exec's tree killed) and
+/// its event followers stopped. Matters over HTTP, where the process and the
+/// fleet outlive each session.
+struct SessionEnd {
+    token: tokio_util::sync::CancellationToken,
+    watcher: Arc<Watcher>,
+}
+
+impl Drop for SessionEnd {
+    fn drop(&mut self) {
+        self.token.cancel();
+        self.watcher.stop();
+    }
 }
 
 /// Job events on their way to the client, in order, as logging notifications.
@@ -167,8 +187,15 @@ impl OutpostServer {
             tool_router.merge(Self::watch_router());
         }
         let audit = crate::ops::audit::AuditLog::new(&fleet.config.home);
+        let watcher = Watcher::new(fleet.clone(), sink);
+        let session_end = tokio_util::sync::CancellationToken::new();
         OutpostServer {
-            watcher: Watcher::new(fleet.clone(), sink),
+            _session: Some(Arc::new(SessionEnd {
+                token: session_end.clone(),
+                watcher: watcher.clone(),
+            })),
+            session_end,
+            watcher,
             fleet,
             transfers: Arc::new(Transfers::default()),
             cursors: Arc::new(Cursors::default()),
@@ -218,10 +245,13 @@ impl OutpostServer {
         }
     }
 
-    /// The named (or active) sandbox for a job tool; its event follower starts
-    /// with the first such call.
-    fn job_session(&self, sandbox: Option<&str>) -> Result<Arc<Session>, String> {
+    /// The named (or active) sandbox for a job tool, connected; its event
+    /// follower starts with the first such call. The connection is made here,
+    /// in the call, where an unknown host key can be put to the person, and
+    /// not first by the follower's own task.
+    async fn job_session(&self, sandbox: Option<&str>) -> Result<Arc<Session>, String> {
         let session = self.fleet.get(sandbox)?;
+        session.connection().await.map_err(|e| e.to_string())?;
         self.watcher.follow(session.name());
         Ok(session)
     }

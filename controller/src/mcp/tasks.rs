@@ -71,7 +71,13 @@ pub(super) fn spawn(
     asker: Option<std::sync::Arc<dyn ConfirmHostKey>>,
     ttl: Duration,
 ) -> Result<CallToolResponse, McpError> {
-    let server = server.clone();
+    // A copy without the session's guard: a running task must not keep its
+    // session from ending, and ends with it.
+    let server = OutpostServer {
+        _session: None,
+        ..server.clone()
+    };
+    let session_end = server.session_end.clone();
     let options = TaskOptions::new()
         .with_ttl_ms(ttl.as_millis() as u64)
         .with_poll_interval_ms(POLL_INTERVAL_MS)
@@ -101,6 +107,7 @@ pub(super) fn spawn(
                     Err(e) => Err(TaskExit::Error(e)),
                 },
                 () = task.cancelled() => Err(TaskExit::Cancelled),
+                () = session_end.cancelled() => Err(TaskExit::Cancelled),
             }
         })
     });

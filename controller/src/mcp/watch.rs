@@ -224,7 +224,7 @@ impl OutpostServer {
             Some("active") => Some(JobState::Running),
             Some(s) => Some(jobs::parse_state(s)?),
         };
-        let session = self.job_session(p.sandbox_name.as_deref())?;
+        let session = self.job_session(p.sandbox_name.as_deref()).await?;
         let (list, older_omitted) = jobs::list(&session, state, LIST_DEFAULT)
             .await
             .map_err(|e| e.to_string())?;
@@ -250,7 +250,7 @@ impl OutpostServer {
         &self,
         Parameters(p): Parameters<WatchProgressParams>,
     ) -> Result<Json<ProgressResult>, String> {
-        let session = self.job_session(p.sandbox_name.as_deref())?;
+        let session = self.job_session(p.sandbox_name.as_deref()).await?;
         let job = jobs::status(&session, &p.watch_id)
             .await
             .map_err(|e| e.to_string())?;
@@ -271,7 +271,7 @@ impl OutpostServer {
         &self,
         Parameters(p): Parameters<WatchLogParams>,
     ) -> Result<Json<WatchLogResult>, String> {
-        let session = self.job_session(p.sandbox_name.as_deref())?;
+        let session = self.job_session(p.sandbox_name.as_deref()).await?;
         let lines = p.last_n_lines.unwrap_or(200);
         let (job, tail) = futures::join!(
             jobs::status(&session, &p.watch_id),
@@ -292,7 +292,7 @@ impl OutpostServer {
         Parameters(p): Parameters<WatchCheckpointParams>,
     ) -> Result<Json<CheckpointView>, String> {
         let max_bytes = log_bytes(p.max_bytes)?;
-        let session = self.job_session(p.sandbox_name.as_deref())?;
+        let session = self.job_session(p.sandbox_name.as_deref()).await?;
         let job = jobs::status(&session, &p.watch_id)
             .await
             .map_err(|e| e.to_string())?;
@@ -312,7 +312,7 @@ impl OutpostServer {
         &self,
         Parameters(p): Parameters<WatchIdParams>,
     ) -> Result<Json<WatchResult>, String> {
-        let session = self.job_session(p.sandbox_name.as_deref())?;
+        let session = self.job_session(p.sandbox_name.as_deref()).await?;
         let job = jobs::cancel(&session, &p.watch_id, Duration::from_secs(3))
             .await
             .map_err(|e| e.to_string())?;
@@ -327,7 +327,7 @@ impl OutpostServer {
         Parameters(p): Parameters<WatchEventsParams>,
     ) -> Result<Json<EventsResult>, String> {
         let limit = p.limit.unwrap_or(50).clamp(1, 1000) as usize;
-        let session = self.job_session(p.sandbox_name.as_deref())?;
+        let session = self.job_session(p.sandbox_name.as_deref()).await?;
         let name = given(&p.watch_id);
         // Events come oldest first after a sequence number; keep the last
         // `limit` of them all.
@@ -388,7 +388,7 @@ impl OutpostServer {
 
 impl OutpostServer {
     async fn watch_of(&self, sandbox: Option<&str>, name: &str) -> Result<WatchResult, String> {
-        let session = self.job_session(sandbox)?;
+        let session = self.job_session(sandbox).await?;
         let job = jobs::status(&session, name)
             .await
             .map_err(|e| e.to_string())?;

@@ -260,6 +260,7 @@ pub struct Watcher {
     fleet: Arc<Fleet>,
     sink: Sink,
     followers: Mutex<HashMap<String, Arc<FollowerState>>>,
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
 impl Watcher {
@@ -268,7 +269,16 @@ impl Watcher {
             fleet,
             sink,
             followers: Mutex::new(HashMap::new()),
+            tasks: Mutex::default(),
         })
+    }
+
+    /// Stops every follower (its client went away).
+    pub fn stop(&self) {
+        for task in self.tasks.lock().unwrap().drain(..) {
+            task.abort();
+        }
+        self.followers.lock().unwrap().clear();
     }
 
     /// Starts following `sandbox` unless this process already does. Needs a
@@ -295,7 +305,8 @@ impl Watcher {
             state,
             started_unix: now_unix(),
         };
-        tokio::spawn(follower.run());
+        let task = tokio::spawn(follower.run());
+        self.tasks.lock().unwrap().push(task);
     }
 
     pub fn status(&self) -> Vec<FollowerView> {

@@ -168,6 +168,17 @@ pub fn sync_background(
     })
 }
 
+/// Cancels a transfer when dropped, unless taken out first.
+struct CancelOnDrop(Option<Arc<crate::ops::transfers::Transfer>>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if let Some(task) = self.0.take() {
+            task.cancel();
+        }
+    }
+}
+
 /// Runs inline while the work to send stays within the configured limits;
 /// otherwise leaves it running in the background and says so. `watch` gets
 /// the transfer's live counters once it has started.
@@ -182,6 +193,9 @@ pub async fn sync_maybe_inline(
     let session = fleet.get(p.sandbox_name.as_deref())?;
     let task = transfers.start(session, Direction::Push, local, p.remote_path, options);
     watch(task.progress.clone());
+    // A call dropped while inline (the client cancelled it) stops its
+    // transfer; one that went to the background is the task's to cancel.
+    let mut inline = CancelOnDrop(Some(task.clone()));
     let (max_files, max_bytes) = (
         fleet.config.inline_sync_max_files,
         fleet.config.inline_sync_max_bytes,
@@ -207,6 +221,7 @@ pub async fn sync_maybe_inline(
             break;
         }
     }
+    inline.0 = None;
     let view = task.view(20);
     if switched {
         return Ok(SyncOutcome {

@@ -179,11 +179,24 @@ impl Transfers {
         transfer.log(format!("sync {from} → {to}"));
         self.tasks.lock().unwrap().insert(id, transfer.clone());
         let task = transfer.clone();
+        // The person who can confirm an unknown host key for the starting
+        // call also does for its transfer, which connects in its own task.
+        let confirmation = crate::host::HOST_KEY_CONFIRMATION.try_with(Arc::clone).ok();
         tokio::spawn(async move {
             let progress = task.progress.clone();
-            let result = match direction {
-                Direction::Push => sync::push(&session, &local, &remote, &options, progress).await,
-                Direction::Pull => sync::pull(&session, &remote, &local, &options, progress).await,
+            let work = async {
+                match direction {
+                    Direction::Push => {
+                        sync::push(&session, &local, &remote, &options, progress).await
+                    }
+                    Direction::Pull => {
+                        sync::pull(&session, &remote, &local, &options, progress).await
+                    }
+                }
+            };
+            let result = match confirmation {
+                Some(c) => crate::host::HOST_KEY_CONFIRMATION.scope(c, work).await,
+                None => work.await,
             };
             {
                 let mut state = task.state.lock().unwrap();

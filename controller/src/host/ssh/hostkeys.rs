@@ -37,6 +37,16 @@ fn listed(list: &Mutex<Vec<UnknownHostKey>>, key: &UnknownHostKey) -> bool {
     list.lock().unwrap_or_else(|p| p.into_inner()).contains(key)
 }
 
+/// Whether a person trusted or rejected any key of `key`'s host.
+fn decided(key: &UnknownHostKey) -> bool {
+    [&TRUSTED_ONCE, &REJECTED].into_iter().any(|list| {
+        list.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .any(|k| k.host == key.host && k.port == key.port)
+    })
+}
+
 /// Outcome of the host-key check, kept so a refused connection can explain itself.
 #[derive(Debug, Clone)]
 pub(super) enum HostKeyVerdict {
@@ -51,6 +61,7 @@ pub(super) enum HostKeyVerdict {
     /// A person rejected this key earlier in this process.
     Rejected {
         unknown: UnknownHostKey,
+        why: &'static str,
     },
     /// Unknown, and a person can be asked: the connection stops here.
     ToConfirm {
@@ -141,10 +152,21 @@ impl client::Handler for Client {
         if listed(&TRUSTED_ONCE, &unknown) {
             return Ok(true);
         }
-        // A person who can be asked again may change their mind.
-        if !self.ask && listed(&REJECTED, &unknown) {
-            *self.verdict.lock().unwrap() = Some(HostKeyVerdict::Rejected { unknown });
-            return Ok(false);
+        // Where nobody can be asked, a host a person has decided about gets
+        // no accept-new: not the key they rejected, and not another key than
+        // the one they trusted (a person who can be asked may decide again).
+        if !self.ask {
+            let why = if listed(&REJECTED, &unknown) {
+                Some("the user rejected it earlier")
+            } else if decided(&unknown) {
+                Some("the user decided about another key of this host earlier")
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                *self.verdict.lock().unwrap() = Some(HostKeyVerdict::Rejected { unknown, why });
+                return Ok(false);
+            }
         }
         if self.ask {
             *self.verdict.lock().unwrap() = Some(HostKeyVerdict::ToConfirm {

@@ -245,11 +245,13 @@ impl SshConnection {
                         recorded,
                         file,
                     },
-                    Some(HostKeyVerdict::Rejected { unknown }) => ConnectError::HostKeyRejected {
-                        host,
-                        offered: unknown.fingerprint,
-                        why: "the user rejected it earlier",
-                    },
+                    Some(HostKeyVerdict::Rejected { unknown, why }) => {
+                        ConnectError::HostKeyRejected {
+                            host,
+                            offered: unknown.fingerprint,
+                            why,
+                        }
+                    }
                     Some(HostKeyVerdict::ToConfirm { key, unknown }) => {
                         ConnectError::Unconfirmed(Box::new((*key, unknown)))
                     }
