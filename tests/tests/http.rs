@@ -104,19 +104,27 @@ async fn mcp_over_http_needs_the_token_and_serves_clients_at_once() {
     b.cancel().await.unwrap();
 }
 
+/// `outpost mcp --http ADDR` with an empty home (and `token`, if given) run
+/// to its end: each of these refuses to start.
+fn refused(home: &std::path::Path, addr: &str, token: Option<&str>) -> String {
+    let mut cmd = Command::new(target_bin("outpost"));
+    cmd.args(["mcp", "--http", addr])
+        .env_clear()
+        .env("HOME", home)
+        .env("PATH", std::env::var("PATH").unwrap())
+        .stdin(Stdio::null());
+    if let Some(token) = token {
+        cmd.env("OUTPOST_HTTP_TOKEN", token);
+    }
+    let out = cmd.output().unwrap();
+    assert!(!out.status.success(), "{out:?}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 #[test]
 fn a_non_loopback_address_needs_a_token_set_up_beforehand() {
     let home = common::scratch("http-home-remote");
-    let out = Command::new(target_bin("outpost"))
-        .args(["mcp", "--http", "192.0.2.1:0"])
-        .env_clear()
-        .env("HOME", home.path())
-        .env("PATH", std::env::var("PATH").unwrap())
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused(home.path(), "192.0.2.1:0", None);
     assert!(
         err.contains("not a loopback address") && err.contains("OUTPOST_HTTP_TOKEN"),
         "{err}"
@@ -124,34 +132,10 @@ fn a_non_loopback_address_needs_a_token_set_up_beforehand() {
     assert!(!home.path().join(".outpost/http-token").exists());
 
     // A wildcard address could not have its Host header checked.
-    let out = Command::new(target_bin("outpost"))
-        .args(["mcp", "--http", "0.0.0.0:0"])
-        .env_clear()
-        .env("HOME", home.path())
-        .env("PATH", std::env::var("PATH").unwrap())
-        .env("OUTPOST_HTTP_TOKEN", "0123456789abcdef0123")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("name the address"),
-        "{out:?}"
-    );
+    let err = refused(home.path(), "0.0.0.0:0", Some("0123456789abcdef0123"));
+    assert!(err.contains("name the address"), "{err}");
 
     // A token that is too short is refused outright.
-    let out = Command::new(target_bin("outpost"))
-        .args(["mcp", "--http", "127.0.0.1:0"])
-        .env_clear()
-        .env("HOME", home.path())
-        .env("PATH", std::env::var("PATH").unwrap())
-        .env("OUTPOST_HTTP_TOKEN", "short")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("at least 16"),
-        "{out:?}"
-    );
+    let err = refused(home.path(), "127.0.0.1:0", Some("short"));
+    assert!(err.contains("at least 16"), "{err}");
 }

@@ -109,14 +109,17 @@ fn cpu_time(pid: i32) -> Duration {
     Duration::from_millis(ticks * 1000 / hz)
 }
 
-async fn mcp_client(home: &Path, config: &Path) -> Client {
+/// `outpost mcp` on stdio with `config`, or with none (the local sandbox).
+async fn mcp_client(home: &Path, config: Option<&Path>) -> Client {
     let transport = TokioChildProcess::new(
         tokio::process::Command::new(target_bin("outpost")).configure(|cmd| {
             cmd.arg("mcp")
                 .env_clear()
                 .env("HOME", home)
-                .env("PATH", std::env::var("PATH").unwrap_or_default())
-                .env("OUTPOST_CONFIG", config);
+                .env("PATH", std::env::var("PATH").unwrap_or_default());
+            if let Some(config) = config {
+                cmd.env("OUTPOST_CONFIG", config);
+            }
         }),
     )
     .expect("spawn outpost mcp");
@@ -236,7 +239,7 @@ async fn long_calls() {
     drop(to);
     let _ = server.wait();
 
-    let stdio = mcp_client_local(home.path()).await;
+    let stdio = mcp_client(home.path(), None).await;
     let http_server = McpHttp::start();
     let http = http_server.client(()).await;
     let (mut over_stdio, mut over_http) = (Vec::new(), Vec::new());
@@ -271,20 +274,6 @@ async fn long_calls() {
     );
 }
 
-/// `outpost mcp` on stdio with no configuration (the local sandbox).
-async fn mcp_client_local(home: &Path) -> Client {
-    let transport = TokioChildProcess::new(
-        tokio::process::Command::new(target_bin("outpost")).configure(|cmd| {
-            cmd.arg("mcp")
-                .env_clear()
-                .env("HOME", home)
-                .env("PATH", std::env::var("PATH").unwrap_or_default());
-        }),
-    )
-    .expect("spawn outpost mcp");
-    ().serve(transport).await.expect("MCP handshake")
-}
-
 /// Job start latency, time from a job's end to wait_background_task
 /// returning, and the daemon's idle cost.
 async fn jobs() {
@@ -293,7 +282,7 @@ async fn jobs() {
     let home = scratch.path().join("home");
     std::fs::create_dir_all(&home).unwrap();
     let config = write_config(scratch.path(), "jobs", &[&sshd]);
-    let client = mcp_client(&home, &config).await;
+    let client = mcp_client(&home, Some(&config)).await;
     let call = |tool: &'static str, args: serde_json::Value| {
         let client = &client;
         async move {
@@ -375,7 +364,7 @@ async fn exec_and_metrics() {
 
     // First connect: MCP handshake, SSH, probe, upload, agent start, one exec.
     let started = Instant::now();
-    let client = mcp_client(&home, &config).await;
+    let client = mcp_client(&home, Some(&config)).await;
     let handshake = started.elapsed();
     exec_bash(&client, "true").await;
     let first_connect = started.elapsed();
@@ -383,7 +372,7 @@ async fn exec_and_metrics() {
 
     // A second controller reuses the installed agent.
     let started = Instant::now();
-    let client = mcp_client(&home, &config).await;
+    let client = mcp_client(&home, Some(&config)).await;
     exec_bash(&client, "true").await;
     let second_connect = started.elapsed();
 
@@ -417,7 +406,7 @@ async fn exec_and_metrics() {
     let many: Vec<Sshd> = (0..16).map(|_| Sshd::start()).collect();
     let many_refs: Vec<&Sshd> = many.iter().collect();
     let many_config = write_config(scratch.path(), "many", &many_refs);
-    let many_client = mcp_client(&home, &many_config).await;
+    let many_client = mcp_client(&home, Some(&many_config)).await;
     let sixteen_hosts = check_resources(&many_client, 16, 20).await;
     many_client.cancel().await.ok();
 
