@@ -48,6 +48,10 @@ pub struct Config {
     /// Which commands may run where (`[policy]` and each sandbox's `policy`);
     /// from the config file only.
     pub policy: PolicyRules,
+    /// `[client_budget_s]`: how long MCP clients whose name contains a key
+    /// wait for a tool call (`default`: any other client), overriding the
+    /// built-in table; 0 means as long as it takes.
+    pub client_budgets: Vec<(String, f64)>,
     pub source: String,
 }
 
@@ -153,6 +157,8 @@ struct RawFile {
     hooks: Option<RawHooks>,
     policy: Option<RawPolicy>,
     #[serde(default)]
+    client_budget_s: BTreeMap<String, f64>,
+    #[serde(default)]
     sandbox: Vec<RawSandbox>,
 }
 
@@ -183,6 +189,23 @@ impl RawHooks {
             alert_after_failures,
         })
     }
+}
+
+/// `[client_budget_s]`, checked: keys lowercased, longest first (the most
+/// specific name wins), seconds finite and not negative.
+fn client_budgets(raw: &BTreeMap<String, f64>) -> Result<Vec<(String, f64)>> {
+    let mut budgets = Vec::new();
+    for (name, &seconds) in raw {
+        if !(seconds >= 0.0 && seconds.is_finite()) {
+            bail!("[client_budget_s] {name:?} must be 0 or more seconds, got {seconds}");
+        }
+        if name.trim().is_empty() {
+            bail!("[client_budget_s] has an empty client name");
+        }
+        budgets.push((name.trim().to_lowercase(), seconds));
+    }
+    budgets.sort_by_key(|(name, _)| std::cmp::Reverse(name.len()));
+    Ok(budgets)
 }
 
 /// Reads of the process environment, abstracted so tests can pass their own.
@@ -228,6 +251,7 @@ impl Config {
             hooks: Hooks::default(),
             expose_advanced_tools: false,
             policy: PolicyRules::default(),
+            client_budgets: Vec::new(),
             source: "embedded".into(),
         }
     }
@@ -414,6 +438,7 @@ impl Config {
                 },
             ),
             policy,
+            client_budgets: client_budgets(&file.client_budget_s)?,
             sandboxes,
             known_hosts,
             home: outpost_home,

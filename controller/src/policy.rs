@@ -723,17 +723,14 @@ mod tests {
     #[test]
     fn job_commands_include_resume_and_checkpoint() {
         let spec = outpost_protocol::JobSpec {
-            name: None,
             command: "train".into(),
-            env: Vec::new(),
-            log_file: None,
-            cwd: None,
             watch: outpost_protocol::WatchSpec {
                 resume_command: Some("resume".into()),
                 checkpoint_command: Some("cat ckpt".into()),
                 resume_plan_json: Some(r#"{"resume_command": "plan"}"#.into()),
                 ..Default::default()
             },
+            ..Default::default()
         };
         let fields = job_commands(&spec);
         let fields: Vec<(&str, &str)> = fields.iter().map(|(f, c)| (*f, c.as_str())).collect();

@@ -109,6 +109,10 @@ pub enum Request {
     /// transfer of the same content left (a scan lists them). Answered by
     /// `Resumed`; later `PutPart`s with the same `xfer` fill in the rest.
     Resume(Resume),
+    /// A job's outcome shaped like an exec's: exit status and each stream's
+    /// head and tail (the job must have been started with `split_streams`;
+    /// while it runs, the output so far). Answered by `JobCollected`.
+    JobCollect(JobCollect),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -154,6 +158,16 @@ pub struct JobSpec {
     /// Where the output goes; None: the job's own directory.
     pub log_file: Option<String>,
     pub watch: WatchSpec,
+    /// The shim terminates the job's whole tree after this long and records
+    /// `timed_out`. None: no limit.
+    pub timeout_ms: Option<u64>,
+    /// Besides the merged log, keep stdout and stderr apart in the job's
+    /// directory, for `JobCollect`.
+    pub split_streams: bool,
+    /// Bytes the command reads on stdin (at most
+    /// [`crate::limits::MAX_STDIN_LEN`]). None: /dev/null.
+    #[serde(with = "serde_bytes")]
+    pub stdin: Option<Vec<u8>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -170,6 +184,19 @@ pub struct JobInfo {
     pub log_size: u64,
     pub resume_attempts: u32,
     pub watch: WatchSpec,
+    /// Ended by its `timeout_ms`.
+    pub timed_out: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobCollect {
+    pub name: String,
+    /// Bytes kept per stream, as in [`ExecRequest::output_limit`].
+    pub output_limit: u64,
+    /// Delete the job's record once read if it ended. A running job is
+    /// detached from its call instead: a background job from then on, whose
+    /// end is an event.
+    pub remove_if_ended: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -571,6 +598,11 @@ pub enum Response {
     },
     /// Part of an exec with `progress_ms` (not final).
     ExecProgress(ExecProgress),
+    /// Answer to `JobCollect`.
+    JobCollected {
+        job: JobInfo,
+        result: ExecResult,
+    },
 }
 
 impl Response {

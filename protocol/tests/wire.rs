@@ -171,6 +171,17 @@ fn sample_messages() -> (Hello, Vec<ClientMessage>, Vec<AgentMessage>) {
                     max_resume_attempts: 2,
                     ..Default::default()
                 },
+                timeout_ms: Some(90_000),
+                split_streams: true,
+                stdin: Some(b"yes\n".to_vec()),
+            }),
+        },
+        ClientMessage::Request {
+            id: 18,
+            body: Request::JobCollect(JobCollect {
+                name: "train-1".into(),
+                output_limit: 20_000,
+                remove_if_ended: true,
             }),
         },
         ClientMessage::Request {
@@ -237,6 +248,7 @@ fn sample_messages() -> (Hello, Vec<ClientMessage>, Vec<AgentMessage>) {
         log_size: 1 << 30,
         resume_attempts: 1,
         watch: WatchSpec::default(),
+        timed_out: true,
     };
     let agent = vec![
         AgentMessage::Response {
@@ -392,6 +404,25 @@ fn sample_messages() -> (Hello, Vec<ClientMessage>, Vec<AgentMessage>) {
         AgentMessage::Response {
             id: 11,
             body: Response::Job(job.clone()),
+        },
+        AgentMessage::Response {
+            id: 18,
+            body: Response::JobCollected {
+                job: job.clone(),
+                result: ExecResult {
+                    exit_code: None,
+                    signal: Some(15),
+                    timed_out: true,
+                    cancelled: false,
+                    stdout: CapturedOutput {
+                        head: b"epoch 1\n".to_vec(),
+                        tail: b"epoch 9\n".to_vec(),
+                        omitted: 4096,
+                    },
+                    stderr: CapturedOutput::default(),
+                    duration_ms: 90_000,
+                },
+            },
         },
         AgentMessage::Response {
             id: 14,

@@ -423,6 +423,7 @@ fn start_request(
             | Request::JobCancel { .. }
             | Request::JobWait(_)
             | Request::JobRead(_)
+            | Request::JobCollect(_)
             | Request::JobEvents { .. }
                 if !shared.options.own_process =>
             {
@@ -438,6 +439,7 @@ fn start_request(
             }
             Request::JobWait(req) => job_request(move || jobs::wait(&req, &cancel)).await,
             Request::JobRead(req) => job_request(move || jobs::read(&req)).await,
+            Request::JobCollect(req) => job_request(move || jobs::collect(&req)).await,
             Request::JobEvents {
                 name,
                 after_seq,

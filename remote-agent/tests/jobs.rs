@@ -12,8 +12,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::{Agent, BIN, TempDir, procs_with};
 use outpost_protocol::{
-    ErrorKind, JobEvent, JobInfo, JobLog, JobRead, JobSpec, JobState, JobWait, JobWaited, Request,
-    Response, WaitReason, WatchSpec,
+    CapturedOutput, ErrorKind, ExecResult, JobCollect, JobEvent, JobInfo, JobLog, JobRead, JobSpec,
+    JobState, JobWait, JobWaited, Request, Response, WaitReason, WatchSpec,
 };
 
 /// A host of its own: a home, and the agents, daemon and jobs started in it.
@@ -88,6 +88,18 @@ impl Host {
         match self.call(agent, Request::JobRead(req)) {
             Response::JobLog(l) => l,
             other => panic!("expected JobLog, got {other:?}"),
+        }
+    }
+
+    fn collect(&mut self, agent: &mut Agent, name: &str, remove: bool) -> (JobInfo, ExecResult) {
+        let req = JobCollect {
+            name: name.into(),
+            output_limit: 1000,
+            remove_if_ended: remove,
+        };
+        match self.call(agent, Request::JobCollect(req)) {
+            Response::JobCollected { job, result } => (job, result),
+            other => panic!("expected JobCollected, got {other:?}"),
         }
     }
 
@@ -336,6 +348,111 @@ fn exit_codes_are_exact_and_default_names_never_collide() {
     assert_eq!(mode(dir.clone()), 0o700);
     assert_eq!(mode(dir.join("exit.json")), 0o600);
     assert_eq!(mode(dir.join("log")), 0o600);
+}
+
+fn text(c: &CapturedOutput) -> String {
+    String::from_utf8_lossy(&[c.head.as_slice(), c.tail.as_slice()].concat()).into_owned()
+}
+
+/// Jobs an `exec_bash` runs so that it may outlast its call: stdout and
+/// stderr apart as an exec gives them, an exact timeout, no trace when the
+/// call collects them, a background job like any once it is left running.
+#[test]
+fn split_jobs_answer_like_an_exec() {
+    let mut host = Host::new("jobs-split");
+    let mut agent = host.agent();
+    let split = |command: &str, timeout_ms| JobSpec {
+        split_streams: true,
+        timeout_ms,
+        ..spec(command)
+    };
+
+    let quick = host.start(
+        &mut agent,
+        split("echo out; echo err >&2; printf 'tail\\n'; exit 3", None),
+    );
+    let merged = host.wait_end(&mut agent, &quick.name);
+    // Both streams reach the merged log too (their order is as read).
+    let mut lines: Vec<&[u8]> = merged.output.split(|&b| b == b'\n').collect();
+    lines.sort();
+    assert_eq!(lines, [&b""[..], b"err", b"out", b"tail"]);
+    let (job, r) = host.collect(&mut agent, &quick.name, true);
+    assert_eq!(job.state, JobState::Exited);
+    assert_eq!((r.exit_code, r.signal, r.timed_out), (Some(3), None, false));
+    assert_eq!(
+        (text(&r.stdout), text(&r.stderr)),
+        ("out\ntail\n".into(), "err\n".into())
+    );
+    assert!(
+        !host.job_dir(&quick.name).exists(),
+        "collected jobs are removed"
+    );
+
+    let big = host.start(
+        &mut agent,
+        split(
+            "head -c 100000 /dev/zero | tr '\\0' a; echo; echo last",
+            None,
+        ),
+    );
+    host.wait_end(&mut agent, &big.name);
+    let (_, r) = host.collect(&mut agent, &big.name, true);
+    assert_eq!(
+        (r.stdout.head.len(), r.stdout.omitted),
+        (500, 100_006 - 1000)
+    );
+    assert!(r.stdout.tail.ends_with(b"a\nlast\n"));
+
+    // The timeout ends the whole tree, background processes too.
+    let slow = host.start(
+        &mut agent,
+        split("echo start; sleep 300 & sleep 301; echo never", Some(1500)),
+    );
+    let token = json(&host.job_dir(&slow.name).join("spec.json")).unwrap()["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let w = host.wait_end(&mut agent, &slow.name);
+    assert!(w.job.timed_out, "{w:?}");
+    let (_, r) = host.collect(&mut agent, &slow.name, false);
+    assert!(r.timed_out && r.signal == Some(15), "{r:?}");
+    assert!(r.duration_ms >= 1500 && r.duration_ms < 10_000, "{r:?}");
+    assert_eq!(text(&r.stdout), "start\n");
+    assert!(procs_with_env(&format!("OUTPOST_EXEC_TOKEN={token}")).is_empty());
+    assert_eq!(
+        host.events(&mut agent, &slow.name),
+        [],
+        "not left running: no events"
+    );
+
+    // Left running by its call: output so far, then a background job whose
+    // start and end are events.
+    let long = host.start(&mut agent, split("echo begun; sleep 1; echo done", None));
+    assert!(wait_until(Duration::from_secs(5), || {
+        std::fs::read(host.job_dir(&long.name).join("stdout")).is_ok_and(|o| o == b"begun\n")
+    }));
+    let (job, r) = host.collect(&mut agent, &long.name, true);
+    assert_eq!((job.state, r.exit_code), (JobState::Running, None));
+    assert_eq!(text(&r.stdout), "begun\n");
+    assert_eq!(
+        host.kinds_after_end(&mut agent, &long.name),
+        ["started", "completed"]
+    );
+    let (_, r) = host.collect(&mut agent, &long.name, true);
+    assert_eq!(
+        (r.exit_code, text(&r.stdout)),
+        (Some(0), "begun\ndone\n".into())
+    );
+    assert!(!host.job_dir(&long.name).exists());
+
+    let plain = host.start(&mut agent, spec("true"));
+    let req = JobCollect {
+        name: plain.name.clone(),
+        output_limit: 1000,
+        remove_if_ended: true,
+    };
+    let message = bad_request(host.call(&mut agent, Request::JobCollect(req)));
+    assert!(message.contains("one merged log"), "{message}");
 }
 
 #[test]

@@ -452,31 +452,32 @@ async fn mcp_long_calls_send_progress() {
     let (client, _home) = start_as(log.clone(), &[]).await;
 
     // exec_bash: one notification at once, then one every 3 s, each newer
-    // than the last, counting toward the timeout, with the last line.
-    let (err, r) = call(
-        &client,
-        "exec_bash",
-        json!({"command": "echo step-1; sleep 4; echo step-2; sleep 4", "timeout_s": 60}),
-    )
-    .await;
-    assert!(!err, "{r}");
-    assert_eq!(r["stdout"], "step-1\nstep-2\n");
-    let got = log.take();
-    assert!(got.len() >= 3, "{got:?}");
-    assert!(
-        got.windows(2).all(|w| w[0].progress < w[1].progress),
-        "{got:?}"
-    );
-    assert!(got.iter().all(|p| p.total == Some(60.0)), "{got:?}");
-    let messages: Vec<String> = got.iter().filter_map(|p| p.message.clone()).collect();
-    assert!(
-        messages.iter().any(|m| m.ends_with(": step-1")),
-        "{messages:?}"
-    );
-    assert!(
-        messages.iter().any(|m| m.ends_with(": step-2")),
-        "{messages:?}"
-    );
+    // than the last, counting toward the timeout, with the last line; run
+    // as a job (its timeout outlasts this client's budget) or inline.
+    for timeout_s in [60.0, 30.0] {
+        let (err, r) = call(
+            &client,
+            "exec_bash",
+            json!({"command": "echo step-1; sleep 4; echo step-2; sleep 4", "timeout_s": timeout_s}),
+        )
+        .await;
+        assert!(!err, "{r}");
+        assert_eq!(r["stdout"], "step-1\nstep-2\n");
+        let got = log.take();
+        assert!(got.len() >= 3, "{got:?}");
+        assert!(
+            got.windows(2).all(|w| w[0].progress < w[1].progress),
+            "{got:?}"
+        );
+        assert!(got.iter().all(|p| p.total == Some(timeout_s)), "{got:?}");
+        let messages: Vec<String> = got.iter().filter_map(|p| p.message.clone()).collect();
+        for line in ["step-1", "step-2"] {
+            assert!(
+                messages.iter().any(|m| m.ends_with(&format!(": {line}"))),
+                "{timeout_s}: {messages:?}"
+            );
+        }
+    }
 
     // A quick call gets its result (and at most the first notification).
     let (_, r) = call(&client, "exec_bash", json!({"command": "true"})).await;
@@ -514,33 +515,50 @@ async fn mcp_long_calls_send_progress() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mcp_cancelled_exec_kills_its_process_tree() {
     let (client, _home) = start(&[]).await;
-    let needle = format!("sleep 300.{}", std::process::id());
-    let args = json!({"command": format!("{needle} & {needle}; wait")});
-    let mut running = Box::pin(
-        client.call_tool(
-            rmcp::model::CallToolRequestParams::new("exec_bash")
-                .with_arguments(args.as_object().unwrap().clone()),
-        ),
-    );
-    tokio::select! {
-        r = &mut running => panic!("the command ended: {r:?}"),
-        () = async {
-            while pids_with_cmdline(&needle).len() < 2 {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        } => {}
+    // The default timeout outlasts this client's patience, so the command
+    // runs as a job; a 30 s one runs inline. Both die with their call.
+    for (i, timeout_s) in [None, Some(30.0)].into_iter().enumerate() {
+        let needle = format!("sleep 300.{}{i}", std::process::id());
+        let mut args = json!({"command": format!("{needle} & {needle}; wait")});
+        if let Some(t) = timeout_s {
+            args["timeout_s"] = json!(t);
+        }
+        let mut running = Box::pin(
+            client.call_tool(
+                rmcp::model::CallToolRequestParams::new("exec_bash")
+                    .with_arguments(args.as_object().unwrap().clone()),
+            ),
+        );
+        tokio::select! {
+            r = &mut running => panic!("the command ended: {r:?}"),
+            () = async {
+                while pids_with_cmdline(&needle).len() < 2 {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            } => {}
+        }
+        // Dropping rmcp's call sends notifications/cancelled.
+        drop(running);
+        assert!(
+            wait_until(Duration::from_secs(10), || pids_with_cmdline(&needle)
+                .is_empty()),
+            "left running ({timeout_s:?}): {:?}",
+            pids_with_cmdline(&needle)
+        );
     }
-    // Dropping rmcp's call sends notifications/cancelled.
-    drop(running);
-    assert!(
-        wait_until(Duration::from_secs(10), || pids_with_cmdline(&needle)
-            .is_empty()),
-        "left running: {:?}",
-        pids_with_cmdline(&needle)
-    );
-    // The server goes on serving.
+    // The server goes on serving, and a cancelled call leaves no job behind.
     let (_, r) = call(&client, "exec_bash", json!({"command": "echo after"})).await;
     assert_eq!(r["stdout"], "after\n");
+    let listed = || async { call(&client, "list_background_tasks", json!({})).await.1 };
+    let mut left = listed().await;
+    for _ in 0..50 {
+        if left["tasks"].as_array().is_some_and(Vec::is_empty) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        left = listed().await;
+    }
+    assert_eq!(left["tasks"], json!([]), "{left}");
     client.cancel().await.unwrap();
 }
 

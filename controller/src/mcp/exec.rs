@@ -3,9 +3,14 @@
 //! policy allows it (`permit`, which asks the person through elicitation
 //! where a confirm rule says so). The request and the exit status come from
 //! [`crate::ops::exec`].
+//!
+//! A command whose timeout is longer than the client will wait for the call
+//! ([`super::budget`]) runs as a job ([`exec::run_within`]): if it still
+//! runs when the client's patience is nearly spent, the call answers with
+//! the job's name, the output so far and the call that follows it.
 
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use outpost_protocol::{ExecProgress, ExecRequest};
 use rmcp::handler::server::wrapper::Parameters;
@@ -16,6 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use super::OutpostServer;
 use super::progress::{AGENT_EVERY_MS, Progress, Report};
+use crate::ops::exec::{JobProgress, Outcome};
 use crate::ops::{exec, human_bytes};
 use crate::policy::Planned;
 use crate::session::CallError;
@@ -37,15 +43,33 @@ pub struct ExecParams {
     pub sandboxes: Option<Vec<String>>,
     /// A reserve_gpus lease: sets CUDA_VISIBLE_DEVICES to its GPUs.
     pub gpu_lease: Option<String>,
+    /// Still running after this many seconds: return its job name and keep
+    /// it running. Default: just under the client's own call limit.
+    pub background_after_s: Option<f64>,
+    /// Extra environment variables.
+    pub env: Option<std::collections::BTreeMap<String, String>>,
+    /// Text written to the command's stdin (default: none, /dev/null).
+    pub stdin: Option<String>,
 }
 
 #[derive(Debug, PartialEq, Serialize, JsonSchema)]
 pub struct ExecOutput {
     /// Exit status; 124 on timeout, 128+N when killed by signal N, -1 when the
-    /// connection failed.
-    pub exit_code: i32,
+    /// connection failed. Absent while it runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
     pub stdout: String,
     pub stderr: String,
+    /// Still running, as background job `job`.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub running: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub job: Option<String>,
+    /// The call that returns its end and the rest of its output.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub duration_s: Option<f64>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub timed_out: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -75,13 +99,19 @@ pub struct ExecGroup {
 
 /// Builds the agent request for an `exec_bash` call, or says what is wrong.
 fn exec_request(p: &ExecParams, stream: bool) -> Result<ExecRequest, String> {
-    exec::request(&exec::Command {
+    let mut req = exec::request(&exec::Command {
         command: &p.command,
         cwd: p.cwd.as_deref(),
         timeout_s: Some(p.timeout_s.unwrap_or(exec::DEFAULT_TIMEOUT_S)),
         max_output: p.max_output_chars.unwrap_or(exec::DEFAULT_MAX_OUTPUT),
         stream,
-    })
+    })?;
+    if let Some(env) = &p.env {
+        req.env
+            .extend(env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    }
+    req.stdin = p.stdin.as_ref().map(|s| s.clone().into_bytes());
+    Ok(req)
 }
 
 /// A progress notification from the agent's last report: seconds elapsed
@@ -111,35 +141,93 @@ fn exec_report(seen: Option<ExecProgress>, timeout_s: Option<f64>) -> Report {
     }
 }
 
-/// Shapes an agent exec result for the `exec_bash` tool.
+/// A job's progress as the notification for an exec that runs as one.
+fn job_report(p: JobProgress, timeout_s: Option<f64>) -> Report {
+    let elapsed = p.elapsed.as_secs_f64();
+    let mut message = format!("{elapsed:.0} s, {}", human_bytes(p.bytes));
+    if !p.last_line.is_empty() {
+        message.push_str(": ");
+        message.push_str(&p.last_line);
+    }
+    Report {
+        done: elapsed,
+        total: timeout_s,
+        message,
+    }
+}
+
+/// Shapes an agent exec result for the `exec_bash` tool (without a
+/// duration: fan-out groups compare outcomes).
 fn exec_output(
     result: Result<outpost_protocol::ExecResult, CallError>,
 ) -> Result<ExecOutput, String> {
+    let blank = ExecOutput {
+        exit_code: None,
+        stdout: String::new(),
+        stderr: String::new(),
+        running: false,
+        job: None,
+        next: None,
+        duration_s: None,
+        timed_out: false,
+        signal: None,
+        connection_error: false,
+    };
     match result {
         Ok(r) => Ok(ExecOutput {
-            exit_code: exec::shell_status(&r),
+            exit_code: Some(exec::shell_status(&r)),
             stdout: r.stdout.to_text(),
             stderr: r.stderr.to_text(),
             timed_out: r.timed_out,
             signal: if r.timed_out { None } else { r.signal },
-            connection_error: false,
+            ..blank
         }),
         Err(e) if e.is_connection() => Ok(ExecOutput {
-            exit_code: -1,
-            stdout: String::new(),
+            exit_code: Some(-1),
             stderr: e.to_string(),
-            timed_out: false,
-            signal: None,
             connection_error: true,
+            ..blank
         }),
         Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Shapes how a [`exec::run_within`] went.
+fn outcome_output(outcome: Result<Outcome, CallError>) -> Result<ExecOutput, String> {
+    let next = |job: &str| Some(format!("wait_background_task(name=\"{job}\")"));
+    match outcome {
+        Ok(Outcome::Done(r)) => {
+            let duration_s = Some(r.duration_ms as f64 / 1000.0);
+            Ok(ExecOutput {
+                duration_s,
+                ..exec_output(Ok(r))?
+            })
+        }
+        Ok(Outcome::Running { job, so_far }) => Ok(ExecOutput {
+            exit_code: None,
+            running: true,
+            next: next(&job),
+            job: Some(job),
+            duration_s: Some(so_far.duration_ms as f64 / 1000.0),
+            ..exec_output(Ok(so_far))?
+        }),
+        Ok(Outcome::Unknown { job, error }) => {
+            let mut out = exec_output(Err(error))?;
+            out.stderr.push_str(&format!(
+                "; the command may still run as background job {job} once the host is back"
+            ));
+            out.next = next(&job);
+            out.job = Some(job);
+            Ok(out)
+        }
+        Err(e) => exec_output(Err(e)),
     }
 }
 
 #[tool_router(router = exec_router, vis = "pub(super)")]
 impl OutpostServer {
     #[tool(
-        description = "Run a bash command in a sandbox and return exit_code, stdout, stderr. The timeout kills the whole process tree. For long jobs use a background task."
+        description = "Run a bash command in a sandbox and return exit_code, stdout, stderr. The timeout kills the whole process tree. Still running near the client's call limit: returns running, its job name and next call, and keeps running."
     )]
     async fn exec_bash(
         &self,
@@ -202,8 +290,34 @@ impl OutpostServer {
                     }],
                 )
                 .await?;
-                let latest: Arc<Mutex<Option<ExecProgress>>> = Arc::default();
                 let timeout_s = req.timeout_ms.map(|ms| ms as f64 / 1000.0);
+                let budget = self.call_budget(&peer, p.background_after_s)?;
+                if let Some(budget) =
+                    budget.filter(|b| timeout_s.is_none_or(|t| t > b.as_secs_f64()))
+                {
+                    let latest: Arc<Mutex<Option<JobProgress>>> = Arc::default();
+                    let _ticker = progress.every({
+                        let latest = latest.clone();
+                        move || {
+                            let seen = latest.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                            async move {
+                                match seen {
+                                    Some(p) => job_report(p, timeout_s),
+                                    None => exec_report(None, timeout_s),
+                                }
+                            }
+                        }
+                    });
+                    let outcome = exec::run_within(&session, req, budget, JOB_LOOK, |p| {
+                        *latest.lock().unwrap_or_else(|p| p.into_inner()) = Some(p)
+                    })
+                    .await;
+                    return Ok(Json(ExecReply {
+                        single: Some(outcome_output(outcome)?),
+                        groups: None,
+                    }));
+                }
+                let latest: Arc<Mutex<Option<ExecProgress>>> = Arc::default();
                 let _ticker = progress.every({
                     let latest = latest.clone();
                     move || {
@@ -221,8 +335,12 @@ impl OutpostServer {
                         |p| *latest.lock().unwrap_or_else(|p| p.into_inner()) = Some(p),
                     )
                     .await;
+                let duration_s = result.as_ref().ok().map(|r| r.duration_ms as f64 / 1000.0);
                 ExecReply {
-                    single: Some(exec_output(result)?),
+                    single: Some(ExecOutput {
+                        duration_s,
+                        ..exec_output(result)?
+                    }),
                     groups: None,
                 }
             }
@@ -230,7 +348,37 @@ impl OutpostServer {
     }
 }
 
+/// Between two looks at an exec that runs as a job: as often as the agent
+/// reports an inline exec's progress, so notifications are as fresh.
+const JOB_LOOK: Duration = Duration::from_millis(AGENT_EVERY_MS as u64);
+
 impl OutpostServer {
+    /// How long this call may take before `exec_bash` answers with a job
+    /// name: the call's `background_after_s`, else the client's budget. A
+    /// call run as an MCP Task has none (the client polls for its result).
+    fn call_budget(
+        &self,
+        peer: &rmcp::Peer<RoleServer>,
+        asked: Option<f64>,
+    ) -> Result<Option<Duration>, String> {
+        if let Some(s) = asked {
+            if !(s > 0.0 && s.is_finite()) {
+                return Err(format!(
+                    "background_after_s must be a positive number of seconds, got {s}"
+                ));
+            }
+            return Ok(Some(Duration::from_secs_f64(s)));
+        }
+        if super::tasks::CURRENT_TASK.try_with(|_| ()).is_ok() {
+            return Ok(None);
+        }
+        let client = peer.peer_info().map(|info| info.client_info.name.clone());
+        Ok(super::budget::of_client(
+            &self.fleet.config.client_budgets,
+            client.as_deref(),
+        ))
+    }
+
     /// The sandboxes a fan-out names (`["all"]`: every one).
     fn fan_out_names(&self, names: &[String]) -> Result<Vec<String>, String> {
         let names: Vec<String> = if names.iter().any(|n| n == "all") {

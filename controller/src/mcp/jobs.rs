@@ -353,10 +353,11 @@ impl OutpostServer {
             }
         });
         let job = job.map_err(|e| e.to_string())?;
+        let (exit_code, signal) = jobs::exit_fields(&job);
         Ok(Json(CheckResult {
             running: job.state == JobState::Running,
-            exit_code: job.exit_code,
-            signal: job.signal,
+            exit_code,
+            signal,
             state: jobs::state_name(job.state).into(),
             log_tail: tail.unwrap_or_else(|e| format!("[log unavailable: {e}]")),
             watch_id: by_watch.map(|_| job.name.clone()),
@@ -377,13 +378,16 @@ impl OutpostServer {
             .map_err(|e| e.to_string())?;
         let tasks = list
             .into_iter()
-            .map(|j| TaskRow {
-                state: jobs::state_name(j.state).into(),
-                exit_code: j.exit_code,
-                signal: j.signal,
-                started: jobs::utc_time(j.started_unix),
-                command: jobs::short_command(&j.command, 80),
-                name: j.name,
+            .map(|j| {
+                let (exit_code, signal) = jobs::exit_fields(&j);
+                TaskRow {
+                    state: jobs::state_name(j.state).into(),
+                    exit_code,
+                    signal,
+                    started: jobs::utc_time(j.started_unix),
+                    command: jobs::short_command(&j.command, 80),
+                    name: j.name,
+                }
             })
             .collect();
         Ok(Json(ListTasksResult {
@@ -404,10 +408,11 @@ impl OutpostServer {
         let job = jobs::cancel(&session, &p.name, grace)
             .await
             .map_err(|e| e.to_string())?;
+        let (exit_code, signal) = jobs::exit_fields(&job);
         Ok(Json(CancelResult {
             state: jobs::state_name(job.state).into(),
-            exit_code: job.exit_code,
-            signal: job.signal,
+            exit_code,
+            signal,
             name: job.name,
         }))
     }
@@ -460,6 +465,7 @@ impl OutpostServer {
         self.cursors
             .set(session.name(), &waited.job.name, waited.cursor_after);
         let job = &waited.job;
+        let (exit_code, signal) = jobs::exit_fields(job);
         Ok(Json(WaitResult {
             name: job.name.clone(),
             reason: match waited.reason {
@@ -470,8 +476,8 @@ impl OutpostServer {
             }
             .into(),
             state: jobs::state_name(job.state).into(),
-            exit_code: job.exit_code,
-            signal: job.signal,
+            exit_code,
+            signal,
             output: jobs::output_text(&waited.output, waited.omitted),
             cursor: waited.cursor_after,
         }))

@@ -26,6 +26,7 @@
 //! schemars). This file holds the server, merges the routers and implements
 //! `ServerHandler`.
 
+mod budget;
 mod exec;
 mod files;
 mod hostkey;

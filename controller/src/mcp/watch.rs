@@ -173,12 +173,13 @@ pub struct WatchdogStatus {
 
 fn watch_view(sandbox: &str, job: &JobInfo) -> WatchView {
     let w = &job.watch;
+    let (exit_code, signal) = jobs::exit_fields(job);
     WatchView {
         watch_id: job.name.clone(),
         sandbox: sandbox.to_string(),
         state: jobs::state_name(job.state).into(),
-        exit_code: job.exit_code,
-        signal: job.signal,
+        exit_code,
+        signal,
         command: jobs::short_command(&job.command, 200),
         log_file: job.log_file.clone(),
         started: jobs::utc_time(job.started_unix),

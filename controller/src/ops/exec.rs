@@ -1,8 +1,19 @@
 //! Running a command on a sandbox, as both front ends do it: the request
 //! from its parameters, the exit status a shell would report for the
 //! result, and the outcomes of a fan-out grouped.
+//!
+//! Also [`run_within`]: a command that may outlast its caller's patience
+//! runs under the host's job supervisor from the start, so that when the
+//! caller must answer it can leave the command running as a background job,
+//! with nothing to move and no byte of output lost.
 
-use outpost_protocol::{ExecRequest, ExecResult};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use outpost_protocol::{ErrorKind, ExecRequest, ExecResult, JobSpec, JobState, JobWait, WatchSpec};
+
+use super::jobs;
+use crate::session::{CallError, Session};
 
 /// `exec_bash`'s default timeout, in seconds.
 pub const DEFAULT_TIMEOUT_S: f64 = 120.0;
@@ -82,6 +93,149 @@ pub fn group_outcomes<T: PartialEq>(
     groups
 }
 
+/// How a [`run_within`] ended.
+#[derive(Debug)]
+pub enum Outcome {
+    /// The command ended within the budget (or ran inline): the result an
+    /// inline exec gives.
+    Done(ExecResult),
+    /// Still running when the budget was spent: from now on the background
+    /// job `job`; `so_far` holds each stream's output up to now.
+    Running { job: String, so_far: ExecResult },
+    /// The host stopped answering after the job started; it may still run.
+    Unknown { job: String, error: CallError },
+}
+
+/// A running command's figures between two looks at its job.
+#[derive(Debug, Clone, Default)]
+pub struct JobProgress {
+    pub elapsed: Duration,
+    /// Both streams together, so far.
+    pub bytes: u64,
+    /// The last non-empty line written (cut to the protocol's progress line
+    /// length).
+    pub last_line: String,
+}
+
+/// Runs `req` as a job with split streams and the request's own timeout,
+/// waits for it up to `budget` (telling `seen` how it goes about every
+/// `look`), and returns its result, or leaves it running as a background
+/// job. A host whose agent cannot run jobs (an in-process agent) runs it
+/// inline. If the returned future is dropped (the call was cancelled), the
+/// job is cancelled and removed.
+pub async fn run_within(
+    session: &Arc<Session>,
+    req: ExecRequest,
+    budget: Duration,
+    look: Duration,
+    mut seen: impl FnMut(JobProgress),
+) -> Result<Outcome, CallError> {
+    let started = Instant::now();
+    let output_limit = req.output_limit;
+    let spec = JobSpec {
+        name: None,
+        command: req.command.clone(),
+        cwd: req.cwd.clone(),
+        env: req.env.clone(),
+        log_file: None,
+        watch: WatchSpec::default(),
+        timeout_ms: req.timeout_ms,
+        split_streams: true,
+        stdin: req.stdin.clone(),
+    };
+    let job = match jobs::start(session, spec).await {
+        Ok(job) => job.name,
+        Err(CallError::Agent(e)) if e.kind == ErrorKind::Unsupported => {
+            return session.exec(req, |_, _| {}).await.map(Outcome::Done);
+        }
+        Err(e) => return Err(e),
+    };
+    let unknown = |error: CallError| Outcome::Unknown {
+        job: job.clone(),
+        error,
+    };
+    let mut guard = CancelOnDrop(Some((Arc::clone(session), job.clone())));
+    let mut progress = JobProgress::default();
+    let mut cursor = 0;
+    loop {
+        let left = budget.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            break;
+        }
+        let wait = JobWait {
+            name: job.clone(),
+            cursor,
+            timeout_ms: left.min(look).as_millis() as u64,
+            pattern: None,
+            silence_ms: None,
+            max_bytes: LAST_LINE_SCAN,
+        };
+        let waited = match jobs::wait(session, wait).await {
+            Ok(w) => w,
+            Err(e) if e.is_connection() => return Ok(unknown(e)),
+            Err(e) => return Err(e),
+        };
+        cursor = waited.cursor_after;
+        progress.elapsed = started.elapsed();
+        progress.bytes = waited.job.log_size;
+        if let Some(line) = last_line(&waited.output) {
+            progress.last_line = line;
+        }
+        seen(progress.clone());
+        if waited.job.state != JobState::Running {
+            break;
+        }
+    }
+    let collected = jobs::collect(session, &job, output_limit, true).await;
+    guard.0 = None;
+    match collected {
+        Ok((info, so_far)) if info.state == JobState::Running => {
+            Ok(Outcome::Running { job, so_far })
+        }
+        Ok((_, result)) => Ok(Outcome::Done(result)),
+        Err(e) if e.is_connection() => Ok(unknown(e)),
+        Err(e) => Err(e),
+    }
+}
+
+/// Output looked at per wait for the last line.
+const LAST_LINE_SCAN: u64 = 4096;
+
+/// The last non-empty line of `output`, cut to the progress line length.
+fn last_line(output: &[u8]) -> Option<String> {
+    let line = output
+        .split(|&b| b == b'\n' || b == b'\r')
+        .rfind(|l| !l.iter().all(u8::is_ascii_whitespace))?;
+    let mut text = String::from_utf8_lossy(line).into_owned();
+    let max = outpost_protocol::limits::PROGRESS_LINE_LEN;
+    if text.len() > max {
+        let cut = (0..=max)
+            .rev()
+            .find(|&i| text.is_char_boundary(i))
+            .unwrap_or(0);
+        text.truncate(cut);
+    }
+    Some(text)
+}
+
+/// Cancels and removes the job of a call that was dropped before it
+/// returned: a person who stops a call stops its command.
+struct CancelOnDrop(Option<(Arc<Session>, String)>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        let Some((session, job)) = self.0.take() else {
+            return;
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = jobs::cancel(&session, &job, Duration::from_millis(500)).await;
+                let _ = jobs::collect(&session, &job, 0, true).await;
+            });
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -104,6 +258,16 @@ mod tests {
             ..Command::default()
         };
         assert!(request(&empty).is_err());
+    }
+
+    #[test]
+    fn last_lines_skip_blank_ones_and_are_cut() {
+        assert_eq!(last_line(b"a\nb\n\n  \n").as_deref(), Some("b"));
+        assert_eq!(last_line(b"50%\r60%\r").as_deref(), Some("60%"));
+        assert_eq!(last_line(b"\n"), None);
+        let long = "é".repeat(outpost_protocol::limits::PROGRESS_LINE_LEN);
+        let cut = last_line(long.as_bytes()).unwrap();
+        assert!(cut.len() <= outpost_protocol::limits::PROGRESS_LINE_LEN && cut.starts_with('é'));
     }
 
     #[test]

@@ -16,8 +16,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use outpost_protocol::{
-    ExecRequest, JobEvent, JobInfo, JobLog, JobRead, JobSpec, JobState, JobWait, JobWaited,
-    Request, Response, WatchSpec,
+    ExecRequest, ExecResult, JobCollect, JobEvent, JobInfo, JobLog, JobRead, JobSpec, JobState,
+    JobWait, JobWaited, Request, Response, WatchSpec,
 };
 
 use crate::session::{CallError, Session};
@@ -124,6 +124,9 @@ pub fn job_spec(r: &StartRequest) -> Result<JobSpec, String> {
             .map(|log| relative_to(r.cwd.as_deref(), log)),
         cwd: r.cwd.clone(),
         watch,
+        timeout_ms: None,
+        split_streams: false,
+        stdin: None,
     })
 }
 
@@ -221,6 +224,25 @@ pub async fn wait(session: &Session, wait: JobWait) -> Result<JobWaited, CallErr
     match answer {
         Response::JobWaited(waited) => Ok(waited),
         other => Err(unexpected("a job wait", other)),
+    }
+}
+
+/// A split job's result shaped like an exec's (the output so far while it
+/// runs); an ended one is removed when asked, a running one detached.
+pub async fn collect(
+    session: &Session,
+    name: &str,
+    output_limit: u64,
+    remove_if_ended: bool,
+) -> Result<(JobInfo, ExecResult), CallError> {
+    let request = Request::JobCollect(JobCollect {
+        name: name.to_string(),
+        output_limit,
+        remove_if_ended,
+    });
+    match ask(session, request).await? {
+        Response::JobCollected { job, result } => Ok((job, result)),
+        other => Err(unexpected("a job collect", other)),
     }
 }
 
@@ -351,12 +373,27 @@ pub fn utc_time(unix: u64) -> String {
 /// A shell exit status for an ended job: its exit code, or 128+N when signal N
 /// killed it (as a shell reports it); None while it runs or when it was lost.
 pub fn shell_status(job: &JobInfo) -> Option<i32> {
+    if job.timed_out {
+        return Some(124);
+    }
     job.exit_code.or(job.signal.map(|s| 128 + s))
+}
+
+/// The exit_code and signal a tool reports for a job: as recorded, but 124
+/// and no signal when its timeout ended it (as `exec_bash` and `timeout(1)`
+/// report a timeout).
+pub fn exit_fields(job: &JobInfo) -> (Option<i32>, Option<i32>) {
+    if job.timed_out {
+        (Some(124), None)
+    } else {
+        (job.exit_code, job.signal)
+    }
 }
 
 /// How a job ended, in a few words: `exit 3`, `signal 9`, or empty.
 pub fn exit_summary(job: &JobInfo) -> String {
     match (job.exit_code, job.signal) {
+        _ if job.timed_out => "timed out".into(),
         (Some(code), _) => format!("exit {code}"),
         (None, Some(sig)) => format!("signal {sig}"),
         (None, None) => String::new(),
@@ -527,6 +564,7 @@ mod tests {
             log_size: 0,
             resume_attempts: 0,
             watch: WatchSpec::default(),
+            timed_out: false,
         };
         assert_eq!(job_cwd(&job), None);
         job.watch.metadata_json = with_cwd(None, Some("/work"));

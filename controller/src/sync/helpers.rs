@@ -99,6 +99,7 @@ pub(super) fn unexpected(what: &str, response: &Response) -> CallError {
         Response::JobEvents(_) => "JobEvents",
         Response::Resumed { .. } => "Resumed",
         Response::ExecProgress(_) => "ExecProgress",
+        Response::JobCollected { .. } => "JobCollected",
     };
     CallError::Protocol(format!("unexpected answer to {what}: {name}"))
 }

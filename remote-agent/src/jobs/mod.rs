@@ -28,8 +28,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use outpost_protocol::{
-    AgentError, ErrorKind, JobInfo, JobLog, JobRead, JobSpec, JobState, JobWait, JobWaited,
-    Response, WaitReason, WatchSpec,
+    AgentError, CapturedOutput, ErrorKind, ExecResult, JobCollect, JobInfo, JobLog, JobRead,
+    JobSpec, JobState, JobWait, JobWaited, Response, WaitReason, WatchSpec,
 };
 use regex::bytes::Regex;
 use tokio::sync::watch;
@@ -43,8 +43,11 @@ const DEFAULT_BYTES: u64 = 64 * 1024;
 const MAX_BYTES: u64 = 4 * 1024 * 1024;
 /// Longest `JobWait`.
 const MAX_WAIT: Duration = Duration::from_secs(3600);
-/// How often a wait looks at the log and the exit record.
+/// How often a wait looks at the log and the exit record, at most (it
+/// starts at 1 ms and doubles).
 const WAIT_POLL: Duration = Duration::from_millis(25);
+/// How long a wait looks every millisecond before it backs off.
+const QUICK_WAIT: Duration = Duration::from_millis(20);
 /// Bytes one wait poll or one read request scans for a pattern, so each
 /// stays short however fast a job writes.
 const POLL_SCAN: u64 = 64 * 1024 * 1024;
@@ -227,6 +230,8 @@ pub fn cancel(name: &str, grace_ms: u64) -> Result<Response, AgentError> {
             exit_code: None,
             signal: None,
             ended_unix: store::now_unix(),
+            timed_out: false,
+            duration_ms: None,
         };
         store::write_json(&dir.join(store::EXIT), &exit, true).map_err(|e| {
             error(
@@ -363,6 +368,7 @@ pub fn wait(req: &JobWait, cancel: &watch::Receiver<bool>) -> Result<Response, A
     let mut seen = cursor;
     let mut last_growth = Instant::now();
     let mut file: Option<File> = None;
+    let mut poll = Duration::from_millis(1);
 
     let (reason, stop) = loop {
         // The state first: once it says ended, every byte is in the log.
@@ -399,7 +405,12 @@ pub fn wait(req: &JobWait, cancel: &watch::Receiver<bool>) -> Result<Response, A
             break (WaitReason::TimedOut, scanned);
         }
         if caught_up {
-            std::thread::sleep(WAIT_POLL.min(deadline.saturating_duration_since(now)));
+            std::thread::sleep(poll.min(deadline.saturating_duration_since(now)));
+            // Short jobs (an exec_bash run as a job) are answered within a
+            // millisecond of their end; long ones cost a look per poll.
+            if started.elapsed() > QUICK_WAIT {
+                poll = (poll * 2).min(WAIT_POLL);
+            }
         }
     };
 
@@ -420,6 +431,92 @@ pub fn wait(req: &JobWait, cancel: &watch::Receiver<bool>) -> Result<Response, A
         output,
         cursor_after: stop,
     }))
+}
+
+/// `JobCollect`: an exec-shaped result from a split job's stream files, and
+/// when asked, the job's record removed if it ended: an `exec_bash` that
+/// finished within its caller's patience leaves no job behind. A job still
+/// running gives the output so far and is detached from its call.
+pub fn collect(req: &JobCollect) -> Result<Response, AgentError> {
+    let root = store::root()?;
+    let dir = store::find(&root, &req.name)?;
+    let mut snap = Snapshot::read(&dir)?;
+    if !snap.record.spec.split_streams {
+        return Err(error(
+            ErrorKind::BadRequest,
+            format!(
+                "job {} keeps one merged log; read it with a log request",
+                req.name
+            ),
+        ));
+    }
+    if snap.state == JobState::Running && store::claim(&dir, store::DETACHED) {
+        // A background job from now on: its record must survive a crash
+        // (it was written without a flush while it was the call's).
+        let _ = File::open(dir.join(store::SPEC)).and_then(|f| f.sync_all());
+        let _ = File::open(&dir).and_then(|d| d.sync_all());
+        // Marked before the state is read again: a job that ends from now
+        // on sees the mark and reports its end like any background job.
+        snap = Snapshot::read(&dir)?;
+        if snap.state == JobState::Running {
+            let pid = snap.child.as_ref().map_or(0, |c| c.pid);
+            let detail = format!("pid {pid}, left running by its exec call");
+            if let Err(e) = store::emit(&root, &snap.name, "started", &detail) {
+                eprintln!(
+                    "outpost-agent: cannot record event started of job {}: {e}",
+                    snap.name
+                );
+            }
+        }
+    }
+    let running = snap.state == JobState::Running;
+    let limit = req
+        .output_limit
+        .min(outpost_protocol::limits::MAX_EXEC_OUTPUT_LIMIT);
+    let stream = |file: &str| {
+        let path = dir.join(file);
+        head_and_tail(&path, limit).map_err(|e| io_error(&path, e))
+    };
+    let exit = snap.exit.as_ref();
+    let result = ExecResult {
+        exit_code: exit.and_then(|e| e.exit_code),
+        signal: exit.and_then(|e| e.signal),
+        timed_out: exit.is_some_and(|e| e.timed_out),
+        cancelled: snap.state == JobState::Cancelled,
+        stdout: stream(store::STDOUT)?,
+        stderr: stream(store::STDERR)?,
+        duration_ms: exit
+            .and_then(|e| e.duration_ms)
+            .unwrap_or_else(|| store::now_unix().saturating_sub(snap.record.created_unix) * 1000),
+    };
+    let job = snap.info();
+    if req.remove_if_ended && !running {
+        std::fs::remove_dir_all(&dir).map_err(|e| {
+            error(
+                ErrorKind::Internal,
+                format!("cannot remove {}: {e}", dir.display()),
+            )
+        })?;
+    }
+    Ok(Response::JobCollected { job, result })
+}
+
+/// A file's first and last bytes as [`crate::capture::Capture`] keeps a
+/// stream: half the limit each, and the count of what lies between.
+fn head_and_tail(path: &Path, limit: u64) -> std::io::Result<CapturedOutput> {
+    let file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(CapturedOutput::default()),
+        Err(e) => return Err(e),
+    };
+    let size = file.metadata()?.len();
+    let head_len = (limit / 2).min(size);
+    let tail_len = (limit - limit / 2).min(size - head_len);
+    Ok(CapturedOutput {
+        head: logfile::read_range(&file, 0, head_len)?,
+        tail: logfile::read_range(&file, size - tail_len, tail_len)?,
+        omitted: size - head_len - tail_len,
+    })
 }
 
 /// Feeds the matcher up to [`POLL_SCAN`] new bytes, in chunks; the offset

@@ -4,22 +4,35 @@
 //! its job, so the job's exit status is known exactly whatever else dies. It
 //! leaves the daemon's session, ignores the signals a dying session or
 //! terminal sends, starts `bash -c <command>` (its own session and process
-//! group, output appended to the log through one descriptor), waits for it,
-//! and writes the exit record durably before recording the end event.
+//! group, output appended to the log through one descriptor), waits for it
+//! (terminating its whole tree at the spec's `timeout_ms`), and writes the
+//! exit record durably before recording the end event.
+//!
+//! A job with `split_streams` (an `exec_bash` that may outlast its caller)
+//! writes into two pipes instead, which the shim copies both to the merged
+//! log and to a file per stream, so the caller gets stdout and stderr apart
+//! as an inline exec would give them.
 //!
 //! A shim never talks to anyone: the daemon and `serve` learn everything from
 //! the files it writes (see [`super::store`]).
 
-use std::fs::OpenOptions;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Child, ChildStderr, ChildStdout, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use super::store::{self, ExitRecord, ProcId, Record};
 use crate::exec;
 use crate::paths;
-use crate::proctree::TOKEN_VAR;
+use crate::proctree::{self, TOKEN_VAR};
 
 /// Runs the shim to the job's end; the process exit code.
 pub fn run(dir: &Path, resume: bool) -> i32 {
@@ -61,15 +74,7 @@ fn supervise(dir: &Path, resume: bool) -> Result<(), String> {
 
     // One descriptor for both streams, opened O_APPEND: output lands in the
     // order a terminal would show, and a resumed run appends.
-    let log = OpenOptions::new()
-        .append(true)
-        .create(true)
-        .mode(0o600)
-        .open(&record.log)
-        .map_err(|e| format!("cannot open the log {}: {e}", record.log.display()))?;
-    let log2 = log
-        .try_clone()
-        .map_err(|e| format!("cannot duplicate the log descriptor: {e}"))?;
+    let log = append_to(&record.log)?;
     let shell = paths::shell();
     let mut cmd = Command::new(shell);
     cmd.arg("-c")
@@ -77,9 +82,26 @@ fn supervise(dir: &Path, resume: bool) -> Result<(), String> {
         .current_dir(&record.cwd)
         .envs(record.spec.env.iter().map(|(k, v)| (k, v)))
         .env(TOKEN_VAR, &record.token)
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(log))
-        .stderr(Stdio::from(log2));
+        .stdin(match File::open(dir.join(store::STDIN)) {
+            Ok(given) => Stdio::from(given),
+            Err(_) => Stdio::null(),
+        });
+    let split = if record.spec.split_streams {
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        Some((
+            log,
+            [
+                append_to(&dir.join(store::STDOUT))?,
+                append_to(&dir.join(store::STDERR))?,
+            ],
+        ))
+    } else {
+        let log2 = log
+            .try_clone()
+            .map_err(|e| format!("cannot duplicate the log descriptor: {e}"))?;
+        cmd.stdout(Stdio::from(log)).stderr(Stdio::from(log2));
+        None
+    };
     // SAFETY: child_setup only makes async-signal-safe calls.
     unsafe {
         cmd.pre_exec(exec::child_setup);
@@ -91,6 +113,11 @@ fn supervise(dir: &Path, resume: bool) -> Result<(), String> {
             record.cwd.display()
         )
     })?;
+    let started = Instant::now();
+    let pump = match (split, child.stdout.take(), child.stderr.take()) {
+        (Some((log, files)), Some(out), Some(err)) => Some(Pump::start(out, err, log, files)),
+        _ => None,
+    };
     let pid = child.id() as i32;
     let name = dir.file_name().unwrap_or_default().to_string_lossy();
     let (kind, detail) = if resume {
@@ -100,7 +127,10 @@ fn supervise(dir: &Path, resume: bool) -> Result<(), String> {
     } else {
         ("started", format!("pid {pid}"))
     };
-    if let Err(e) = store::emit(root, &name, kind, &detail) {
+    // A split job is its exec call's until detached (see `store`).
+    if !record.spec.split_streams
+        && let Err(e) = store::emit(root, &name, kind, &detail)
+    {
         eprintln!("outpost-agent shim: cannot record event {kind} of job {name}: {e}");
     }
     // After the event: the daemon answers `JobStart` once this file exists,
@@ -109,24 +139,226 @@ fn supervise(dir: &Path, resume: bool) -> Result<(), String> {
     if let Some(id) = ProcId::of(pid) {
         let _ = store::write_json(&dir.join(store::CHILD), &id, false);
     }
+    // Tell the daemon, which waits for this before it answers (a daemon gone
+    // meanwhile is no matter: SIGPIPE is ignored).
+    let _ = std::io::stdout().write_all(b"r");
+    let _ = std::io::stdout().flush();
 
-    let status = loop {
-        match child.wait() {
-            Ok(status) => break Some(status),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => {
-                eprintln!("outpost-agent shim: cannot wait for pid {pid}: {e}");
-                break None;
-            }
-        }
-    };
+    let timeout = record.spec.timeout_ms.map(Duration::from_millis);
+    let (status, timed_out) = wait_within(&mut child, timeout, &record.token);
+    let duration_ms = started.elapsed().as_millis() as u64;
+    if let Some(pump) = pump {
+        pump.finish();
+    }
     let exit = ExitRecord {
         exit_code: status.and_then(|s| s.code()),
         signal: status.and_then(|s| s.signal()),
         ended_unix: store::now_unix(),
+        timed_out,
+        duration_ms: Some(duration_ms),
     };
-    store::write_json(&dir.join(store::EXIT), &exit, true)
+    // An exec call's job that its call is still waiting for need not
+    // survive a crash (the call would not either): no flush for it.
+    let durable = !record.spec.split_streams || dir.join(store::DETACHED).exists();
+    store::write_json(&dir.join(store::EXIT), &exit, durable)
         .map_err(|e| format!("cannot write {}: {e}", store::EXIT))?;
     store::report_end(root, dir, &exit);
     Ok(())
+}
+
+fn append_to(path: &Path) -> Result<File, String> {
+    OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))
+}
+
+/// Reaps the job's main process; with a timeout, terminates the whole tree
+/// first if the main process is still running then. Whether the timeout did.
+fn wait_within(
+    child: &mut Child,
+    timeout: Option<Duration>,
+    token: &str,
+) -> (Option<ExitStatus>, bool) {
+    let Some(timeout) = timeout else {
+        return (reap(child), false);
+    };
+    let pid = child.id() as i32;
+    // The timer kills only while the main process is unreaped, so its pid
+    // (and with it the job's process group and session) cannot be reused:
+    // the main thread waits without reaping, then takes the lock.
+    let exited = Arc::new(Mutex::new(false));
+    let timed_out = Arc::new(AtomicBool::new(false));
+    let (done, notice) = mpsc::channel::<()>();
+    let timer = {
+        let exited = Arc::clone(&exited);
+        let timed_out = Arc::clone(&timed_out);
+        let token = token.to_string();
+        std::thread::spawn(move || {
+            if notice.recv_timeout(timeout) == Err(RecvTimeoutError::Timeout) {
+                let exited = exited.lock().unwrap_or_else(|p| p.into_inner());
+                if !*exited {
+                    timed_out.store(true, Ordering::SeqCst);
+                    proctree::terminate(pid, &token);
+                }
+            }
+        })
+    };
+    wait_unreaped(pid);
+    *exited.lock().unwrap_or_else(|p| p.into_inner()) = true;
+    drop(done);
+    let status = reap(child);
+    let _ = timer.join();
+    (status, timed_out.load(Ordering::SeqCst))
+}
+
+/// Blocks until `pid` (our child) has exited, leaving it unreaped.
+fn wait_unreaped(pid: i32) {
+    loop {
+        // SAFETY: waitid fills the zeroed siginfo it is given.
+        let r = unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            libc::waitid(
+                libc::P_PID,
+                pid as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::WNOWAIT,
+            )
+        };
+        if r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return;
+        }
+    }
+}
+
+fn reap(child: &mut Child) -> Option<ExitStatus> {
+    loop {
+        match child.wait() {
+            Ok(status) => return Some(status),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                eprintln!(
+                    "outpost-agent shim: cannot wait for pid {}: {e}",
+                    child.id()
+                );
+                return None;
+            }
+        }
+    }
+}
+
+/// After the main process exits, how long leftover background processes may
+/// hold the pipes open before the record is written without waiting for EOF,
+/// and how much more is then drained per pipe (as an inline exec does).
+const EOF_GRACE: Duration = Duration::from_millis(250);
+const DRAIN_CAP: usize = 1024 * 1024;
+
+/// Copies a split job's two pipes to the merged log and to one file each.
+struct Pump {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+    /// Disconnected when the pump returns.
+    finished: mpsc::Receiver<()>,
+}
+
+impl Pump {
+    fn start(out: ChildStdout, err: ChildStderr, log: File, files: [File; 2]) -> Pump {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (done, finished) = mpsc::channel::<()>();
+        let thread = {
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                pump(out, err, log, files, &stop);
+                drop(done);
+            })
+        };
+        Pump {
+            stop,
+            thread,
+            finished,
+        }
+    }
+
+    /// Waits for end of file on both pipes, up to [`EOF_GRACE`]; then copies
+    /// what is ready (at most [`DRAIN_CAP`] per pipe) and stops.
+    fn finish(self) {
+        let _ = self.finished.recv_timeout(EOF_GRACE);
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = self.thread.join();
+    }
+}
+
+fn pump(out: ChildStdout, err: ChildStderr, mut log: File, files: [File; 2], stop: &AtomicBool) {
+    let mut pipes: [Option<File>; 2] = [
+        Some(File::from(OwnedFd::from(out))),
+        Some(File::from(OwnedFd::from(err))),
+    ];
+    let mut files = files;
+    let mut drained = [0usize; 2];
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let stopping = stop.load(Ordering::SeqCst);
+        let mut polled: Vec<(usize, libc::pollfd)> = pipes
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| {
+                let fd = p.as_ref()?.as_raw_fd();
+                Some((
+                    i,
+                    libc::pollfd {
+                        fd,
+                        events: libc::POLLIN,
+                        revents: 0,
+                    },
+                ))
+            })
+            .collect();
+        if polled.is_empty() {
+            return;
+        }
+        let mut fds: Vec<libc::pollfd> = polled.iter().map(|(_, p)| *p).collect();
+        // Once stopping, only what is ready now is copied.
+        let wait_ms = if stopping { 0 } else { 100 };
+        // SAFETY: fds is a valid array of pollfd of the given length.
+        let ready = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, wait_ms) };
+        if ready < 0 {
+            if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return;
+        }
+        if ready == 0 {
+            if stopping {
+                return;
+            }
+            continue;
+        }
+        for ((i, _), fd) in polled.iter_mut().zip(&fds) {
+            if fd.revents == 0 {
+                continue;
+            }
+            let Some(pipe) = pipes[*i].as_mut() else {
+                continue;
+            };
+            match pipe.read(&mut buf) {
+                Ok(0) => pipes[*i] = None,
+                Ok(n) => {
+                    // A full disk must not block the job: what cannot be
+                    // written is dropped, and reading goes on.
+                    let _ = log.write_all(&buf[..n]);
+                    let _ = files[*i].write_all(&buf[..n]);
+                    if stopping {
+                        drained[*i] += n;
+                        if drained[*i] >= DRAIN_CAP {
+                            pipes[*i] = None;
+                        }
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => pipes[*i] = None,
+            }
+        }
+    }
 }

@@ -7,6 +7,9 @@
 //! * `spec.json`: the [`JobSpec`] as asked, plus what was resolved at start
 //!   (working directory, log path, process-tree token) and the creation time.
 //! * `log`: the output, unless the spec names another file.
+//! * `stdout`, `stderr`: each stream alone as well, for a job started with
+//!   `split_streams` (an `exec_bash` that may outlast its caller).
+//! * `stdin`: the bytes the spec gave for the command's standard input.
 //! * `shim.json`, `child.json`: the supervising shim and the job's main
 //!   process, each named by pid, start time and boot id.
 //! * `exit.json`: how the job ended, written once by the shim (or by a cancel
@@ -15,6 +18,8 @@
 //!   ones are created with `O_EXCL`, so whichever process notices an ending
 //!   first records its event and nobody records it twice.
 //! * `resume.json`: how many resumes were started.
+//! * `detached`: a split job whose caller returned while it ran. Until then
+//!   it belongs to that call, which reports it and removes it: no events.
 //!
 //! The state is never stored, only derived: an exit record means the job
 //! ended; otherwise a live shim means it runs; otherwise it is lost, unless
@@ -42,12 +47,17 @@ use crate::{flock, paths, proctree};
 
 pub const SPEC: &str = "spec.json";
 pub const LOG: &str = "log";
+pub const STDOUT: &str = "stdout";
+pub const STDERR: &str = "stderr";
+/// What the job reads on stdin, when the spec gave it (kept out of `spec.json`).
+pub const STDIN: &str = "stdin";
 pub const SHIM: &str = "shim.json";
 pub const CHILD: &str = "child.json";
 pub const EXIT: &str = "exit.json";
 pub const CANCELLED: &str = "cancelled";
 pub const RESUME: &str = "resume.json";
 pub const END_REPORTED: &str = "end-reported";
+pub const DETACHED: &str = "detached";
 pub const LOST_REPORTED: &str = "lost-reported";
 /// Why a shim could not start the command (it then exits without `exit.json`).
 pub const SPAWN_ERROR: &str = "spawn-error";
@@ -226,6 +236,12 @@ pub struct ExitRecord {
     pub exit_code: Option<i32>,
     pub signal: Option<i32>,
     pub ended_unix: u64,
+    /// Killed by the spec's `timeout_ms`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub timed_out: bool,
+    /// From the start of this run to its end, measured by the shim.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
 }
 
 /// `resume.json`.
@@ -383,6 +399,7 @@ impl Snapshot {
             log_size,
             resume_attempts: self.attempts,
             watch: self.record.spec.watch.clone(),
+            timed_out: exit.is_some_and(|e| e.timed_out),
         }
     }
 
@@ -441,6 +458,7 @@ pub fn all(root: &Path) -> Vec<Snapshot> {
 /// The event kind and detail for a job that ended.
 pub fn end_event(exit: &ExitRecord, cancelled: bool) -> (&'static str, String) {
     let how = match (exit.exit_code, exit.signal) {
+        _ if exit.timed_out => "timed out".to_string(),
         (Some(code), _) => format!("exit code {code}"),
         (None, Some(sig)) => format!("killed by signal {sig}"),
         (None, None) => "ended while its supervisor was gone".to_string(),
@@ -457,6 +475,11 @@ pub fn end_event(exit: &ExitRecord, cancelled: bool) -> (&'static str, String) {
 
 /// Records the end event of the job in `dir` unless someone already did.
 pub fn report_end(root: &Path, dir: &Path, exit: &ExitRecord) {
+    if !dir.join(DETACHED).exists()
+        && read_json::<Record>(&dir.join(SPEC)).is_some_and(|r| r.spec.split_streams)
+    {
+        return;
+    }
     if !claim(dir, END_REPORTED) {
         return;
     }
@@ -614,6 +637,8 @@ mod tests {
             exit_code,
             signal,
             ended_unix: 0,
+            timed_out: false,
+            duration_ms: None,
         };
         assert_eq!(end_event(&exit(Some(0), None), false).0, "completed");
         assert_eq!(

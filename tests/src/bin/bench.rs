@@ -19,7 +19,8 @@
 //!   returning, the daemon's idle cost.
 //!
 //! * long calls, on the local sandbox: exec_bash('true') with a progress
-//!   token vs without one (the cost of progress notifications), and over
+//!   token vs without one (the cost of progress notifications), run as a job
+//!   (its timeout outlasts the client's budget) vs inline, and over
 //!   Streamable HTTP vs stdio.
 //!
 //! `outpost-bench sync`, `outpost-bench jobs` or `outpost-bench calls` runs
@@ -126,8 +127,10 @@ async fn mcp_client(home: &Path, config: Option<&Path>) -> Client {
     ().serve(transport).await.expect("MCP handshake")
 }
 
+/// exec_bash with a timeout that fits every client's budget, so it runs
+/// inline (the long-calls part measures the other way).
 async fn exec_bash(client: &Client, command: &str) -> serde_json::Value {
-    let args = json!({ "command": command });
+    let args = json!({ "command": command, "timeout_s": 30 });
     let result = client
         .call_tool(
             CallToolRequestParams::new("exec_bash")
@@ -181,9 +184,10 @@ async fn main() {
     }
 }
 
-/// exec_bash('true') on the local sandbox: with and without a progress token
-/// (alternating, on one raw stdio connection, since rmcp's client always
-/// sends one), then rmcp's clients over Streamable HTTP and stdio.
+/// exec_bash('true') on the local sandbox: with and without a progress token,
+/// and run as a job (the default 120 s timeout outlasts an unknown client's
+/// 45 s budget) — in turn, on one raw stdio connection, since rmcp's client
+/// always sends a token — then rmcp's clients over Streamable HTTP and stdio.
 async fn long_calls() {
     use std::io::{BufRead, BufReader, Write};
     const ROUNDS: usize = 400;
@@ -219,11 +223,14 @@ async fn long_calls() {
             "protocolVersion": "2025-06-18", "capabilities": {},
             "clientInfo": {"name": "bench", "version": "1"}}}),
     );
-    let (mut with, mut without) = (Vec::new(), Vec::new());
-    for id in 1..=2 * ROUNDS {
-        let mut params = json!({"name": "exec_bash", "arguments": {"command": "true"}});
-        if id % 2 == 0 {
-            params["_meta"] = json!({"progressToken": id});
+    let (mut with, mut without, mut as_job) = (Vec::new(), Vec::new(), Vec::new());
+    for id in 1..=3 * ROUNDS {
+        let mut params =
+            json!({"name": "exec_bash", "arguments": {"command": "true", "timeout_s": 30}});
+        match id % 3 {
+            0 => params["_meta"] = json!({"progressToken": id}),
+            1 => params["arguments"] = json!({"command": "true"}),
+            _ => {}
         }
         let t = Instant::now();
         let answer = ask(
@@ -232,8 +239,13 @@ async fn long_calls() {
         );
         let took = t.elapsed();
         assert_eq!(answer["result"]["structuredContent"]["exit_code"], 0);
-        if id > 40 {
-            if id % 2 == 0 { &mut with } else { &mut without }.push(took);
+        if id > 60 {
+            match id % 3 {
+                0 => &mut with,
+                1 => &mut as_job,
+                _ => &mut without,
+            }
+            .push(took);
         }
     }
     drop(to);
@@ -256,7 +268,7 @@ async fn long_calls() {
     stdio.cancel().await.ok();
     http.cancel().await.ok();
 
-    let (w, wo) = (median(with), median(without));
+    let (w, wo, j) = (median(with), median(without), median(as_job));
     let (h, s) = (median(over_http), median(over_stdio));
     println!();
     println!("long calls: exec_bash('true') on the local sandbox ({ROUNDS} calls each)");
@@ -265,6 +277,11 @@ async fn long_calls() {
     println!(
         "  ratio with/without         {:.2}x",
         w.as_secs_f64() / wo.as_secs_f64()
+    );
+    println!("  run as a job               median {}", ms(j));
+    println!(
+        "  ratio job/inline           {:.2}x",
+        j.as_secs_f64() / wo.as_secs_f64()
     );
     println!("  Streamable HTTP (rmcp)     median {}", ms(h));
     println!("  stdio (rmcp)               median {}", ms(s));
