@@ -158,15 +158,19 @@ pub struct JobSpec {
     /// Where the output goes; None: the job's own directory.
     pub log_file: Option<String>,
     pub watch: WatchSpec,
+    // The fields below came with protocol 8; `default` lets an agent read
+    // the job records older agents wrote (JSON, on the host).
     /// The shim terminates the job's whole tree after this long and records
     /// `timed_out`. None: no limit.
+    #[serde(default)]
     pub timeout_ms: Option<u64>,
     /// Besides the merged log, keep stdout and stderr apart in the job's
     /// directory, for `JobCollect`.
+    #[serde(default)]
     pub split_streams: bool,
     /// Bytes the command reads on stdin (at most
     /// [`crate::limits::MAX_STDIN_LEN`]). None: /dev/null.
-    #[serde(with = "serde_bytes")]
+    #[serde(default, with = "serde_bytes")]
     pub stdin: Option<Vec<u8>>,
 }
 
@@ -193,10 +197,13 @@ pub struct JobCollect {
     pub name: String,
     /// Bytes kept per stream, as in [`ExecRequest::output_limit`].
     pub output_limit: u64,
-    /// Delete the job's record once read if it ended. A running job is
-    /// detached from its call instead: a background job from then on, whose
-    /// end is an event.
+    /// Delete the job's record once read if it ended and its end is not
+    /// already a background job's (an event).
     pub remove_if_ended: bool,
+    /// A running job is detached from its call: a background job from then
+    /// on, whose start and end are events. Without it, the job stays its
+    /// call's (a call that gives up on it cancels it first).
+    pub detach: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

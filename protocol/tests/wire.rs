@@ -182,6 +182,7 @@ fn sample_messages() -> (Hello, Vec<ClientMessage>, Vec<AgentMessage>) {
                 name: "train-1".into(),
                 output_limit: 20_000,
                 remove_if_ended: true,
+                detach: true,
             }),
         },
         ClientMessage::Request {

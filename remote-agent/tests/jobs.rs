@@ -96,6 +96,7 @@ impl Host {
             name: name.into(),
             output_limit: 1000,
             remove_if_ended: remove,
+            detach: true,
         };
         match self.call(agent, Request::JobCollect(req)) {
             Response::JobCollected { job, result } => (job, result),
@@ -443,13 +444,56 @@ fn split_jobs_answer_like_an_exec() {
         (r.exit_code, text(&r.stdout)),
         (Some(0), "begun\ndone\n".into())
     );
-    assert!(!host.job_dir(&long.name).exists());
+    assert!(
+        host.job_dir(&long.name).exists(),
+        "a background job is kept"
+    );
+
+    // A call that gives up on its job without detaching it (it cancels it)
+    // leaves no event behind either.
+    let dropped = host.start(&mut agent, split("sleep 30", None));
+    let req = JobCollect {
+        name: dropped.name.clone(),
+        output_limit: 0,
+        remove_if_ended: true,
+        detach: false,
+    };
+    match host.call(&mut agent, Request::JobCollect(req.clone())) {
+        Response::JobCollected { job, .. } => assert_eq!(job.state, JobState::Running),
+        other => panic!("{other:?}"),
+    }
+    host.call(
+        &mut agent,
+        Request::JobCancel {
+            name: dropped.name.clone(),
+            grace_ms: 100,
+        },
+    );
+    host.call(&mut agent, Request::JobCollect(req));
+    assert!(!host.job_dir(&dropped.name).exists());
+    let all = match host.call(
+        &mut agent,
+        Request::JobEvents {
+            name: None,
+            after_seq: 0,
+            limit: 0,
+        },
+    ) {
+        Response::JobEvents(e) => e,
+        other => panic!("{other:?}"),
+    };
+    assert!(
+        all.iter()
+            .all(|e| e.job != dropped.name && e.job != quick.name),
+        "{all:?}"
+    );
 
     let plain = host.start(&mut agent, spec("true"));
     let req = JobCollect {
         name: plain.name.clone(),
         output_limit: 1000,
         remove_if_ended: true,
+        detach: true,
     };
     let message = bad_request(host.call(&mut agent, Request::JobCollect(req)));
     assert!(message.contains("one merged log"), "{message}");

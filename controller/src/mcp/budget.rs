@@ -26,18 +26,23 @@ const KNOWN: &[(&str, f64)] = &[
 /// Clients not in the table.
 const UNKNOWN_S: f64 = 45.0;
 
-/// The budget of a call from `client`: the config's entries (longest
-/// matching name first, then `default`), else the built-in table, else
-/// [`UNKNOWN_S`]. None: no limit.
+/// The budget of a call from `client`: the config's entry for it (the
+/// longest matching name), else the built-in table, else the config's
+/// `default`, else [`UNKNOWN_S`]. None: no limit.
 pub(super) fn of_client(configured: &[(String, f64)], client: Option<&str>) -> Option<Duration> {
     let name = client.unwrap_or_default().to_lowercase();
     let matches = |key: &str| !key.is_empty() && name.contains(key);
     let seconds = configured
         .iter()
         .find(|(key, _)| key != "default" && matches(key))
-        .or_else(|| configured.iter().find(|(key, _)| key == "default"))
         .map(|(_, s)| *s)
         .or_else(|| KNOWN.iter().find(|(key, _)| matches(key)).map(|(_, s)| *s))
+        .or_else(|| {
+            configured
+                .iter()
+                .find(|(key, _)| key == "default")
+                .map(|(_, s)| *s)
+        })
         .unwrap_or(UNKNOWN_S);
     (seconds > 0.0).then(|| Duration::from_secs_f64(seconds))
 }
@@ -64,6 +69,7 @@ mod tests {
         ];
         assert_eq!(secs(&configured, Some("codex-mcp-client")), Some(20.0));
         assert_eq!(secs(&configured, Some("codex-cli")), None);
-        assert_eq!(secs(&configured, Some("claude-code")), Some(10.0));
+        assert_eq!(secs(&configured, Some("claude-code")), None);
+        assert_eq!(secs(&configured, Some("my-agent")), Some(10.0));
     }
 }

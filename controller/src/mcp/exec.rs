@@ -107,11 +107,62 @@ fn exec_request(p: &ExecParams, stream: bool) -> Result<ExecRequest, String> {
         stream,
     })?;
     if let Some(env) = &p.env {
+        for name in env.keys() {
+            check_env_name(name)?;
+        }
         req.env
             .extend(env.iter().map(|(k, v)| (k.clone(), v.clone())));
     }
     req.stdin = p.stdin.as_ref().map(|s| s.clone().into_bytes());
     Ok(req)
+}
+
+/// Variables that make bash (or the loader) run code of their own before
+/// or around any command: a caller could run what the policy never saw.
+const CODE_VARIABLES: &[&str] = &[
+    "BASH_ENV",
+    "ENV",
+    "SHELLOPTS",
+    "BASHOPTS",
+    "PS4",
+    "PROMPT_COMMAND",
+    "LD_PRELOAD",
+    "LD_AUDIT",
+];
+
+/// An `env` name must be a plain shell identifier (so no `BASH_FUNC_x%%`
+/// function import) and none of [`CODE_VARIABLES`].
+fn check_env_name(name: &str) -> Result<(), String> {
+    let plain = name
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !plain {
+        return Err(format!(
+            "env name {name:?} is not a shell identifier ([A-Za-z_][A-Za-z0-9_]*)"
+        ));
+    }
+    if CODE_VARIABLES.contains(&name) {
+        return Err(format!(
+            "env {name} is refused: it makes the shell or loader run code the policy never sees"
+        ));
+    }
+    Ok(())
+}
+
+/// The text the policy checks: the command, preceded by the caller's
+/// `env` as shell assignments, so rules see every byte the caller chose.
+fn policy_text(p: &ExecParams) -> String {
+    let Some(env) = p.env.as_ref().filter(|e| !e.is_empty()) else {
+        return p.command.clone();
+    };
+    let mut text = String::new();
+    for (name, value) in env {
+        text.push_str(&format!("{name}='{}' ", value.replace('\'', "'\\''")));
+    }
+    text.push_str(&p.command);
+    text
 }
 
 /// A progress notification from the agent's last report: seconds elapsed
@@ -156,23 +207,30 @@ fn job_report(p: JobProgress, timeout_s: Option<f64>) -> Report {
     }
 }
 
+impl ExecOutput {
+    /// No outcome yet: every field empty or false.
+    fn blank() -> ExecOutput {
+        ExecOutput {
+            exit_code: None,
+            stdout: String::new(),
+            stderr: String::new(),
+            running: false,
+            job: None,
+            next: None,
+            duration_s: None,
+            timed_out: false,
+            signal: None,
+            connection_error: false,
+        }
+    }
+}
+
 /// Shapes an agent exec result for the `exec_bash` tool (without a
 /// duration: fan-out groups compare outcomes).
 fn exec_output(
     result: Result<outpost_protocol::ExecResult, CallError>,
 ) -> Result<ExecOutput, String> {
-    let blank = ExecOutput {
-        exit_code: None,
-        stdout: String::new(),
-        stderr: String::new(),
-        running: false,
-        job: None,
-        next: None,
-        duration_s: None,
-        timed_out: false,
-        signal: None,
-        connection_error: false,
-    };
+    let blank = ExecOutput::blank();
     match result {
         Ok(r) => Ok(ExecOutput {
             exit_code: Some(exec::shell_status(&r)),
@@ -211,15 +269,14 @@ fn outcome_output(outcome: Result<Outcome, CallError>) -> Result<ExecOutput, Str
             duration_s: Some(so_far.duration_ms as f64 / 1000.0),
             ..exec_output(Ok(so_far))?
         }),
-        Ok(Outcome::Unknown { job, error }) => {
-            let mut out = exec_output(Err(error))?;
-            out.stderr.push_str(&format!(
-                "; the command may still run as background job {job} once the host is back"
-            ));
-            out.next = next(&job);
-            out.job = Some(job);
-            Ok(out)
-        }
+        Ok(Outcome::Unknown { job, error }) => Ok(ExecOutput {
+            exit_code: Some(-1),
+            stderr: format!("{error}; the command may still run as background job {job}"),
+            connection_error: error.is_connection(),
+            next: next(&job),
+            job: Some(job),
+            ..ExecOutput::blank()
+        }),
         Err(e) => exec_output(Err(e)),
     }
 }
@@ -235,8 +292,11 @@ impl OutpostServer {
         peer: rmcp::Peer<RoleServer>,
         meta: RequestMetaObject,
     ) -> Result<Json<ExecReply>, String> {
+        // The client's clock started when it sent the call.
+        let called = Instant::now();
         let progress = Progress::of(&peer, &meta);
         let mut req = exec_request(&p, false)?;
+        let checked = policy_text(&p);
         let mut target = p.sandbox_name.clone();
         if let Some(id) = &p.gpu_lease {
             let (sandbox, devices) = self
@@ -258,7 +318,7 @@ impl OutpostServer {
                     .map(|sandbox| Planned {
                         sandbox,
                         field: "command",
-                        command: &req.command,
+                        command: &checked,
                     })
                     .collect();
                 self.permit(&peer, &planned).await?;
@@ -286,7 +346,7 @@ impl OutpostServer {
                     &[Planned {
                         sandbox: session.name(),
                         field: "command",
-                        command: &req.command,
+                        command: &checked,
                     }],
                 )
                 .await?;
@@ -308,7 +368,8 @@ impl OutpostServer {
                             }
                         }
                     });
-                    let outcome = exec::run_within(&session, req, budget, JOB_LOOK, |p| {
+                    let deadline = called + budget;
+                    let outcome = exec::run_within(&session, req, deadline, JOB_LOOK, |p| {
                         *latest.lock().unwrap_or_else(|p| p.into_inner()) = Some(p)
                     })
                     .await;
@@ -472,3 +533,43 @@ struct Approval {
 }
 
 rmcp::elicit_safe!(Approval);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(env: &[(&str, &str)]) -> ExecParams {
+        let env: serde_json::Map<String, serde_json::Value> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), serde_json::json!(v)))
+            .collect();
+        serde_json::from_value(serde_json::json!({"command": "make", "env": env})).unwrap()
+    }
+
+    #[test]
+    fn env_names_that_run_code_are_refused() {
+        for name in [
+            "BASH_ENV",
+            "LD_PRELOAD",
+            "PS4",
+            "BASH_FUNC_make%%",
+            "A-B",
+            "1X",
+            "",
+        ] {
+            let err = exec_request(&params(&[(name, "x")]), false).unwrap_err();
+            assert!(err.contains("env"), "{name}: {err}");
+        }
+        let req = exec_request(&params(&[("CFLAGS", "-O2"), ("_X1", "y")]), false).unwrap();
+        assert!(req.env.contains(&("CFLAGS".into(), "-O2".into())));
+    }
+
+    #[test]
+    fn the_policy_sees_the_env_with_the_command() {
+        assert_eq!(policy_text(&params(&[])), "make");
+        assert_eq!(
+            policy_text(&params(&[("MAKEFLAGS", "it's -j8")])),
+            "MAKEFLAGS='it'\\''s -j8' make"
+        );
+    }
+}

@@ -8,6 +8,7 @@
 //! with nothing to move and no byte of output lost.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use outpost_protocol::{ErrorKind, ExecRequest, ExecResult, JobSpec, JobState, JobWait, WatchSpec};
@@ -102,7 +103,8 @@ pub enum Outcome {
     /// Still running when the budget was spent: from now on the background
     /// job `job`; `so_far` holds each stream's output up to now.
     Running { job: String, so_far: ExecResult },
-    /// The host stopped answering after the job started; it may still run.
+    /// The host stopped answering (or failed a request) once the job was
+    /// asked for; it may still run, under this name.
     Unknown { job: String, error: CallError },
 }
 
@@ -118,7 +120,7 @@ pub struct JobProgress {
 }
 
 /// Runs `req` as a job with split streams and the request's own timeout,
-/// waits for it up to `budget` (telling `seen` how it goes about every
+/// waits for it until `deadline` (telling `seen` how it goes about every
 /// `look`), and returns its result, or leaves it running as a background
 /// job. A host whose agent cannot run jobs (an in-process agent) runs it
 /// inline. If the returned future is dropped (the call was cancelled), the
@@ -126,14 +128,17 @@ pub struct JobProgress {
 pub async fn run_within(
     session: &Arc<Session>,
     req: ExecRequest,
-    budget: Duration,
+    deadline: Instant,
     look: Duration,
     mut seen: impl FnMut(JobProgress),
 ) -> Result<Outcome, CallError> {
     let started = Instant::now();
     let output_limit = req.output_limit;
+    // Named here, so that a call dropped while the job starts can still
+    // cancel it.
+    let job = job_name();
     let spec = JobSpec {
-        name: None,
+        name: Some(job.clone()),
         command: req.command.clone(),
         cwd: req.cwd.clone(),
         env: req.env.clone(),
@@ -143,22 +148,31 @@ pub async fn run_within(
         split_streams: true,
         stdin: req.stdin.clone(),
     };
-    let job = match jobs::start(session, spec).await {
-        Ok(job) => job.name,
+    let mut guard = CancelOnDrop(Some((Arc::clone(session), job.clone())));
+    match jobs::start(session, spec).await {
+        Ok(_) => {}
         Err(CallError::Agent(e)) if e.kind == ErrorKind::Unsupported => {
+            guard.0 = None;
             return session.exec(req, |_, _| {}).await.map(Outcome::Done);
         }
-        Err(e) => return Err(e),
-    };
+        // The host may have started it before the connection failed.
+        Err(e) if e.is_connection() => {
+            guard.0 = None;
+            return Ok(Outcome::Unknown { job, error: e });
+        }
+        Err(e) => {
+            guard.0 = None;
+            return Err(e);
+        }
+    }
     let unknown = |error: CallError| Outcome::Unknown {
         job: job.clone(),
         error,
     };
-    let mut guard = CancelOnDrop(Some((Arc::clone(session), job.clone())));
     let mut progress = JobProgress::default();
     let mut cursor = 0;
     loop {
-        let left = budget.saturating_sub(started.elapsed());
+        let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             break;
         }
@@ -172,8 +186,10 @@ pub async fn run_within(
         };
         let waited = match jobs::wait(session, wait).await {
             Ok(w) => w,
-            Err(e) if e.is_connection() => return Ok(unknown(e)),
-            Err(e) => return Err(e),
+            Err(e) => {
+                guard.0 = None;
+                return Ok(unknown(e));
+            }
         };
         cursor = waited.cursor_after;
         progress.elapsed = started.elapsed();
@@ -193,9 +209,22 @@ pub async fn run_within(
             Ok(Outcome::Running { job, so_far })
         }
         Ok((_, result)) => Ok(Outcome::Done(result)),
-        Err(e) if e.is_connection() => Ok(unknown(e)),
-        Err(e) => Err(e),
+        Err(e) => Ok(unknown(e)),
     }
+}
+
+/// A job name no other controller picks: `exec-` and the time, this
+/// process and a counter.
+fn job_name() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!(
+        "exec-{nanos:x}-{:x}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// Output looked at per wait for the last line.
@@ -230,7 +259,7 @@ impl Drop for CancelOnDrop {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
                 let _ = jobs::cancel(&session, &job, Duration::from_millis(500)).await;
-                let _ = jobs::collect(&session, &job, 0, true).await;
+                let _ = jobs::collect(&session, &job, 0, false).await;
             });
         }
     }

@@ -228,17 +228,19 @@ pub async fn wait(session: &Session, wait: JobWait) -> Result<JobWaited, CallErr
 }
 
 /// A split job's result shaped like an exec's (the output so far while it
-/// runs); an ended one is removed when asked, a running one detached.
+/// runs); an ended one is removed, and with `detach` a running one becomes
+/// a background job.
 pub async fn collect(
     session: &Session,
     name: &str,
     output_limit: u64,
-    remove_if_ended: bool,
+    detach: bool,
 ) -> Result<(JobInfo, ExecResult), CallError> {
     let request = Request::JobCollect(JobCollect {
         name: name.to_string(),
         output_limit,
-        remove_if_ended,
+        remove_if_ended: true,
+        detach,
     });
     match ask(session, request).await? {
         Response::JobCollected { job, result } => Ok((job, result)),

@@ -667,7 +667,10 @@ impl Daemon {
             if let Some(why) = no_resume_reason(snap) {
                 detail.push_str(&format!("; {why}"));
             }
-            if let Err(e) = store::emit(&self.root, &snap.name, "interrupted", &detail) {
+            // An exec call's own job is reported by that call.
+            if store::is_background(dir)
+                && let Err(e) = store::emit(&self.root, &snap.name, "interrupted", &detail)
+            {
                 eprintln!("outpost-agent daemon: cannot record event: {e}");
             }
         }

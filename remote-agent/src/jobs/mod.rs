@@ -436,7 +436,8 @@ pub fn wait(req: &JobWait, cancel: &watch::Receiver<bool>) -> Result<Response, A
 /// `JobCollect`: an exec-shaped result from a split job's stream files, and
 /// when asked, the job's record removed if it ended: an `exec_bash` that
 /// finished within its caller's patience leaves no job behind. A job still
-/// running gives the output so far and is detached from its call.
+/// running gives the output so far and, when asked, is detached from its
+/// call: a background job like any from then on, kept when it ends.
 pub fn collect(req: &JobCollect) -> Result<Response, AgentError> {
     let root = store::root()?;
     let dir = store::find(&root, &req.name)?;
@@ -450,23 +451,27 @@ pub fn collect(req: &JobCollect) -> Result<Response, AgentError> {
             ),
         ));
     }
-    if snap.state == JobState::Running && store::claim(&dir, store::DETACHED) {
+    if snap.state == JobState::Running && req.detach && store::claim(&dir, store::DETACHED) {
         // A background job from now on: its record must survive a crash
         // (it was written without a flush while it was the call's).
-        let _ = File::open(dir.join(store::SPEC)).and_then(|f| f.sync_all());
+        for file in [store::SPEC, store::STDIN] {
+            let _ = File::open(dir.join(file)).and_then(|f| f.sync_all());
+        }
         let _ = File::open(&dir).and_then(|d| d.sync_all());
-        // Marked before the state is read again: a job that ends from now
-        // on sees the mark and reports its end like any background job.
+        // Its start is an event before anyone can report its end.
+        let pid = snap.child.as_ref().map_or(0, |c| c.pid);
+        let detail = format!("pid {pid}, left running by its exec call");
+        if let Err(e) = store::emit(&root, &snap.name, "started", &detail) {
+            eprintln!(
+                "outpost-agent: cannot record event started of job {}: {e}",
+                snap.name
+            );
+        }
+        // A job that ended meanwhile may have missed the mark: its end is
+        // reported here then (once, whoever comes first).
         snap = Snapshot::read(&dir)?;
-        if snap.state == JobState::Running {
-            let pid = snap.child.as_ref().map_or(0, |c| c.pid);
-            let detail = format!("pid {pid}, left running by its exec call");
-            if let Err(e) = store::emit(&root, &snap.name, "started", &detail) {
-                eprintln!(
-                    "outpost-agent: cannot record event started of job {}: {e}",
-                    snap.name
-                );
-            }
+        if let Some(exit) = &snap.exit {
+            store::report_end(&root, &dir, exit);
         }
     }
     let running = snap.state == JobState::Running;
@@ -490,13 +495,16 @@ pub fn collect(req: &JobCollect) -> Result<Response, AgentError> {
             .unwrap_or_else(|| store::now_unix().saturating_sub(snap.record.created_unix) * 1000),
     };
     let job = snap.info();
-    if req.remove_if_ended && !running {
-        std::fs::remove_dir_all(&dir).map_err(|e| {
-            error(
-                ErrorKind::Internal,
-                format!("cannot remove {}: {e}", dir.display()),
-            )
-        })?;
+    // The call keeps the end to itself only if no background job's end was
+    // (or can now be) reported: the claim settles it against the shim.
+    if req.remove_if_ended
+        && !running
+        && !dir.join(store::DETACHED).exists()
+        && store::claim(&dir, store::END_REPORTED)
+        && let Err(e) = std::fs::remove_dir_all(&dir)
+    {
+        // The result is what matters; a leftover directory is only listed.
+        eprintln!("outpost-agent: cannot remove {}: {e}", dir.display());
     }
     Ok(Response::JobCollected { job, result })
 }

@@ -163,6 +163,11 @@ fn supervise(dir: &Path, resume: bool) -> Result<(), String> {
     store::write_json(&dir.join(store::EXIT), &exit, durable)
         .map_err(|e| format!("cannot write {}: {e}", store::EXIT))?;
     store::report_end(root, dir, &exit);
+    if !durable && dir.join(store::DETACHED).exists() {
+        // Detached while the record was being written: flush it now.
+        let _ = File::open(dir.join(store::EXIT)).and_then(|f| f.sync_all());
+        let _ = File::open(dir).and_then(|d| d.sync_all());
+    }
     Ok(())
 }
 
@@ -199,7 +204,9 @@ fn wait_within(
         std::thread::spawn(move || {
             if notice.recv_timeout(timeout) == Err(RecvTimeoutError::Timeout) {
                 let exited = exited.lock().unwrap_or_else(|p| p.into_inner());
-                if !*exited {
+                // Ended just now, on its own: not a timeout, and what it
+                // left running is not the timeout's to kill.
+                if !*exited && !has_exited(pid) {
                     timed_out.store(true, Ordering::SeqCst);
                     proctree::terminate(pid, &token);
                 }
@@ -212,6 +219,21 @@ fn wait_within(
     let status = reap(child);
     let _ = timer.join();
     (status, timed_out.load(Ordering::SeqCst))
+}
+
+/// Whether `pid` (our child) has exited, leaving it unreaped.
+fn has_exited(pid: i32) -> bool {
+    // SAFETY: waitid fills the zeroed siginfo it is given.
+    unsafe {
+        let mut info: libc::siginfo_t = std::mem::zeroed();
+        let r = libc::waitid(
+            libc::P_PID,
+            pid as libc::id_t,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+        );
+        r == 0 && info.si_pid() != 0
+    }
 }
 
 /// Blocks until `pid` (our child) has exited, leaving it unreaped.

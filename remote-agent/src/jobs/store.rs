@@ -473,11 +473,17 @@ pub fn end_event(exit: &ExitRecord, cancelled: bool) -> (&'static str, String) {
     (kind, how)
 }
 
+/// Whether the job in `dir` is a background job whose events others hear
+/// of: any job but a split one its exec call has not detached. (A record
+/// that cannot be read is no one's to report: its call is removing it.)
+pub fn is_background(dir: &Path) -> bool {
+    dir.join(DETACHED).exists()
+        || read_json::<Record>(&dir.join(SPEC)).is_some_and(|r| !r.spec.split_streams)
+}
+
 /// Records the end event of the job in `dir` unless someone already did.
 pub fn report_end(root: &Path, dir: &Path, exit: &ExitRecord) {
-    if !dir.join(DETACHED).exists()
-        && read_json::<Record>(&dir.join(SPEC)).is_some_and(|r| r.spec.split_streams)
-    {
+    if !is_background(dir) {
         return;
     }
     if !claim(dir, END_REPORTED) {
