@@ -801,3 +801,136 @@ async fn mcp_tasks_for_clients_that_declare_them() {
     assert_eq!(r["active_sandbox"], "local");
     client.cancel().await.unwrap();
 }
+
+/// remote-sandbox-mcp's calls as its clients send them (integer ids, its
+/// extra parameters, the advanced watch tools), a typo named with the
+/// closest argument, and a tool list whose every tool carries annotations
+/// within its size budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_drop_in_calls_and_the_tool_list() {
+    let env = [("REMOTE_SANDBOX_EXPOSE_ADVANCED_TOOLS", "1".to_string())];
+    let (client, _home) = start(&env).await;
+
+    let (err, r) = call(
+        &client,
+        "exec_bash",
+        json!({"command": "true", "timout_s": 5}),
+    )
+    .await;
+    assert!(err);
+    assert_eq!(
+        r,
+        "exec_bash has no argument `timout_s`; did you mean `timeout_s`?"
+    );
+
+    // exec_bash_background with every extra parameter remote-sandbox-mcp has.
+    let (err, r) = call(
+        &client,
+        "exec_bash_background",
+        json!({"command": "echo bg", "session_name": "dropin-1", "ensure_watchdog": true,
+               "max_log_lines": 100, "notify_local": true, "codex_wakeup": false}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    let (err, r) = call(
+        &client,
+        "exec_bash_background",
+        json!({"command": "true", "codex_command": "codex exec hi"}),
+    )
+    .await;
+    assert!(err && r.to_string().contains("config file"), "{r}");
+
+    // Integer ids, 0 meaning none.
+    let (err, r) = call(
+        &client,
+        "check_background_task",
+        json!({"tmux_session": "dropin-1", "watch_id": 0, "last_n_lines": 5}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    assert_eq!(r["tmux_session"], "dropin-1");
+    let (err, r) = call(&client, "check_file_transfer_task", json!({"task_id": 3})).await;
+    assert!(
+        err && r.to_string().contains("no transfer task \\\"3\\\""),
+        "{r}"
+    );
+    let (err, r) = call(
+        &client,
+        "cancel_file_transfer_task",
+        json!({"task_id": 3, "force_kill_after_s": 5.0}),
+    )
+    .await;
+    assert!(err && r.to_string().contains("no transfer task"), "{r}");
+
+    // watch_background_task launches and watches, or watches what runs.
+    let (err, r) = call(
+        &client,
+        "watch_background_task",
+        json!({"tmux_session": "dropin-2", "log_file": "dropin-2.log",
+               "launch_command": "echo watched; sleep 30", "interval_s": 60,
+               "max_log_lines": 50, "ensure_watchdog": true}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    assert_eq!(r["watch"]["watch_id"], "dropin-2");
+    let (err, r) = call(
+        &client,
+        "watch_background_task",
+        json!({"tmux_session": "", "log_file": "dropin-2.log"}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    assert_eq!(r["watch"]["watch_id"], "dropin-2");
+    let (err, r) = call(
+        &client,
+        "watch_background_task",
+        json!({"tmux_session": "dropin-2", "log_file": "", "resume_command": "x"}),
+    )
+    .await;
+    assert!(err && r.to_string().contains("launch_command"), "{r}");
+    let (err, r) = call(
+        &client,
+        "cancel_background_watch",
+        json!({"watch_id": "dropin-2"}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    let (err, r) = call(
+        &client,
+        "exec_bash_background_watch",
+        json!({"command": "true", "session_name": "dropin-3"}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    assert_eq!(r["watch"]["watch_id"], "dropin-3");
+    for tool in ["install_macos_watchdog", "uninstall_macos_watchdog"] {
+        let (err, r) = call(&client, tool, json!({})).await;
+        assert!(!err, "{r}");
+        assert_eq!(r["status"], "not_needed");
+    }
+
+    let tools = client.list_all_tools().await.unwrap();
+    for t in &tools {
+        let hints = t.annotations.as_ref();
+        assert!(
+            hints.is_some_and(|a| a.read_only_hint.is_some() || a.destructive_hint.is_some()),
+            "{} has no annotations",
+            t.name
+        );
+    }
+    client.cancel().await.unwrap();
+
+    // The default list, as an agent pays for it in every session.
+    let (client, _home) = start(&[]).await;
+    let tools = client.list_all_tools().await.unwrap();
+    let size = serde_json::to_string(&tools).unwrap().len();
+    eprintln!(
+        "default tool list: {} tools, {size} characters",
+        tools.len()
+    );
+    assert!(
+        size <= 26_000,
+        "the default tool list grew to {size} characters"
+    );
+    client.cancel().await.unwrap();
+}

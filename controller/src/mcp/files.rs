@@ -15,6 +15,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 
 use super::OutpostServer;
+use super::ids::Id;
 use super::progress::{Progress, Report};
 use super::shape::{
     FileListShape, ReadShape, Shaped, SyncOutcomeShape, SyncReportShape, TransferShape, WriteShape,
@@ -26,8 +27,10 @@ use crate::sync::{self, SyncReport};
 
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct SyncParams {
-    pub local_path: String,
-    pub remote_path: String,
+    /// Default ".", or "./remote_mirror" for sync_remote_to_local.
+    pub local_path: Option<String>,
+    /// Default "." (the home).
+    pub remote_path: Option<String>,
     /// Remove target paths the source lacks (never excluded ones).
     #[serde(default)]
     pub delete_extras: bool,
@@ -47,27 +50,43 @@ pub struct SyncParams {
     pub sandbox_name: Option<String>,
 }
 
-impl From<SyncParams> for SyncRequest {
-    fn from(p: SyncParams) -> Self {
+impl SyncParams {
+    /// The request, with remote-sandbox-mcp's default paths for the
+    /// direction (`pull`: into `./remote_mirror`).
+    fn request(self, pull: bool) -> SyncRequest {
+        let local_default = if pull { "./remote_mirror" } else { "." };
         SyncRequest {
-            local_path: p.local_path,
-            remote_path: p.remote_path,
-            delete_extras: p.delete_extras,
-            excludes: p.excludes,
-            exclude_file: p.exclude_file,
-            use_gitignore: p.use_gitignore,
-            dry_run: p.dry_run,
-            force: p.force,
-            sandbox_name: p.sandbox_name,
+            local_path: given_or(self.local_path, local_default),
+            remote_path: given_or(self.remote_path, "."),
+            delete_extras: self.delete_extras,
+            excludes: self.excludes,
+            exclude_file: self.exclude_file,
+            use_gitignore: self.use_gitignore,
+            dry_run: self.dry_run,
+            force: self.force,
+            sandbox_name: self.sandbox_name,
         }
     }
 }
 
+fn given_or(value: Option<String>, default: &str) -> String {
+    value
+        .filter(|v| !v.trim().is_empty())
+        .unwrap_or_else(|| default.to_string())
+}
+
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct TaskParams {
-    pub task_id: String,
+    pub task_id: Id,
     /// Log lines to return. Default 50.
     pub last_n_lines: Option<usize>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct CancelTaskParams {
+    pub task_id: Id,
+    /// Seconds to wait for it to stop. Default 10.
+    pub force_kill_after_s: Option<f64>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -181,9 +200,15 @@ impl OutpostServer {
                 async move { report }
             }));
         };
-        files::sync_maybe_inline(&self.fleet, &self.transfers, &roots, p.into(), watch)
-            .await
-            .map(|r| Json(Shaped::new(r)))
+        files::sync_maybe_inline(
+            &self.fleet,
+            &self.transfers,
+            &roots,
+            p.request(false),
+            watch,
+        )
+        .await
+        .map(|r| Json(Shaped::new(r)))
     }
 
     #[tool(
@@ -195,7 +220,7 @@ impl OutpostServer {
         peer: Peer<RoleServer>,
     ) -> Result<Json<SyncOutcome>, String> {
         let roots = self.local_roots(&peer).await;
-        files::sync_background(&self.fleet, &self.transfers, &roots, p.into())
+        files::sync_background(&self.fleet, &self.transfers, &roots, p.request(false))
             .map(|r| Json(Shaped::new(r)))
     }
 
@@ -206,7 +231,7 @@ impl OutpostServer {
         &self,
         Parameters(p): Parameters<TaskParams>,
     ) -> Result<Json<Transfer>, String> {
-        let task = self.transfers.get(&p.task_id)?;
+        let task = self.transfers.get(p.task_id.as_str())?;
         Ok(Json(Shaped::new(task.view(p.last_n_lines.unwrap_or(50)))))
     }
 
@@ -215,12 +240,14 @@ impl OutpostServer {
     )]
     async fn cancel_file_transfer_task(
         &self,
-        Parameters(p): Parameters<TaskParams>,
+        Parameters(p): Parameters<CancelTaskParams>,
     ) -> Result<Json<Transfer>, String> {
-        let task = self.transfers.get(&p.task_id)?;
+        let wait =
+            crate::ops::jobs::seconds("force_kill_after_s", p.force_kill_after_s, 10.0, 600.0)?;
+        let task = self.transfers.get(p.task_id.as_str())?;
         task.cancel();
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(10), task.finished()).await;
-        Ok(Json(Shaped::new(task.view(p.last_n_lines.unwrap_or(10)))))
+        let _ = tokio::time::timeout(wait, task.finished()).await;
+        Ok(Json(Shaped::new(task.view(10))))
     }
 
     #[tool(
@@ -241,7 +268,7 @@ impl OutpostServer {
                 async move { report }
             }
         });
-        files::pull(&self.fleet, &roots, p.into(), counters)
+        files::pull(&self.fleet, &roots, p.request(true), counters)
             .await
             .map(|r| Json(Shaped::new(r)))
     }
@@ -278,5 +305,27 @@ impl OutpostServer {
         files::write(&self.fleet, p.into())
             .await
             .map(|r| Json(Shaped::new(r)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sync_paths_default_as_remote_sandbox_mcp_has_them() {
+        let none: SyncParams = serde_json::from_value(serde_json::json!({})).unwrap();
+        let push = none.request(false);
+        assert_eq!(
+            (push.local_path.as_str(), push.remote_path.as_str()),
+            (".", ".")
+        );
+        let none: SyncParams =
+            serde_json::from_value(serde_json::json!({"local_path": ""})).unwrap();
+        let pull = none.request(true);
+        assert_eq!(
+            (pull.local_path.as_str(), pull.remote_path.as_str()),
+            ("./remote_mirror", ".")
+        );
     }
 }

@@ -14,13 +14,14 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::OutpostServer;
+use super::ids::Id;
 use super::progress::{Progress, Report};
 use crate::ops::jobs::{self, StartRequest, seconds};
 use crate::policy::Planned;
 use crate::session::Session;
 
 /// What the hook parameters of remote-sandbox-mcp get instead of running.
-const HOOKS_REFUSED: &str = "webhook_url/event_command are not accepted from tool calls (they would let a caller run commands on this machine); configure hooks in the Outpost config file: [hooks] webhook_url = …, event_command = …";
+const HOOKS_REFUSED: &str = "webhook_url, event_command and codex_command/codex_wakeup are not accepted from tool calls (they would let a caller run commands on this machine); configure hooks in the Outpost config file: [hooks] webhook_url = …, event_command = …";
 
 /// Default and largest log bytes one job tool answer carries.
 pub(super) const DEFAULT_LOG_BYTES: u64 = 20_000;
@@ -62,9 +63,19 @@ pub struct BackgroundParams {
     /// Refused: set [hooks] in the config file.
     pub event_command: Option<String>,
     pub metadata_json: Option<String>,
-    // remote-sandbox-mcp's; accepted and not used.
+    /// Refused: set [hooks] event_command in the config file.
+    pub codex_command: Option<String>,
+    /// Refused unless false: set [hooks] event_command in the config file.
+    pub codex_wakeup: Option<bool>,
+    // remote-sandbox-mcp's, with nothing left to do: every job is supervised
+    // by the host's daemon, keeps its whole log, and its events reach this
+    // server's client as notifications.
     #[allow(dead_code)]
     pub notify_local: Option<bool>,
+    #[allow(dead_code)]
+    pub ensure_watchdog: Option<bool>,
+    #[allow(dead_code)]
+    pub max_log_lines: Option<u32>,
 }
 
 #[derive(Debug, Serialize, JsonSchema)]
@@ -84,7 +95,7 @@ pub struct CheckParams {
     pub tmux_session: Option<String>,
     /// Finds the job writing this log.
     pub log_file: Option<String>,
-    pub watch_id: Option<String>,
+    pub watch_id: Option<Id>,
     /// Default 50.
     pub last_n_lines: Option<u32>,
     pub sandbox_name: Option<String>,
@@ -260,7 +271,11 @@ async fn wait_report(session: &Session, name: &str, started: Instant, timeout_s:
 /// `exec_bash_background`'s arguments as a job request. Hooks are refused
 /// here: they come from the config file only, never from a tool call.
 fn start_request(p: &BackgroundParams) -> Result<StartRequest, String> {
-    if given(&p.webhook_url).is_some() || given(&p.event_command).is_some() {
+    if given(&p.webhook_url).is_some()
+        || given(&p.event_command).is_some()
+        || given(&p.codex_command).is_some()
+        || p.codex_wakeup == Some(true)
+    {
         return Err(HOOKS_REFUSED.into());
     }
     Ok(StartRequest {
@@ -298,32 +313,13 @@ impl OutpostServer {
         Parameters(p): Parameters<BackgroundParams>,
         peer: rmcp::Peer<RoleServer>,
     ) -> Result<Json<BackgroundStarted>, String> {
-        let spec = job_spec(&p)?;
-        let sandbox = self
-            .fleet
-            .get(p.sandbox_name.as_deref())?
-            .name()
-            .to_string();
-        let commands = crate::policy::job_commands(&spec);
-        let planned: Vec<Planned> = commands
-            .iter()
-            .map(|(field, command)| Planned {
-                sandbox: &sandbox,
-                field,
-                command,
-            })
-            .collect();
-        self.permit(&peer, &planned).await?;
-        let session = self.job_session(Some(&sandbox)).await?;
-        let job = jobs::start(&session, spec)
-            .await
-            .map_err(|e| e.to_string())?;
+        let (sandbox, job) = self.start_background(&p, &peer).await?;
         Ok(Json(BackgroundStarted {
             status: "started".into(),
             watch_id: p.watch.unwrap_or(true).then(|| job.name.clone()),
             tmux_session: job.name,
             log_file: job.log_file,
-            sandbox: session.name().to_string(),
+            sandbox,
         }))
     }
 
@@ -335,7 +331,7 @@ impl OutpostServer {
         Parameters(p): Parameters<CheckParams>,
     ) -> Result<Json<CheckResult>, String> {
         let session = self.job_session(p.sandbox_name.as_deref()).await?;
-        let by_watch = given(&p.watch_id);
+        let by_watch = p.watch_id.as_ref().and_then(Id::given).map(str::to_string);
         let name = match (given(&p.tmux_session), &by_watch, given(&p.log_file)) {
             (Some(name), _, _) => name,
             (None, Some(id), _) => id.clone(),
@@ -516,6 +512,38 @@ impl OutpostServer {
             next_offset: log.next_offset,
             size: log.log_size,
         }))
+    }
+}
+
+impl OutpostServer {
+    /// Starts the job `p` describes once the policy allows every command it
+    /// carries; the sandbox it runs on and the job.
+    pub(super) async fn start_background(
+        &self,
+        p: &BackgroundParams,
+        peer: &rmcp::Peer<RoleServer>,
+    ) -> Result<(String, outpost_protocol::JobInfo), String> {
+        let spec = job_spec(p)?;
+        let sandbox = self
+            .fleet
+            .get(p.sandbox_name.as_deref())?
+            .name()
+            .to_string();
+        let commands = crate::policy::job_commands(&spec);
+        let planned: Vec<Planned> = commands
+            .iter()
+            .map(|(field, command)| Planned {
+                sandbox: &sandbox,
+                field,
+                command,
+            })
+            .collect();
+        self.permit(peer, &planned).await?;
+        let session = self.job_session(Some(&sandbox)).await?;
+        let job = jobs::start(&session, spec)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((sandbox, job))
     }
 }
 

@@ -31,8 +31,10 @@ mod exec;
 mod files;
 mod hostkey;
 pub mod http;
+mod ids;
 mod jobs;
 pub mod linelimit;
+mod listing;
 mod progress;
 mod prompts;
 mod resources;
@@ -187,6 +189,7 @@ impl OutpostServer {
         if fleet.config.expose_advanced_tools {
             tool_router.merge(Self::watch_router());
         }
+        listing::finish(&mut tool_router);
         let audit = crate::ops::audit::AuditLog::new(&fleet.config.home);
         let watcher = Watcher::new(fleet.clone(), sink);
         let session_end = tokio_util::sync::CancellationToken::new();
@@ -284,6 +287,14 @@ impl ServerHandler for OutpostServer {
         // stops it: an exec's process tree is killed, a wait given up.
         let cancelled = context.ct.clone();
         let asker = hostkey::asker(&context.peer, self.fleet.policy.confirm_timeout);
+        if let (Some(tool), Some(args)) = (self.tool_router.get(&request.name), args)
+            && let Some(refusal) = listing::unknown_argument(tool, args)
+        {
+            let answer = Ok(rmcp::model::CallToolResponse::Complete(
+                rmcp::model::CallToolResult::error(vec![rmcp::model::ContentBlock::text(refusal)]),
+            ));
+            return call.run(async { answer }, audit_outcome).await;
+        }
         if let Some(ttl) = tasks::ttl_for(&request, &context) {
             let answer = tasks::spawn(self, request, context, asker, ttl);
             return call.run(async { answer }, audit_outcome).await;
@@ -553,7 +564,13 @@ mod tests {
         }
         assert!(!basic.iter().any(|n| n.contains("watch")), "{basic:?}");
         let all = names(true);
-        assert_eq!(all.len(), basic.len() + 9, "{all:?}");
-        assert!(all.contains(&"get_watchdog_status".to_string()));
+        assert_eq!(all.len(), basic.len() + 12, "{all:?}");
+        for tool in [
+            "get_watchdog_status",
+            "exec_bash_background_watch",
+            "install_macos_watchdog",
+        ] {
+            assert!(all.contains(&tool.to_string()), "{tool} missing");
+        }
     }
 }

@@ -8,27 +8,128 @@ use std::time::Duration;
 
 use outpost_protocol::{JobInfo, JobState};
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::{Json, tool, tool_router};
+use rmcp::{Json, RoleServer, tool, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::OutpostServer;
-use super::jobs::{DEFAULT_LOG_BYTES, LIST_DEFAULT, given, is_zero, log_bytes};
+use super::ids::Id;
+use super::jobs::{BackgroundParams, DEFAULT_LOG_BYTES, LIST_DEFAULT, given, is_zero, log_bytes};
 use crate::ops::jobs;
 use crate::session::Session;
 
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct WatchIdParams {
-    pub watch_id: String,
+    pub watch_id: Id,
     pub sandbox_name: Option<String>,
 }
 
+/// remote-sandbox-mcp's `watch_background_task`: watch a running job, or
+/// with `launch_command` start one and watch it.
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct WatchRegisterParams {
-    /// The job name (or watch_id).
+    /// The job name.
     pub tmux_session: Option<String>,
-    pub watch_id: Option<String>,
+    /// Finds the job by its log; with launch_command, where output goes.
+    pub log_file: Option<String>,
+    pub watch_id: Option<Id>,
     pub sandbox_name: Option<String>,
+    /// Start this command as job tmux_session, then watch it.
+    pub launch_command: Option<String>,
+    /// Watch settings, fixed when the job starts (with launch_command).
+    pub cwd: Option<String>,
+    pub run_id: Option<String>,
+    pub name: Option<String>,
+    pub resume_command: Option<String>,
+    pub resume_plan_json: Option<String>,
+    pub checkpoint_path: Option<String>,
+    pub checkpoint_format: Option<String>,
+    pub checkpoint_command: Option<String>,
+    pub interval_s: Option<f64>,
+    pub alert_after_failures: Option<u32>,
+    pub resume_delay_s: Option<f64>,
+    pub auto_resume: Option<bool>,
+    pub max_resume_attempts: Option<u32>,
+    pub metadata_json: Option<String>,
+    /// Refused: set [hooks] in the config file.
+    pub webhook_url: Option<String>,
+    /// Refused: set [hooks] in the config file.
+    pub event_command: Option<String>,
+    pub notify_local: Option<bool>,
+    pub ensure_watchdog: Option<bool>,
+    pub max_log_lines: Option<u32>,
+}
+
+impl WatchRegisterParams {
+    /// The settings that only a job's start can fix, named, when given.
+    fn start_settings(&self) -> Vec<&'static str> {
+        let texts = [
+            ("cwd", &self.cwd),
+            ("run_id", &self.run_id),
+            ("name", &self.name),
+            ("resume_command", &self.resume_command),
+            ("resume_plan_json", &self.resume_plan_json),
+            ("checkpoint_path", &self.checkpoint_path),
+            ("checkpoint_command", &self.checkpoint_command),
+            ("metadata_json", &self.metadata_json),
+        ];
+        let mut given: Vec<&'static str> = texts
+            .into_iter()
+            .filter(|(_, v)| super::jobs::given(v).is_some())
+            .map(|(k, _)| k)
+            .collect();
+        if self.auto_resume == Some(true) {
+            given.push("auto_resume");
+        }
+        given
+    }
+
+    /// The job to start, as `exec_bash_background` takes it.
+    fn launch(self, command: String) -> BackgroundParams {
+        BackgroundParams {
+            command,
+            session_name: self.tmux_session,
+            log_file: self.log_file,
+            cwd: self.cwd,
+            sandbox_name: self.sandbox_name,
+            watch: Some(true),
+            run_id: self.run_id,
+            watch_name: self.name,
+            resume_command: self.resume_command,
+            resume_plan_json: self.resume_plan_json,
+            checkpoint_path: self.checkpoint_path,
+            checkpoint_format: self.checkpoint_format,
+            checkpoint_command: self.checkpoint_command,
+            interval_s: self.interval_s,
+            alert_after_failures: self.alert_after_failures,
+            resume_delay_s: self.resume_delay_s,
+            auto_resume: self.auto_resume,
+            max_resume_attempts: self.max_resume_attempts,
+            webhook_url: self.webhook_url,
+            event_command: self.event_command,
+            metadata_json: self.metadata_json,
+            codex_command: None,
+            codex_wakeup: None,
+            notify_local: self.notify_local,
+            ensure_watchdog: self.ensure_watchdog,
+            max_log_lines: self.max_log_lines,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct MacosWatchdogParams {
+    #[allow(dead_code)]
+    pub start_now: Option<bool>,
+    #[allow(dead_code)]
+    pub persist_current_sandboxes: Option<bool>,
+}
+
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct NotNeeded {
+    /// Always "not_needed".
+    pub status: String,
+    pub detail: String,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -40,15 +141,20 @@ pub struct WatchListParams {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct WatchProgressParams {
-    pub watch_id: String,
+    pub watch_id: Id,
     /// Default 80.
     pub log_lines: Option<u32>,
+    /// Default 20000.
+    pub checkpoint_max_bytes: Option<u64>,
+    /// Always live; accepted.
+    #[allow(dead_code)]
+    pub refresh_live: Option<bool>,
     pub sandbox_name: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct WatchLogParams {
-    pub watch_id: String,
+    pub watch_id: Id,
     /// Default 200.
     pub last_n_lines: Option<u32>,
     pub sandbox_name: Option<String>,
@@ -56,7 +162,7 @@ pub struct WatchLogParams {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct WatchCheckpointParams {
-    pub watch_id: String,
+    pub watch_id: Id,
     /// Default 20000.
     pub max_bytes: Option<u64>,
     pub sandbox_name: Option<String>,
@@ -65,7 +171,7 @@ pub struct WatchCheckpointParams {
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct WatchEventsParams {
     /// Default: every job's.
-    pub watch_id: Option<String>,
+    pub watch_id: Option<Id>,
     /// The most recent N. Default 50.
     pub limit: Option<u32>,
     pub sandbox_name: Option<String>,
@@ -201,18 +307,67 @@ fn watch_view(sandbox: &str, job: &JobInfo) -> WatchView {
 #[tool_router(router = watch_router, vis = "pub(super)")]
 impl OutpostServer {
     #[tool(
-        description = "Watch an existing background job (every job is supervised already): returns it."
+        description = "Watch a background job (by tmux_session, watch_id or log_file), or start launch_command as one and watch it."
     )]
     async fn watch_background_task(
         &self,
         Parameters(p): Parameters<WatchRegisterParams>,
+        peer: rmcp::Peer<RoleServer>,
     ) -> Result<Json<WatchResult>, String> {
-        let name = given(&p.tmux_session)
-            .or_else(|| given(&p.watch_id))
-            .ok_or("pass tmux_session (the job name)")?;
+        if let Some(command) = given(&p.launch_command) {
+            let (sandbox, job) = self.start_background(&p.launch(command), &peer).await?;
+            return self.watch_of(Some(&sandbox), &job.name).await.map(Json);
+        }
+        let start_only = p.start_settings();
+        if !start_only.is_empty() {
+            return Err(format!(
+                "{} can only be set when the job starts: pass launch_command (or use exec_bash_background); an existing job keeps the settings it started with",
+                start_only.join(", ")
+            ));
+        }
+        let name = match (
+            given(&p.tmux_session),
+            p.watch_id.as_ref().and_then(Id::given),
+            given(&p.log_file),
+        ) {
+            (Some(name), _, _) => name,
+            (None, Some(id), _) => id.to_string(),
+            (None, None, Some(log)) => {
+                let session = self.job_session(p.sandbox_name.as_deref()).await?;
+                jobs::job_by_log(&session, &log).await?
+            }
+            (None, None, None) => {
+                return Err("pass tmux_session (the job name), watch_id or log_file, or launch_command to start one".into());
+            }
+        };
         self.watch_of(p.sandbox_name.as_deref(), &name)
             .await
             .map(Json)
+    }
+
+    #[tool(
+        description = "exec_bash_background, answered with the job's watch (every job is supervised)."
+    )]
+    async fn exec_bash_background_watch(
+        &self,
+        Parameters(p): Parameters<BackgroundParams>,
+        peer: rmcp::Peer<RoleServer>,
+    ) -> Result<Json<WatchResult>, String> {
+        let (sandbox, job) = self.start_background(&p, &peer).await?;
+        self.watch_of(Some(&sandbox), &job.name).await.map(Json)
+    }
+
+    #[tool(description = "Not needed: jobs are supervised on each host. Changes nothing.")]
+    async fn install_macos_watchdog(
+        &self,
+        Parameters(_): Parameters<MacosWatchdogParams>,
+    ) -> Result<Json<NotNeeded>, String> {
+        Ok(Json(not_needed()))
+    }
+
+    #[tool(description = "Not needed: jobs are supervised on each host. Changes nothing.")]
+    async fn uninstall_macos_watchdog(&self) -> Result<Json<NotNeeded>, String> {
+        Ok(Json(not_needed()))
     }
 
     #[tool(description = "Watches (background jobs), optionally only those in one state.")]
@@ -241,7 +396,7 @@ impl OutpostServer {
         &self,
         Parameters(p): Parameters<WatchIdParams>,
     ) -> Result<Json<WatchResult>, String> {
-        self.watch_of(p.sandbox_name.as_deref(), &p.watch_id)
+        self.watch_of(p.sandbox_name.as_deref(), p.watch_id.as_str())
             .await
             .map(Json)
     }
@@ -252,13 +407,13 @@ impl OutpostServer {
         Parameters(p): Parameters<WatchProgressParams>,
     ) -> Result<Json<ProgressResult>, String> {
         let session = self.job_session(p.sandbox_name.as_deref()).await?;
-        let job = jobs::status(&session, &p.watch_id)
+        let job = jobs::status(&session, p.watch_id.as_str())
             .await
             .map_err(|e| e.to_string())?;
         let lines = p.log_lines.unwrap_or(80);
         let (tail, checkpoint) = futures::join!(
             jobs::tail(&session, &job.name, lines, DEFAULT_LOG_BYTES),
-            checkpoint(&session, &job, DEFAULT_LOG_BYTES)
+            checkpoint(&session, &job, log_bytes(p.checkpoint_max_bytes)?)
         );
         Ok(Json(ProgressResult {
             watch: watch_view(session.name(), &job),
@@ -275,8 +430,8 @@ impl OutpostServer {
         let session = self.job_session(p.sandbox_name.as_deref()).await?;
         let lines = p.last_n_lines.unwrap_or(200);
         let (job, tail) = futures::join!(
-            jobs::status(&session, &p.watch_id),
-            jobs::tail(&session, &p.watch_id, lines, DEFAULT_LOG_BYTES)
+            jobs::status(&session, p.watch_id.as_str()),
+            jobs::tail(&session, p.watch_id.as_str(), lines, DEFAULT_LOG_BYTES)
         );
         let job = job.map_err(|e| e.to_string())?;
         Ok(Json(WatchLogResult {
@@ -294,7 +449,7 @@ impl OutpostServer {
     ) -> Result<Json<CheckpointView>, String> {
         let max_bytes = log_bytes(p.max_bytes)?;
         let session = self.job_session(p.sandbox_name.as_deref()).await?;
-        let job = jobs::status(&session, &p.watch_id)
+        let job = jobs::status(&session, p.watch_id.as_str())
             .await
             .map_err(|e| e.to_string())?;
         checkpoint(&session, &job, max_bytes)
@@ -314,7 +469,7 @@ impl OutpostServer {
         Parameters(p): Parameters<WatchIdParams>,
     ) -> Result<Json<WatchResult>, String> {
         let session = self.job_session(p.sandbox_name.as_deref()).await?;
-        let job = jobs::cancel(&session, &p.watch_id, Duration::from_secs(3))
+        let job = jobs::cancel(&session, p.watch_id.as_str(), Duration::from_secs(3))
             .await
             .map_err(|e| e.to_string())?;
         Ok(Json(WatchResult {
@@ -329,7 +484,7 @@ impl OutpostServer {
     ) -> Result<Json<EventsResult>, String> {
         let limit = p.limit.unwrap_or(50).clamp(1, 1000) as usize;
         let session = self.job_session(p.sandbox_name.as_deref()).await?;
-        let name = given(&p.watch_id);
+        let name = p.watch_id.as_ref().and_then(Id::given).map(str::to_string);
         // Events come oldest first after a sequence number; keep the last
         // `limit` of them all.
         const PAGE: u32 = 1000;
@@ -384,6 +539,14 @@ impl OutpostServer {
             .collect(),
             alert_after_failures: hooks.alert_after_failures,
         }))
+    }
+}
+
+/// What the macOS watchdog tools answer: Outpost has nothing to install.
+fn not_needed() -> NotNeeded {
+    NotNeeded {
+        status: "not_needed".into(),
+        detail: "every background job is supervised on its host by Outpost's job daemon, which survives disconnects and restarts and resumes lost jobs; job events reach this server's client and the [hooks] of the config file, so no watchdog runs on this machine".into(),
     }
 }
 
