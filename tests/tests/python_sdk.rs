@@ -1,0 +1,53 @@
+//! Outpost through the official Python MCP SDK (1.x): progress during long
+//! calls, a client with a short budget, remote-sandbox-mcp's call shapes,
+//! every structured result validated by the SDK against its output schema.
+//! The script is tests/py/official_sdk.py; the SDK's virtual environment is
+//! made by scripts/setup-test-env.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use outpost_e2e::{Sshd, TempDir, target_bin};
+
+/// Where scripts/setup-test-env puts the SDK's virtual environment.
+fn sdk_python() -> PathBuf {
+    let env = std::env::var_os("OUTPOST_TEST_PYENV").map_or_else(
+        || PathBuf::from("/var/tmp/outpost-test-pyenv"),
+        PathBuf::from,
+    );
+    env.join("bin/python")
+}
+
+#[test]
+fn the_official_python_sdk_sees_progress_budgets_and_valid_results() {
+    let python = sdk_python();
+    assert!(
+        python.exists(),
+        "{} is missing: run scripts/setup-test-env (it installs the MCP Python SDK)",
+        python.display()
+    );
+    let sshd = Sshd::new();
+    let scratch = TempDir::new("python-sdk");
+    let home = scratch.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let config = scratch.path().join("base.toml");
+    std::fs::write(&config, sshd.sandbox_toml("box")).unwrap();
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("py/official_sdk.py");
+    let out = Command::new(&python)
+        .arg(&script)
+        .arg(target_bin("outpost"))
+        .arg(&config)
+        .arg(scratch.path())
+        .env_clear()
+        .env("HOME", &home)
+        .env("PATH", std::env::var("PATH").unwrap())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{text}");
+    assert!(out.status.success(), "the SDK checks failed:\n{text}");
+}
