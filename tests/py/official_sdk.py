@@ -3,8 +3,9 @@ structured result against the tool's output schema.
 
 Run by tests/tests/python_sdk.rs with the SDK's virtual environment made by
 scripts/setup-test-env. Arguments: the `outpost` binary, a config file that
-names an SSH sandbox "box", and a scratch directory (the server's start
-directory, so its local root). Prints what it checked; exits non-zero on the
+names an SSH sandbox "box", a scratch directory (the server's start
+directory, so its local root), and the URL and token of an `outpost mcp
+--http` the test started. Prints what it checked; exits non-zero on the
 first failure.
 """
 
@@ -18,7 +19,10 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.types import Implementation
 
-OUTPOST, CONFIG, SCRATCH = sys.argv[1:4]
+import httpx
+from mcp.client.streamable_http import streamablehttp_client
+
+OUTPOST, CONFIG, SCRATCH, HTTP_URL, HTTP_TOKEN = sys.argv[1:6]
 
 
 def server(config_text: str) -> StdioServerParameters:
@@ -180,8 +184,53 @@ async def a_client_with_a_short_budget() -> None:
                 )
 
 
+async def over_http(who: str) -> str:
+    headers = {"Authorization": f"Bearer {HTTP_TOKEN}"}
+    async with streamablehttp_client(HTTP_URL, headers=headers) as (read, write, _):
+        async with ClientSession(
+            read, write, client_info=Implementation(name=who, version="1")
+        ) as session:
+            await session.initialize()
+            r = structured(await call(session, "exec_bash", {"command": f"echo {who}", "timeout_s": 30}))
+            return r["stdout"]
+
+
+async def streamable_http() -> None:
+    # Two clients at once, each with the token.
+    outs = await asyncio.gather(over_http("first"), over_http("second"))
+    check(outs == ["first\n", "second\n"], f"two HTTP clients at once: {outs}")
+    hello = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "1"},
+        },
+    }
+    accept = {"Accept": "application/json, text/event-stream"}
+    async with httpx.AsyncClient() as raw:
+        for label, extra in [
+            ("no token", {}),
+            ("a wrong token", {"Authorization": "Bearer not-the-token"}),
+        ]:
+            r = await raw.post(HTTP_URL, json=hello, headers={**accept, **extra})
+            check(r.status_code == 401, f"{label}: {r.status_code}")
+        r = await raw.post(
+            HTTP_URL,
+            json=hello,
+            headers={
+                **accept,
+                "Authorization": f"Bearer {HTTP_TOKEN}",
+                "Origin": "http://evil.example",
+            },
+        )
+        check(r.status_code == 403, f"a foreign Origin: {r.status_code}")
+
+
 async def main() -> None:
-    await asyncio.gather(long_calls(), a_client_with_a_short_budget())
+    await asyncio.gather(long_calls(), a_client_with_a_short_budget(), streamable_http())
 
 
 asyncio.run(main())

@@ -1,13 +1,14 @@
 //! Outpost through the official Python MCP SDK (1.x): progress during long
 //! calls, a client with a short budget, remote-sandbox-mcp's call shapes,
-//! every structured result validated by the SDK against its output schema.
+//! Streamable HTTP with and without the token, every structured result
+//! validated by the SDK against its output schema.
 //! The script is tests/py/official_sdk.py; the SDK's virtual environment is
 //! made by scripts/setup-test-env.
 
 use std::path::PathBuf;
 use std::process::Command;
 
-use outpost_e2e::{Sshd, TempDir, target_bin};
+use outpost_e2e::{McpHttp, Sshd, TempDir, target_bin};
 
 /// Where scripts/setup-test-env puts the SDK's virtual environment.
 fn sdk_python() -> PathBuf {
@@ -32,12 +33,15 @@ fn the_official_python_sdk_sees_progress_budgets_and_valid_results() {
     std::fs::create_dir_all(&home).unwrap();
     let config = scratch.path().join("base.toml");
     std::fs::write(&config, sshd.sandbox_toml("box")).unwrap();
+    let http = McpHttp::start();
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("py/official_sdk.py");
     let out = Command::new(&python)
         .arg(&script)
         .arg(target_bin("outpost"))
         .arg(&config)
         .arg(scratch.path())
+        .arg(format!("http://{}/mcp", http.addr))
+        .arg(&http.token)
         .env_clear()
         .env("HOME", &home)
         .env("PATH", std::env::var("PATH").unwrap())
