@@ -261,3 +261,53 @@ async fn hooks_are_refused_from_tool_calls_and_logs_page() {
     assert_eq!(r["next_offset"], 12);
     client.cancel().await.unwrap();
 }
+
+/// The config file's `event_command` runs for a job's events with the
+/// event, its file, the job's log and a suggested prompt in its
+/// environment (Outpost's names and remote-sandbox-mcp's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_hooks_get_the_event_its_file_the_log_and_a_prompt() {
+    let sshd = Sshd::start();
+    let out = common::scratch("hook-out");
+    let config_dir = common::scratch("hook-config");
+    let config = config_dir.path().join("config.toml");
+    let hook = format!(
+        "[ \"$RSMCP_EVENT_TYPE\" = completed ] && {{ cp \"$RSMCP_EVENT_FILE\" {dir}/event.json; printf '%s\\n%s\\n' \"$RSMCP_LOG_FILE\" \"$RSMCP_SUGGESTED_PROMPT\" > {dir}/env.tmp && mv {dir}/env.tmp {dir}/env; }}; true",
+        dir = out.path().display()
+    );
+    std::fs::write(
+        &config,
+        format!(
+            "[hooks]\nevent_command = '''{hook}'''\n\n{}",
+            sshd.sandbox_toml("box")
+        ),
+    )
+    .unwrap();
+    let (client, _home) = start(&[("OUTPOST_CONFIG", config.display().to_string())]).await;
+    let name = start_job(
+        &client,
+        json!({"command": "sleep 2; echo hooked", "session_name": "hooked-1"}),
+    )
+    .await;
+    wait(&client, &name, json!({"timeout_s": 30})).await;
+    let env_file = out.path().join("env");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !env_file.exists() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let env = std::fs::read_to_string(&env_file).expect("the hook ran");
+    let (log, prompt) = env.split_once('\n').unwrap();
+    assert!(log.ends_with("/jobs/hooked-1/log"), "{env}");
+    assert!(
+        prompt.starts_with("Background job hooked-1 on sandbox box: completed (exit code 0)."),
+        "{prompt}"
+    );
+    let event: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.path().join("event.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        (&event["type"], &event["job"]),
+        (&json!("completed"), &json!("hooked-1"))
+    );
+    client.cancel().await.unwrap();
+}

@@ -118,21 +118,79 @@ pub fn now_unix() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
+/// What an `event_command` learns besides the event itself, as
+/// remote-sandbox-mcp's hooks had it.
+#[derive(Debug, Default, Clone)]
+pub struct HookExtras {
+    /// A file holding the event's JSON.
+    pub event_file: Option<PathBuf>,
+    /// The job's log on its host.
+    pub log_file: Option<String>,
+}
+
 /// The environment `event_command` runs with: Outpost's names and
 /// remote-sandbox-mcp's, so its hook scripts keep working.
-pub fn hook_env(event: &HookEvent, json: &str) -> Vec<(&'static str, String)> {
+pub fn hook_env(event: &HookEvent, json: &str, extras: &HookExtras) -> Vec<(&'static str, String)> {
     let job = event.job.clone().unwrap_or_default();
+    let event_file = extras
+        .event_file
+        .as_ref()
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
     vec![
         ("OUTPOST_EVENT_JSON", json.to_string()),
         ("OUTPOST_EVENT_TYPE", event.kind.clone()),
         ("OUTPOST_JOB", job.clone()),
         ("OUTPOST_SANDBOX", event.sandbox.clone()),
+        ("OUTPOST_EVENT_FILE", event_file.clone()),
+        (
+            "OUTPOST_LOG_FILE",
+            extras.log_file.clone().unwrap_or_default(),
+        ),
+        ("OUTPOST_SUGGESTED_PROMPT", suggested_prompt(event, extras)),
         ("RSMCP_EVENT_JSON", json.to_string()),
         ("RSMCP_EVENT_TYPE", event.kind.clone()),
         ("RSMCP_SANDBOX_NAME", event.sandbox.clone()),
         ("RSMCP_TMUX_SESSION", job.clone()),
         ("RSMCP_WATCH_ID", job),
+        ("RSMCP_EVENT_FILE", event_file),
+        (
+            "RSMCP_LOG_FILE",
+            extras.log_file.clone().unwrap_or_default(),
+        ),
+        ("RSMCP_SUGGESTED_PROMPT", suggested_prompt(event, extras)),
     ]
+}
+
+/// What to ask an agent to do about `event`: a hook can hand it to one
+/// (`codex exec "$RSMCP_SUGGESTED_PROMPT"`).
+pub fn suggested_prompt(event: &HookEvent, extras: &HookExtras) -> String {
+    let sandbox = &event.sandbox;
+    let detail = if event.detail.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", event.detail)
+    };
+    let Some(job) = &event.job else {
+        return format!(
+            "Sandbox {sandbox}: {}{detail}. Check it with list_sandboxes(check_resources=true) before you run more work there.",
+            event.kind.replace('_', " ")
+        );
+    };
+    let log = extras
+        .log_file
+        .as_ref()
+        .map(|l| format!(" Its log is {l} on the host."))
+        .unwrap_or_default();
+    let next = match event.kind.as_str() {
+        "completed" => "Read its results",
+        "started" | "resume_started" => "Follow it",
+        _ => "Find out why, then fix and restart or resume it",
+    };
+    format!(
+        "Background job {job} on sandbox {sandbox}: {}{detail}.{log} {next}: check_background_task(tmux_session=\"{job}\", sandbox_name=\"{sandbox}\") and read_background_log(name=\"{job}\", tail_lines=50, sandbox_name=\"{sandbox}\").",
+        event.kind.replace('_', " ")
+    )
 }
 
 /// The HTTP/1.1 request that POSTs `body` as JSON.
@@ -214,7 +272,7 @@ async fn run_event_command(command: &str, env: &[(&'static str, String)]) -> Res
 }
 
 /// Runs every configured hook for `event`; returns what failed.
-pub async fn run_hooks(hooks: &Hooks, event: &HookEvent) -> Vec<String> {
+pub async fn run_hooks(hooks: &Hooks, event: &HookEvent, extras: &HookExtras) -> Vec<String> {
     let json = serde_json::to_string(event).unwrap_or_default();
     let mut problems = Vec::new();
     if let Some(url) = &hooks.webhook_url
@@ -223,7 +281,7 @@ pub async fn run_hooks(hooks: &Hooks, event: &HookEvent) -> Vec<String> {
         problems.push(format!("webhook {url}: {e}"));
     }
     if let Some(command) = &hooks.event_command
-        && let Err(e) = run_event_command(command, &hook_env(event, &json)).await
+        && let Err(e) = run_event_command(command, &hook_env(event, &json, extras)).await
     {
         problems.push(format!("event_command: {e}"));
     }
@@ -339,6 +397,24 @@ struct Follower {
 /// The last event whose hooks ran, as recorded; None when never recorded.
 pub fn read_seq(path: &Path) -> Option<u64> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// Writes `data` to `path` (0600, its directory 0700, made if missing).
+fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    if let Some(dir) = path.parent() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    file.write_all(data)
 }
 
 /// Records `seq` atomically (temp file, rename), so a crash leaves the old
@@ -484,7 +560,25 @@ impl Follower {
     }
 
     async fn hook(&self, event: &HookEvent) {
-        for problem in run_hooks(&self.hooks, event).await {
+        let mut extras = HookExtras::default();
+        if self.hooks.event_command.is_some() {
+            // One file per sandbox: hooks of a sandbox run one at a time.
+            if let Some(dir) = self.seq_path.parent() {
+                let file = dir.join("events").join(format!("{}.json", event.sandbox));
+                let json = serde_json::to_vec_pretty(event).unwrap_or_default();
+                match write_private(&file, &json) {
+                    Ok(()) => extras.event_file = Some(file),
+                    Err(e) => tracing::warn!("cannot write {}: {e}", file.display()),
+                }
+            }
+            if let Some(job) = &event.job {
+                let status = jobs::status(&self.session, job);
+                if let Ok(Ok(info)) = tokio::time::timeout(Duration::from_secs(5), status).await {
+                    extras.log_file = Some(info.log_file);
+                }
+            }
+        }
+        for problem in run_hooks(&self.hooks, event, &extras).await {
             tracing::warn!(sandbox = %event.sandbox, "hook failed: {problem}");
         }
     }
@@ -520,7 +614,20 @@ mod tests {
 
     #[test]
     fn hook_env_has_both_spellings() {
-        let env: HashMap<&str, String> = hook_env(&event(), "{}").into_iter().collect();
+        let extras = HookExtras {
+            event_file: Some(PathBuf::from("/h/events/gpu1.json")),
+            log_file: Some("/home/u/train.log".into()),
+        };
+        let env: HashMap<&str, String> = hook_env(&event(), "{}", &extras).into_iter().collect();
+        assert_eq!(env["RSMCP_EVENT_FILE"], "/h/events/gpu1.json");
+        assert_eq!(env["RSMCP_LOG_FILE"], "/home/u/train.log");
+        assert!(
+            env["RSMCP_SUGGESTED_PROMPT"].starts_with(
+                "Background job train on sandbox gpu1: completed (exit 0). Its log is /home/u/train.log on the host. Read its results: check_background_task(tmux_session=\"train\""
+            ),
+            "{}",
+            env["RSMCP_SUGGESTED_PROMPT"]
+        );
         assert_eq!(env["OUTPOST_EVENT_TYPE"], "completed");
         assert_eq!(env["OUTPOST_JOB"], "train");
         assert_eq!(env["OUTPOST_SANDBOX"], "gpu1");
@@ -623,7 +730,11 @@ mod tests {
             )),
             ..Hooks::default()
         };
-        assert!(run_hooks(&hooks, &event()).await.is_empty());
+        assert!(
+            run_hooks(&hooks, &event(), &HookExtras::default())
+                .await
+                .is_empty()
+        );
         let got = std::fs::read_to_string(&out).unwrap();
         assert!(
             got.starts_with("completed train {\"type\":\"completed\""),
@@ -633,7 +744,7 @@ mod tests {
             event_command: Some("echo nope >&2; exit 3".into()),
             ..Hooks::default()
         };
-        let problems = run_hooks(&failing, &event()).await;
+        let problems = run_hooks(&failing, &event(), &HookExtras::default()).await;
         assert!(problems[0].contains("nope"), "{problems:?}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
