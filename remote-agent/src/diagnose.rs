@@ -2,7 +2,8 @@
 //!
 //! Run by hand on a host (or by the controller's doctor command) to see what the
 //! agent sees and what would stop it from working. Every probe is best effort:
-//! a failed probe is shown as unknown, never as an error exit.
+//! a failed probe is shown as unknown; the exit status is 1 when the report
+//! lists a problem, so scripts (and `outpost diagnose HOST`) can tell.
 
 use std::fmt::Write as _;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -14,13 +15,14 @@ use crate::{gpu, identity, leases, paths};
 /// Between the two CPU reads that give the usage figure.
 const CPU_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);
 
-/// Writes the report to stdout; always succeeds (exit 0).
+/// Writes the report to stdout; 1 when it lists a problem, else 0.
 pub fn run() -> i32 {
-    print!("{}", report());
-    0
+    let (report, problems) = report();
+    print!("{report}");
+    i32::from(problems)
 }
 
-fn report() -> String {
+fn report() -> (String, bool) {
     let mut problems: Vec<String> = Vec::new();
     let mut r = String::new();
     let unknown = || "unknown".to_string();
@@ -158,7 +160,7 @@ fn report() -> String {
     for p in &problems {
         let _ = writeln!(r, "  - {p}");
     }
-    r
+    (r, !problems.is_empty())
 }
 
 fn field(r: &mut String, name: &str, value: &str) {

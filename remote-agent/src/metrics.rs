@@ -52,6 +52,14 @@ impl Sampler {
 
     /// Everything but the GPUs, which [`Monitor`] adds.
     pub fn sample_host(&mut self) -> HostMetrics {
+        if self.cpu_usage.is_none() {
+            // The first figure needs a second read of the CPU times: a first
+            // answer with a blank CPU column would be the common case (a
+            // one-shot `outpost hosts --resources`), so it waits for it.
+            std::thread::sleep(
+                MINIMUM_CPU_UPDATE_INTERVAL.saturating_sub(self.cpu_read_at.elapsed()),
+            );
+        }
         if self.cpu_read_at.elapsed() >= MINIMUM_CPU_UPDATE_INTERVAL {
             self.system.refresh_cpu_usage();
             self.cpu_read_at = Instant::now();
@@ -295,7 +303,11 @@ mod tests {
     fn sampler_reads_the_host() {
         let mut sampler = Sampler::new().unwrap();
         let first = sampler.sample_host();
-        assert!(first.cpu_usage_pct.is_none() && first.per_cpu_pct.is_empty());
+        assert!(
+            first.cpu_usage_pct.is_some(),
+            "the first sample has CPU use"
+        );
+        assert_eq!(first.per_cpu_pct.len(), first.cpu_count as usize);
         assert!(first.process_count > 1);
         assert!(
             first

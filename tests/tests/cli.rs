@@ -1,5 +1,5 @@
-//! The `outpost` command line as people use it: exec's streaming and exit
-//! status, hosts, diagnose.
+//! The `outpost` command line as people use it: exec's streaming, input and
+//! exit status, hosts, diagnose.
 
 use std::process::{Command, Output};
 
@@ -41,6 +41,36 @@ fn exec_streams_output_and_exits_with_the_command_status() {
     );
     assert_eq!(out.status.code(), Some(124));
     assert!(text(&out.stderr).contains("timed out"));
+
+    // Standard input reaches the command, unless -n.
+    let mut cat = Command::new(target_bin("outpost"));
+    cat.args(["exec", "--", "cat; echo end"])
+        .env_clear()
+        .env("HOME", home.path())
+        .env("PATH", std::env::var("PATH").unwrap())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped());
+    let mut child = cat.spawn().unwrap();
+    use std::io::Write as _;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"piped in\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(text(&out.stdout), "piped in\nend\n");
+    let out = outpost(&home, &[], &["exec", "-n", "--", "cat; echo end"]);
+    assert_eq!(text(&out.stdout), "end\n");
+
+    // A command that cannot start there is not "host unreachable" (255).
+    let out = outpost(&home, &[], &["exec", "--cwd", "/no/such/dir", "--", "true"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("/no/such/dir"),
+        "{}",
+        text(&out.stderr)
+    );
 
     let out = outpost(&home, &[], &["exec", "nowhere", "--", "true"]);
     assert_eq!(out.status.code(), Some(1));
@@ -88,6 +118,25 @@ fn hosts_and_diagnose_over_ssh() {
     let report = text(&out.stdout);
     for want in ["configuration:", "box", "agent path:", "Problems"] {
         assert!(report.contains(want), "missing {want:?} in:\n{report}");
+    }
+
+    // A host that cannot be reached fails both, as a script would check it.
+    let down = [(
+        "REMOTE_SANDBOX_LIST",
+        format!(
+            r#"[{{"name":"down","host":"127.0.0.1","port":1,"user":"{}","key_file":"{}"}}]"#,
+            sshd.user(),
+            sshd.client_key().display()
+        ),
+    )];
+    for args in [&["hosts"][..], &["hosts", "--json"], &["diagnose"]] {
+        let out = outpost(&home, &down, args);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{args:?}: {}",
+            text(&out.stdout)
+        );
     }
 }
 
@@ -150,6 +199,29 @@ fn sync_both_ways_from_the_command_line() {
         "a\n"
     );
 
+    // A dry run with --delete names what it would delete.
+    std::fs::remove_file(src.path().join("a.txt")).unwrap();
+    let out = outpost(
+        &home,
+        &env,
+        &[
+            "sync",
+            "--dry-run",
+            "--delete",
+            "--exclude",
+            "*.log",
+            &src_arg,
+            &remote,
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("would delete  a.txt"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(sshd.remote_dir().join("t/a.txt").exists());
+
     let out = outpost(&home, &env, &["sync", &src_arg, "/tmp/elsewhere"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
@@ -157,4 +229,33 @@ fn sync_both_ways_from_the_command_line() {
         "{}",
         text(&out.stderr)
     );
+    let out = outpost(&home, &env, &["sync", &src_arg, "nope:/tmp/x"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("no sandbox named nope (sandboxes: box"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+#[test]
+fn jobs_start_from_the_command_line() {
+    let home = TempDir::new("cli-home");
+    let out = outpost(
+        &home,
+        &[],
+        &[
+            "jobs",
+            "start",
+            "local",
+            "--name",
+            "cli-job",
+            "--",
+            "echo started; exit 3",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "cli-job\n");
+    let out = outpost(&home, &[], &["jobs", "wait", "cli-job", "--host", "local"]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
 }

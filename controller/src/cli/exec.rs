@@ -1,6 +1,6 @@
 //! `outpost exec`, under the config file's command policy.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 
 use anyhow::Result;
@@ -13,6 +13,7 @@ pub(super) async fn exec(
     host: Option<String>,
     cwd: Option<String>,
     timeout: Option<f64>,
+    no_stdin: bool,
     command: Vec<String>,
 ) -> Result<ExitCode> {
     let session = fleet.get(host.as_deref()).map_err(anyhow::Error::msg)?;
@@ -21,7 +22,12 @@ pub(super) async fn exec(
         eprintln!("outpost: {refusal}");
         return Ok(ExitCode::from(126));
     }
-    let req = exec::request(&exec::Command {
+    let stdin = if no_stdin || std::io::stdin().is_terminal() {
+        None
+    } else {
+        Some(read_stdin()?)
+    };
+    let mut req = exec::request(&exec::Command {
         command: &command,
         cwd: cwd.as_deref(),
         timeout_s: timeout,
@@ -29,6 +35,7 @@ pub(super) async fn exec(
         stream: true,
     })
     .map_err(|e| anyhow::anyhow!("{}", e.replace("timeout_s", "--timeout")))?;
+    req.stdin = stdin;
     let result = session
         .exec(req, |stream, data| {
             let _ = match stream {
@@ -48,11 +55,30 @@ pub(super) async fn exec(
             -1 => 255,
             status => status.clamp(0, 255) as u8,
         })),
+        // 255 is ssh's "could not reach the host"; a command that could not
+        // start there (a missing --cwd) is an ordinary failure.
         Err(e) => {
             eprintln!("outpost: {}: {e}", session.name());
-            Ok(ExitCode::from(255))
+            Ok(ExitCode::from(if e.is_connection() { 255 } else { 1 }))
         }
     }
+}
+
+/// All of standard input, refused past the protocol's stdin limit.
+fn read_stdin() -> Result<Vec<u8>> {
+    use std::io::Read;
+    let max = outpost_protocol::limits::MAX_STDIN_LEN;
+    let mut data = Vec::new();
+    std::io::stdin()
+        .take(max as u64 + 1)
+        .read_to_end(&mut data)?;
+    if data.len() > max {
+        anyhow::bail!(
+            "standard input is over {} MiB; copy the data with `outpost sync` and redirect from the file, or pass -n",
+            max >> 20
+        );
+    }
+    Ok(data)
 }
 
 /// The config file's policy for `outpost exec`: a deny rule or a missing

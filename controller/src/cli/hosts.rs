@@ -15,9 +15,15 @@ pub(super) async fn hosts(fleet: &Fleet, resources: bool, json: bool) -> Result<
             r.resources = None;
         }
     }
+    // A host that cannot be reached is a failure, as scripts check it.
+    let status = if rows.iter().all(|r| r.connection_alive) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    };
     if json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
-        return Ok(ExitCode::SUCCESS);
+        return Ok(status);
     }
     if resources {
         println!(
@@ -77,7 +83,7 @@ pub(super) async fn hosts(fleet: &Fleet, resources: bool, json: bool) -> Result<
             );
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(status)
 }
 
 pub(super) async fn diagnose(fleet: &Fleet, host: Option<String>) -> Result<ExitCode> {
@@ -125,8 +131,13 @@ pub(super) async fn diagnose(fleet: &Fleet, host: Option<String>) -> Result<Exit
             state
         );
     }
+    let problems = rows.iter().any(|r| r.connection_error.is_some());
     let Some(host) = host else {
-        return Ok(ExitCode::SUCCESS);
+        return Ok(if problems {
+            ExitCode::from(1)
+        } else {
+            ExitCode::SUCCESS
+        });
     };
     let session = fleet.get(Some(&host)).map_err(anyhow::Error::msg)?;
     let conn = session
@@ -163,5 +174,11 @@ pub(super) async fn diagnose(fleet: &Fleet, host: Option<String>) -> Result<Exit
     let result = session.exec(req, |_, _| {}).await?;
     print!("{}", result.stdout.to_text());
     eprint!("{}", result.stderr.to_text());
-    Ok(ExitCode::SUCCESS)
+    // The host's own report says whether it found a problem.
+    let failed = problems || outpost::ops::exec::shell_status(&result) != 0;
+    Ok(if failed {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
 }

@@ -14,6 +14,33 @@ use outpost_protocol::{JobInfo, JobRead, JobState, JobWait, WaitReason};
 pub(super) async fn jobs_cli(fleet: &Fleet, action: JobsAction) -> Result<ExitCode> {
     let session = |host: &Option<String>| fleet.get(host.as_deref()).map_err(anyhow::Error::msg);
     match action {
+        JobsAction::Start {
+            host,
+            name,
+            cwd,
+            log_file,
+            command,
+        } => {
+            let session = session(&host)?;
+            let request = jobs::StartRequest {
+                command: command.join(" "),
+                name,
+                cwd,
+                log_file,
+                ..Default::default()
+            };
+            let spec = jobs::job_spec(&request).map_err(anyhow::Error::msg)?;
+            for (_, command) in outpost::policy::job_commands(&spec) {
+                if let Err(refusal) = super::exec::permit(fleet, session.name(), &command).await {
+                    eprintln!("outpost: {refusal}");
+                    return Ok(ExitCode::from(126));
+                }
+            }
+            let job = jobs::start(&session, spec).await?;
+            println!("{}", job.name);
+            eprintln!("log: {}", job.log_file);
+            Ok(ExitCode::SUCCESS)
+        }
         JobsAction::List { host, state, limit } => {
             let session = session(&host)?;
             let state = state

@@ -57,7 +57,9 @@ enum Command {
     },
     /// Run a command in a sandbox, stream its output, exit with its status
     /// (124 on timeout, 255 when the host cannot be reached, 126 when the
-    /// config file's [policy] refuses it; a confirm rule asks on the terminal).
+    /// config file's [policy] refuses it, 1 when it cannot start there, e.g.
+    /// a missing --cwd; a confirm rule asks on the terminal). Standard input,
+    /// when it is not a terminal, is passed to the command (at most 1 MiB).
     Exec {
         /// Sandbox name (default: the active one: the first configured, else `local`).
         host: Option<String>,
@@ -67,6 +69,9 @@ enum Command {
         /// Kill the command's whole process tree after this many seconds.
         #[arg(long)]
         timeout: Option<f64>,
+        /// Give the command no input, as `ssh -n` (standard input is not read).
+        #[arg(short = 'n', long)]
+        no_stdin: bool,
         /// The command, after `--`; joined with spaces and run by bash.
         #[arg(last = true, required = true)]
         command: Vec<String>,
@@ -103,9 +108,9 @@ enum Command {
     /// Report on this controller, the sandboxes, and (with HOST) the agent's own
     /// report on that host.
     Diagnose { host: Option<String> },
-    /// Background jobs on a sandbox (started by exec_bash_background): list
-    /// them (the default), show or follow a log, wait for one, cancel one.
-    /// Jobs survive disconnects and controller restarts.
+    /// Background jobs on a sandbox: start one, list them (the default),
+    /// show or follow a log, wait for one, cancel one. Jobs survive
+    /// disconnects and controller restarts.
     #[command(args_conflicts_with_subcommands = true)]
     Jobs {
         /// Sandbox (default: the active one).
@@ -142,6 +147,24 @@ enum Command {
 
 #[derive(Subcommand)]
 pub(super) enum JobsAction {
+    /// Start a background job (it survives disconnects); prints its name.
+    /// Under the config file's command policy, as `exec`.
+    Start {
+        /// Sandbox (default: the active one).
+        host: Option<String>,
+        /// Job name (default: generated).
+        #[arg(long)]
+        name: Option<String>,
+        /// Working directory on the host.
+        #[arg(long)]
+        cwd: Option<String>,
+        /// Where the output goes (default: the job's own directory).
+        #[arg(long)]
+        log_file: Option<String>,
+        /// The command, after `--`; joined with spaces and run by bash.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
     /// NAME STATE EXIT STARTED COMMAND of the newest jobs, oldest first.
     List {
         /// Sandbox (default: the active one).
@@ -217,8 +240,9 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
             host,
             cwd,
             timeout,
+            no_stdin,
             command,
-        } => exec::exec(&fleet, host, cwd, timeout, command).await,
+        } => exec::exec(&fleet, host, cwd, timeout, no_stdin, command).await,
         Command::Diagnose { host } => hosts::diagnose(&fleet, host).await,
         Command::Jobs {
             host,

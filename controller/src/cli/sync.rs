@@ -27,10 +27,23 @@ pub(super) async fn sync(
         (None, Some((name, remote))) => (true, name, remote, source),
         (Some((name, remote)), None) => (false, name, remote, target),
         (Some(_), Some(_)) => anyhow::bail!("both sides are sandboxes; one must be a local path"),
-        (None, None) => anyhow::bail!(
-            "neither side names a sandbox; write one as NAME:PATH (sandboxes: {})",
-            fleet.names().join(", ")
-        ),
+        (None, None) => {
+            let sandboxes = fleet.names().join(", ");
+            // `nope:/x` most likely meant a sandbox, unless it is a local path.
+            let meant = [source, target].into_iter().find_map(|arg| {
+                let (name, _) = arg.split_once(':')?;
+                let local = std::path::Path::new(arg).exists() || name.contains('/');
+                (!local && !name.is_empty()).then_some(name)
+            });
+            match meant {
+                Some(name) => anyhow::bail!(
+                    "no sandbox named {name} (sandboxes: {sandboxes}); a local path with a colon needs ./ in front"
+                ),
+                None => anyhow::bail!(
+                    "neither side names a sandbox; write one as NAME:PATH (sandboxes: {sandboxes})"
+                ),
+            }
+        }
     };
     let session = fleet.get(Some(&name)).map_err(anyhow::Error::msg)?;
     let remote = if remote.is_empty() { "~" } else { remote };
@@ -114,6 +127,13 @@ pub(super) async fn sync(
         report.deleted,
         report.duration_s
     );
+    // A dry run shows what it would do, the deletions above all.
+    for path in &report.would_delete {
+        println!("would delete  {path}");
+    }
+    for path in &report.would_send {
+        println!("would send    {path}");
+    }
     for problem in &report.problems {
         eprintln!("outpost: {problem}");
     }
