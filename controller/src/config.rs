@@ -7,7 +7,9 @@
 //!    `REMOTE_KEY_FILE`/`REMOTE_KEY_PASSPHRASE`), so users of that server swap the
 //!    command and keep their settings.
 //! 3. `~/.ssh/config` fills what neither gave for a host: `HostName`, `Port`,
-//!    `User`, `IdentityFile` of a `Host` alias.
+//!    `User`, `IdentityFile`, `ProxyJump`, `StrictHostKeyChecking` of a `Host`
+//!    alias (`Include` is followed); options that would make Outpost connect
+//!    elsewhere or otherwise than `ssh` (`ProxyCommand`, …) are an error.
 //!
 //! The `local` sandbox (the same agent run as a child process) is always offered
 //! unless the file says `local = false`; with no other sandbox it is the active one.
@@ -84,6 +86,8 @@ pub struct SandboxConfig {
     pub target: Target,
 }
 
+// One per sandbox: the size of a boxed-or-not target does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Target {
     Local,
@@ -107,6 +111,10 @@ pub struct SshTarget {
     pub strict_host_keys: bool,
     /// The agent's state directory on the host; `~` is the remote home.
     pub remote_dir: String,
+    /// Hosts to go through first, in order (OpenSSH's `ProxyJump`): each
+    /// connection is opened through the one before it, and each host's key
+    /// is checked against its own name.
+    pub jump: Vec<SshTarget>,
 }
 
 impl SandboxConfig {
@@ -139,6 +147,9 @@ struct RawSandbox {
     key_passphrase: Option<String>,
     strict_host_keys: Option<bool>,
     remote_dir: Option<String>,
+    /// `[user@]host[:port]` hops, comma-separated, as OpenSSH's `ProxyJump`
+    /// (also read from `~/.ssh/config`); "none" for a direct connection.
+    proxy_jump: Option<String>,
     /// Command rules for this sandbox (config file only).
     policy: Option<RawRules>,
 }
@@ -487,6 +498,9 @@ fn resolve(
         bail!("the name {LOCAL_SANDBOX:?} is reserved for the built-in local sandbox");
     }
     let params = ssh_config.map(|c| c.query(&raw.host));
+    if let Some(p) = &params {
+        refuse_unsupported(&raw.host, p)?;
+    }
     let hostname = params
         .as_ref()
         .and_then(|p| p.host_name.clone())
@@ -499,13 +513,49 @@ fn resolve(
         .user
         .or_else(|| params.as_ref().and_then(|p| p.user.clone()))
         .unwrap_or_else(|| default_user.to_string());
-    let identity_files = params
+    let identity_files: Vec<PathBuf> = params
         .as_ref()
         .and_then(|p| p.identity_file.clone())
         .unwrap_or_default()
         .into_iter()
         .map(|p| expand_tilde(&p.to_string_lossy(), home))
         .collect();
+    let key_file = raw.key_file.map(|k| expand_tilde(&k, home));
+    let strict_host_keys = raw
+        .strict_host_keys
+        .or_else(|| params.as_ref().and_then(strict_host_key_checking))
+        .unwrap_or(strict_default);
+    let hops: Vec<String> = match &raw.proxy_jump {
+        Some(list) => list.split(',').map(|h| h.trim().to_string()).collect(),
+        None => params
+            .as_ref()
+            .and_then(|p| p.proxy_jump.clone())
+            .unwrap_or_default(),
+    };
+    let hops: Vec<&str> = hops
+        .iter()
+        .map(String::as_str)
+        .filter(|h| !h.is_empty())
+        .collect();
+    let jump = if hops.iter().any(|h| h.eq_ignore_ascii_case("none")) {
+        Vec::new()
+    } else {
+        hops.iter()
+            .map(|hop| {
+                jump_host(hop, ssh_config, home, default_user).map(|mut j| {
+                    // A hop without keys of its own uses the sandbox's.
+                    if j.identity_files.is_empty() {
+                        j.key_file = key_file.clone();
+                        j.key_passphrase = raw.key_passphrase.clone();
+                        j.identity_files = identity_files.clone();
+                    }
+                    j.strict_host_keys = strict_host_keys;
+                    j
+                })
+            })
+            .collect::<Result<Vec<_>>>()
+            .with_context(|| format!("sandbox {name}: proxy_jump"))?
+    };
     Ok(SandboxConfig {
         name,
         target: Target::Ssh(SshTarget {
@@ -513,13 +563,127 @@ fn resolve(
             hostname,
             port,
             user,
-            key_file: raw.key_file.map(|k| expand_tilde(&k, home)),
+            key_file,
             key_passphrase: raw.key_passphrase,
             password: raw.password,
             identity_files,
-            strict_host_keys: raw.strict_host_keys.unwrap_or(strict_default),
+            strict_host_keys,
             remote_dir: raw.remote_dir.unwrap_or_else(|| "~/.outpost".into()),
+            jump,
         }),
+    })
+}
+
+/// `~/.ssh/config` options that change where or how a host is reached and
+/// that Outpost does not follow: present for a sandbox's host, they are an
+/// error that names them, never silently skipped (Outpost would connect
+/// somewhere, or somehow, other than `ssh` does).
+const UNFOLLOWED_SSH_OPTIONS: &[(&str, &str)] = &[
+    ("proxycommand", "ProxyCommand (use ProxyJump)"),
+    ("hostkeyalias", "HostKeyAlias"),
+    ("knownhostscommand", "KnownHostsCommand"),
+    ("userknownhostsfile", "UserKnownHostsFile"),
+    ("pkcs11provider", "PKCS11Provider"),
+];
+
+fn refuse_unsupported(host: &str, params: &ssh2_config::HostParams) -> Result<()> {
+    let mut found: Vec<&str> = UNFOLLOWED_SSH_OPTIONS
+        .iter()
+        .filter(|(key, _)| {
+            params
+                .unsupported_fields
+                .keys()
+                .any(|k| k.eq_ignore_ascii_case(key))
+        })
+        .map(|(_, name)| *name)
+        .collect();
+    if params.bind_address.is_some() || params.bind_interface.is_some() {
+        found.push("BindAddress/BindInterface");
+    }
+    if params.certificate_file.is_some() {
+        found.push("CertificateFile");
+    }
+    if !found.is_empty() {
+        bail!(
+            "~/.ssh/config sets {} for {host}, which Outpost does not follow; remove it for this host (a separate Host alias for Outpost works) or configure the sandbox in Outpost's config file",
+            found.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// `StrictHostKeyChecking` from `~/.ssh/config`: yes refuses unknown keys;
+/// no, off and accept-new record them (Outpost never accepts a changed key).
+fn strict_host_key_checking(params: &ssh2_config::HostParams) -> Option<bool> {
+    let (_, args) = params
+        .unsupported_fields
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case("stricthostkeychecking"))?;
+    match args.first()?.to_ascii_lowercase().as_str() {
+        "yes" => Some(true),
+        "no" | "off" | "accept-new" => Some(false),
+        _ => None,
+    }
+}
+
+/// One `ProxyJump` hop, `[user@]host[:port]` with `host` perhaps an alias
+/// of `~/.ssh/config`.
+fn jump_host(
+    hop: &str,
+    ssh_config: Option<&ssh2_config::SshConfig>,
+    home: Option<&Path>,
+    default_user: &str,
+) -> Result<SshTarget> {
+    if hop.contains("://") {
+        bail!("{hop:?}: ssh:// URLs are not supported; write [user@]host[:port]");
+    }
+    let (user, rest) = match hop.rsplit_once('@') {
+        Some((u, r)) => (Some(u.to_string()), r),
+        None => (None, hop),
+    };
+    let (host, port) = match rest.rsplit_once(':') {
+        Some((h, p)) if !h.contains(':') => (
+            h,
+            Some(
+                p.parse::<u16>()
+                    .with_context(|| format!("{hop:?}: bad port {p:?}"))?,
+            ),
+        ),
+        _ => (rest, None),
+    };
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() {
+        bail!("{hop:?}: no host");
+    }
+    let params = ssh_config.map(|c| c.query(host));
+    if let Some(p) = &params {
+        refuse_unsupported(host, p)?;
+    }
+    Ok(SshTarget {
+        host: host.to_string(),
+        hostname: params
+            .as_ref()
+            .and_then(|p| p.host_name.clone())
+            .unwrap_or_else(|| host.to_string()),
+        port: port
+            .or_else(|| params.as_ref().and_then(|p| p.port))
+            .unwrap_or(22),
+        user: user
+            .or_else(|| params.as_ref().and_then(|p| p.user.clone()))
+            .unwrap_or_else(|| default_user.to_string()),
+        key_file: None,
+        key_passphrase: None,
+        password: None,
+        identity_files: params
+            .as_ref()
+            .and_then(|p| p.identity_file.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|p| expand_tilde(&p.to_string_lossy(), home))
+            .collect(),
+        strict_host_keys: false,
+        remote_dir: String::new(),
+        jump: Vec::new(),
     })
 }
 
@@ -760,6 +924,43 @@ mod tests {
         assert_eq!(t.port, 2222);
         assert_eq!(t.user, "alice");
         assert_eq!(t.identity_files, vec![dir.join(".ssh/gpu_key")]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn ssh_config_proxy_jump_and_options_outpost_does_not_follow() {
+        let dir = std::env::temp_dir().join(format!("outpost-jump-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join(".ssh")).unwrap();
+        std::fs::write(
+            dir.join(".ssh/bastions"),
+            "Host bastion\n  HostName 192.0.2.1\n  User hop\n  Port 2200\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.join(".ssh/config"),
+            "Include ~/.ssh/bastions\nHost gpu\n  HostName 10.0.0.7\n  ProxyJump bastion,carol@relay:2022\n  StrictHostKeyChecking yes\n  IdentityFile ~/.ssh/k\nHost odd\n  ProxyCommand nc %h %p\n",
+        )
+        .unwrap();
+        let home = dir.to_string_lossy().to_string();
+        let load = |list: &str| {
+            Config::load_from(&[("HOME", home.as_str()), ("REMOTE_SANDBOX_LIST", list)])
+        };
+        let cfg = load(r#"[{"host":"gpu","user":"me"}]"#).unwrap();
+        let t = ssh(&cfg.sandboxes[0]);
+        assert!(t.strict_host_keys);
+        let hops: Vec<(&str, u16, &str)> = t
+            .jump
+            .iter()
+            .map(|j| (j.hostname.as_str(), j.port, j.user.as_str()))
+            .collect();
+        assert_eq!(hops, [("192.0.2.1", 2200, "hop"), ("relay", 2022, "carol")]);
+        // Hops without keys of their own use the sandbox's.
+        assert_eq!(t.jump[1].identity_files, vec![dir.join(".ssh/k")]);
+        let err = format!("{:#}", load(r#"[{"host":"odd"}]"#).unwrap_err());
+        assert!(
+            err.contains("ProxyCommand (use ProxyJump)") && err.contains("odd"),
+            "{err}"
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

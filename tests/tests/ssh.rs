@@ -288,3 +288,82 @@ async fn frozen_peer_fails_the_call_in_flight_within_seconds() {
     let r = run(&session, "echo thawed").await.unwrap();
     assert_eq!(stdout(&r), "thawed\n");
 }
+
+/// ProxyJump: a sandbox reached through a jump host. Its connection rides
+/// on the jump host's (cutting that one ends it), each host's key is checked
+/// against its own name, and a jump host that is down fails clearly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_behind_a_jump_host() {
+    use outpost::session::SessionState;
+    let jump = Sshd::start();
+    let inner = Sshd::start();
+    let state = scratch("jump");
+    let mut t = target(&inner);
+    t.jump = vec![target(&jump)];
+    let fleet = Fleet::new(config(t.clone(), state.path()));
+    let session = fleet.get(Some(BOX)).unwrap();
+    let r = run(&session, "echo through").await.unwrap();
+    assert_eq!(stdout(&r), "through\n");
+    let known = std::fs::read_to_string(state.path().join("known_hosts")).unwrap();
+    for port in [jump.port(), inner.port()] {
+        assert!(known.contains(&format!("[127.0.0.1]:{port}")), "{known}");
+    }
+
+    // Only the jump host's connections are cut: the sandbox's goes with them.
+    jump.kill_connections();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while session.state() == SessionState::Connected && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_ne!(session.state(), SessionState::Connected);
+    // It comes back through the jump host on the next call.
+    let r = run(&session, "echo again").await.unwrap();
+    assert_eq!(stdout(&r), "again\n");
+
+    // The sandbox's own key is what is checked under its name.
+    let keys = scratch("jump-keys");
+    let jump_line = jump.known_hosts_line();
+    let jump_key: Vec<&str> = jump_line.split_whitespace().skip(1).take(2).collect();
+    std::fs::write(
+        keys.path().join("known_hosts"),
+        format!(
+            "[127.0.0.1]:{} {} {}\n",
+            inner.port(),
+            jump_key[0],
+            jump_key[1]
+        ),
+    )
+    .unwrap();
+    let err = run(
+        &Fleet::new(config(t.clone(), keys.path()))
+            .get(Some(BOX))
+            .unwrap(),
+        "true",
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains(&format!(
+            "HOST KEY CHANGED for [127.0.0.1]:{}",
+            inner.port()
+        )),
+        "{err}"
+    );
+
+    // A jump host that is down: an error that names it.
+    let jump_port = jump.port();
+    drop(jump);
+    let err = run(
+        &Fleet::new(config(t, state.path())).get(Some(BOX)).unwrap(),
+        "true",
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains(&format!("through jump host 127.0.0.1:{jump_port}"))
+            && err.contains("refused"),
+        "{err}"
+    );
+}

@@ -117,6 +117,7 @@ impl MemoryHost {
                 identity_files: Vec::new(),
                 strict_host_keys: true,
                 remote_dir: "~/.outpost".into(),
+                jump: Vec::new(),
             }),
         }
     }

@@ -34,6 +34,7 @@ pub fn target(sshd: &Sshd) -> SshTarget {
         identity_files: vec![],
         strict_host_keys: false,
         remote_dir: sshd.remote_dir().display().to_string(),
+        jump: Vec::new(),
     }
 }
 

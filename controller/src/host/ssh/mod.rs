@@ -69,6 +69,8 @@ pub enum ConnectError {
     },
     #[error("SSH error with {addr}: {reason}")]
     Ssh { addr: String, reason: String },
+    #[error("through jump host {hop}: {reason}")]
+    Jump { hop: String, reason: String },
     /// An unknown key waits for a person's decision (never leaves
     /// [`SshConnection::connect`]).
     #[error("host key {} of {} is not confirmed yet", .0.1.fingerprint, .0.1.host)]
@@ -109,6 +111,9 @@ pub struct SshConnection {
     handle: Arc<Handle<Client>>,
     pub addr: String,
     ended: Arc<Mutex<Option<String>>>,
+    /// The jump hosts' connections, which carry this one: kept as long as
+    /// it is.
+    via: Arc<Vec<Arc<Handle<Client>>>>,
 }
 
 pub struct HostKeyFiles<'a> {
@@ -181,33 +186,55 @@ impl SshConnection {
         addr: &str,
         ask: bool,
     ) -> Result<SshConnection, ConnectError> {
-        let sockaddrs: Vec<_> = tokio::net::lookup_host((target.hostname.as_str(), target.port))
-            .await
-            .map_err(|e| ConnectError::Resolve {
-                host: target.hostname.clone(),
+        // Through the jump hosts first, each connection opened over the one
+        // before it (OpenSSH's ProxyJump). Their keys are checked against
+        // their own names, under the accept-new or strict rule (a person is
+        // asked about the sandbox's own key only).
+        let mut via: Vec<Arc<Handle<Client>>> = Vec::new();
+        for hop in &target.jump {
+            let hop_addr = format!("{}:{}", hop.hostname, hop.port);
+            let connected = match via.last() {
+                None => match dial(hop, &hop_addr).await {
+                    Ok(socket) => Self::handshake(hop, keys, &hop_addr, false, socket).await,
+                    Err(e) => Err(e),
+                },
+                Some(prev) => match tunnel(prev, hop, &hop_addr).await {
+                    Ok(stream) => Self::handshake(hop, keys, &hop_addr, false, stream).await,
+                    Err(e) => Err(e),
+                },
+            };
+            let (handle, _) = connected.map_err(|e| ConnectError::Jump {
+                hop: hop_addr.clone(),
                 reason: e.to_string(),
-            })?
-            .collect();
-        if sockaddrs.is_empty() {
-            return Err(ConnectError::Resolve {
-                host: target.hostname.clone(),
-                reason: "no addresses".into(),
-            });
-        }
-        let socket = tokio::net::TcpStream::connect(&sockaddrs[..])
-            .await
-            .map_err(|e| match e.kind() {
-                std::io::ErrorKind::ConnectionRefused => ConnectError::Refused {
-                    addr: addr.to_string(),
-                    port: target.port,
-                },
-                _ => ConnectError::Io {
-                    addr: addr.to_string(),
-                    reason: e.to_string(),
-                },
             })?;
-        let _ = socket.set_nodelay(true);
+            via.push(Arc::new(handle));
+        }
+        let (handle, ended) = match via.last() {
+            None => Self::handshake(target, keys, addr, ask, dial(target, addr).await?).await?,
+            Some(prev) => {
+                let stream = tunnel(prev, target, addr).await?;
+                Self::handshake(target, keys, addr, ask, stream).await?
+            }
+        };
+        Ok(SshConnection {
+            handle: Arc::new(handle),
+            addr: addr.to_string(),
+            ended,
+            via: Arc::new(via),
+        })
+    }
 
+    /// The SSH handshake over `stream`: host key check, authentication.
+    async fn handshake<S>(
+        target: &SshTarget,
+        keys: &HostKeyFiles<'_>,
+        addr: &str,
+        ask: bool,
+        stream: S,
+    ) -> Result<(Handle<Client>, Arc<Mutex<Option<String>>>), ConnectError>
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
         let config = Arc::new(client::Config {
             keepalive_interval: Some(KEEPALIVE),
             keepalive_max: KEEPALIVE_MAX,
@@ -230,7 +257,7 @@ impl SshConnection {
             verdict: verdict.clone(),
             ended: ended.clone(),
         };
-        let mut handle = match client::connect_stream(config, socket, handler).await {
+        let mut handle = match client::connect_stream(config, stream, handler).await {
             Ok(h) => h,
             Err(e) => {
                 let host = known_host_pattern(&target.hostname, target.port);
@@ -271,11 +298,7 @@ impl SshConnection {
             }
         };
         auth::authenticate(&mut handle, target, addr).await?;
-        Ok(SshConnection {
-            handle: Arc::new(handle),
-            addr: addr.to_string(),
-            ended,
-        })
+        Ok((handle, ended))
     }
 
     pub fn is_closed(&self) -> bool {
@@ -367,7 +390,63 @@ impl SshConnection {
             .handle
             .disconnect(Disconnect::ByApplication, "", "en")
             .await;
+        for hop in self.via.iter().rev() {
+            let _ = hop.disconnect(Disconnect::ByApplication, "", "en").await;
+        }
     }
+}
+
+/// A TCP connection to `target`, with errors that say what to check.
+async fn dial(target: &SshTarget, addr: &str) -> Result<tokio::net::TcpStream, ConnectError> {
+    let sockaddrs: Vec<_> = tokio::net::lookup_host((target.hostname.as_str(), target.port))
+        .await
+        .map_err(|e| ConnectError::Resolve {
+            host: target.hostname.clone(),
+            reason: e.to_string(),
+        })?
+        .collect();
+    if sockaddrs.is_empty() {
+        return Err(ConnectError::Resolve {
+            host: target.hostname.clone(),
+            reason: "no addresses".into(),
+        });
+    }
+    let socket = tokio::net::TcpStream::connect(&sockaddrs[..])
+        .await
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::ConnectionRefused => ConnectError::Refused {
+                addr: addr.to_string(),
+                port: target.port,
+            },
+            _ => ConnectError::Io {
+                addr: addr.to_string(),
+                reason: e.to_string(),
+            },
+        })?;
+    let _ = socket.set_nodelay(true);
+    Ok(socket)
+}
+
+/// A connection to `target` opened by the jump host `via` (a direct-tcpip
+/// channel), for the next SSH handshake to run over.
+async fn tunnel(
+    via: &Handle<Client>,
+    target: &SshTarget,
+    addr: &str,
+) -> Result<russh::ChannelStream<client::Msg>, ConnectError> {
+    let channel = via
+        .channel_open_direct_tcpip(
+            target.hostname.clone(),
+            u32::from(target.port),
+            "127.0.0.1",
+            0,
+        )
+        .await
+        .map_err(|e| ConnectError::Io {
+            addr: addr.to_string(),
+            reason: format!("the jump host could not open a connection to it: {e}"),
+        })?;
+    Ok(channel.into_stream())
 }
 
 /// Closes the agent's channel when its link goes, so the agent sees EOF and stops
