@@ -7,7 +7,8 @@
 //!    `REMOTE_KEY_FILE`/`REMOTE_KEY_PASSPHRASE`), so users of that server swap the
 //!    command and keep their settings.
 //! 3. `~/.ssh/config` fills what neither gave for a host: `HostName`, `Port`,
-//!    `User`, `IdentityFile`, `ProxyJump`, `StrictHostKeyChecking` of a `Host`
+//!    `User`, `IdentityFile`, `ProxyJump`, `StrictHostKeyChecking`,
+//!    `UserKnownHostsFile` of a `Host`
 //!    alias (`Include` is followed); options that would make Outpost connect
 //!    elsewhere or otherwise than `ssh` (`ProxyCommand`, …) are an error.
 //!
@@ -115,6 +116,9 @@ pub struct SshTarget {
     /// connection is opened through the one before it, and each host's key
     /// is checked against its own name.
     pub jump: Vec<SshTarget>,
+    /// `UserKnownHostsFile` from `~/.ssh/config`: read instead of
+    /// `~/.ssh/known_hosts` (never written). None: the default.
+    pub user_known_hosts: Option<Vec<PathBuf>>,
 }
 
 impl SandboxConfig {
@@ -570,6 +574,7 @@ fn resolve(
             strict_host_keys,
             remote_dir: raw.remote_dir.unwrap_or_else(|| "~/.outpost".into()),
             jump,
+            user_known_hosts: params.as_ref().and_then(|p| user_known_hosts(p, home)),
         }),
     })
 }
@@ -582,7 +587,6 @@ const UNFOLLOWED_SSH_OPTIONS: &[(&str, &str)] = &[
     ("proxycommand", "ProxyCommand (use ProxyJump)"),
     ("hostkeyalias", "HostKeyAlias"),
     ("knownhostscommand", "KnownHostsCommand"),
-    ("userknownhostsfile", "UserKnownHostsFile"),
     ("pkcs11provider", "PKCS11Provider"),
 ];
 
@@ -610,6 +614,20 @@ fn refuse_unsupported(host: &str, params: &ssh2_config::HostParams) -> Result<()
         );
     }
     Ok(())
+}
+
+/// `UserKnownHostsFile` from `~/.ssh/config` (several files, `~` expanded).
+fn user_known_hosts(params: &ssh2_config::HostParams, home: Option<&Path>) -> Option<Vec<PathBuf>> {
+    let (_, args) = params
+        .unsupported_fields
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case("userknownhostsfile"))?;
+    Some(
+        args.iter()
+            .flat_map(|a| a.split_whitespace())
+            .map(|f| expand_tilde(f, home))
+            .collect(),
+    )
 }
 
 /// `StrictHostKeyChecking` from `~/.ssh/config`: yes refuses unknown keys;
@@ -684,6 +702,7 @@ fn jump_host(
         strict_host_keys: false,
         remote_dir: String::new(),
         jump: Vec::new(),
+        user_known_hosts: params.as_ref().and_then(|p| user_known_hosts(p, home)),
     })
 }
 
@@ -938,7 +957,7 @@ mod tests {
         .unwrap();
         std::fs::write(
             dir.join(".ssh/config"),
-            "Include ~/.ssh/bastions\nHost gpu\n  HostName 10.0.0.7\n  ProxyJump bastion,carol@relay:2022\n  StrictHostKeyChecking yes\n  IdentityFile ~/.ssh/k\nHost odd\n  ProxyCommand nc %h %p\n",
+            "Include ~/.ssh/bastions\nHost gpu\n  HostName 10.0.0.7\n  ProxyJump bastion,carol@relay:2022\n  StrictHostKeyChecking yes\n  IdentityFile ~/.ssh/k\n  UserKnownHostsFile ~/.ssh/lab_hosts\nHost odd\n  ProxyCommand nc %h %p\n",
         )
         .unwrap();
         let home = dir.to_string_lossy().to_string();
@@ -948,6 +967,7 @@ mod tests {
         let cfg = load(r#"[{"host":"gpu","user":"me"}]"#).unwrap();
         let t = ssh(&cfg.sandboxes[0]);
         assert!(t.strict_host_keys);
+        assert_eq!(t.user_known_hosts, Some(vec![dir.join(".ssh/lab_hosts")]));
         let hops: Vec<(&str, u16, &str)> = t
             .jump
             .iter()

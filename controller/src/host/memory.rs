@@ -118,6 +118,7 @@ impl MemoryHost {
                 strict_host_keys: true,
                 remote_dir: "~/.outpost".into(),
                 jump: Vec::new(),
+                user_known_hosts: None,
             }),
         }
     }

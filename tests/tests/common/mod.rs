@@ -35,6 +35,7 @@ pub fn target(sshd: &Sshd) -> SshTarget {
         strict_host_keys: false,
         remote_dir: sshd.remote_dir().display().to_string(),
         jump: Vec::new(),
+        user_known_hosts: None,
     }
 }
 

@@ -250,7 +250,10 @@ impl SshConnection {
         let handler = Client {
             hostname: target.hostname.clone(),
             port: target.port,
-            known_hosts: keys.user.map(Path::to_path_buf).into_iter().collect(),
+            known_hosts: target
+                .user_known_hosts
+                .clone()
+                .unwrap_or_else(|| keys.user.map(Path::to_path_buf).into_iter().collect()),
             own_known_hosts: keys.own.to_path_buf(),
             strict: target.strict_host_keys,
             ask,
