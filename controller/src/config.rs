@@ -119,6 +119,10 @@ pub struct SshTarget {
     /// `UserKnownHostsFile` from `~/.ssh/config`: read instead of
     /// `~/.ssh/known_hosts` (never written). None: the default.
     pub user_known_hosts: Option<Vec<PathBuf>>,
+    /// Why this sandbox cannot be reached as configured (an `~/.ssh/config`
+    /// option Outpost does not follow, a bad hop): every connect fails with
+    /// it, and the other sandboxes are not affected.
+    pub unusable: Option<String>,
 }
 
 impl SandboxConfig {
@@ -502,8 +506,9 @@ fn resolve(
         bail!("the name {LOCAL_SANDBOX:?} is reserved for the built-in local sandbox");
     }
     let params = ssh_config.map(|c| c.query(&raw.host));
-    if let Some(p) = &params {
-        refuse_unsupported(&raw.host, p)?;
+    let mut unusable: Option<String> = None;
+    if let Some(Err(e)) = params.as_ref().map(|p| refuse_unsupported(&raw.host, p)) {
+        unusable = Some(format!("{e:#}"));
     }
     let hostname = params
         .as_ref()
@@ -547,18 +552,31 @@ fn resolve(
         hops.iter()
             .map(|hop| {
                 jump_host(hop, ssh_config, home, default_user).map(|mut j| {
-                    // A hop without keys of its own uses the sandbox's.
-                    if j.identity_files.is_empty() {
-                        j.key_file = key_file.clone();
-                        j.key_passphrase = raw.key_passphrase.clone();
-                        j.identity_files = identity_files.clone();
-                    }
+                    // The sandbox's keys are tried on a hop too, after the
+                    // agent and the hop's own (never its password).
+                    j.identity_files.extend(key_file.iter().cloned());
+                    j.identity_files.extend(identity_files.iter().cloned());
+                    j.key_passphrase = raw.key_passphrase.clone();
                     j.strict_host_keys = strict_host_keys;
                     j
                 })
             })
             .collect::<Result<Vec<_>>>()
-            .with_context(|| format!("sandbox {name}: proxy_jump"))?
+            .unwrap_or_else(|e| {
+                unusable.get_or_insert(format!("proxy_jump: {e:#}"));
+                Vec::new()
+            })
+    };
+    let user_known_hosts = match params
+        .as_ref()
+        .map(|p| user_known_hosts(&raw.host, p, home))
+    {
+        Some(Ok(files)) => files,
+        Some(Err(e)) => {
+            unusable.get_or_insert(format!("{e:#}"));
+            None
+        }
+        None => None,
     };
     Ok(SandboxConfig {
         name,
@@ -574,7 +592,8 @@ fn resolve(
             strict_host_keys,
             remote_dir: raw.remote_dir.unwrap_or_else(|| "~/.outpost".into()),
             jump,
-            user_known_hosts: params.as_ref().and_then(|p| user_known_hosts(p, home)),
+            user_known_hosts,
+            unusable,
         }),
     })
 }
@@ -617,17 +636,29 @@ fn refuse_unsupported(host: &str, params: &ssh2_config::HostParams) -> Result<()
 }
 
 /// `UserKnownHostsFile` from `~/.ssh/config` (several files, `~` expanded).
-fn user_known_hosts(params: &ssh2_config::HostParams, home: Option<&Path>) -> Option<Vec<PathBuf>> {
-    let (_, args) = params
+fn user_known_hosts(
+    host: &str,
+    params: &ssh2_config::HostParams,
+    home: Option<&Path>,
+) -> Result<Option<Vec<PathBuf>>> {
+    let Some((_, args)) = params
         .unsupported_fields
         .iter()
-        .find(|(k, _)| k.eq_ignore_ascii_case("userknownhostsfile"))?;
-    Some(
-        args.iter()
-            .flat_map(|a| a.split_whitespace())
-            .map(|f| expand_tilde(f, home))
-            .collect(),
-    )
+        .find(|(k, _)| k.eq_ignore_ascii_case("userknownhostsfile"))
+    else {
+        return Ok(None);
+    };
+    let files: Vec<&str> = args.iter().flat_map(|a| a.split_whitespace()).collect();
+    // A token left as is would name a file that never exists, and the
+    // user's pinned keys would silently not count.
+    if files.iter().any(|f| f.contains('%')) {
+        bail!(
+            "~/.ssh/config sets UserKnownHostsFile with % tokens for {host}, which Outpost does not expand; name the file plainly for this host"
+        );
+    }
+    Ok(Some(
+        files.into_iter().map(|f| expand_tilde(f, home)).collect(),
+    ))
 }
 
 /// `StrictHostKeyChecking` from `~/.ssh/config`: yes refuses unknown keys;
@@ -659,23 +690,40 @@ fn jump_host(
         Some((u, r)) => (Some(u.to_string()), r),
         None => (None, hop),
     };
-    let (host, port) = match rest.rsplit_once(':') {
-        Some((h, p)) if !h.contains(':') => (
-            h,
-            Some(
-                p.parse::<u16>()
-                    .with_context(|| format!("{hop:?}: bad port {p:?}"))?,
-            ),
-        ),
-        _ => (rest, None),
+    let port_of = |p: &str| {
+        p.parse::<u16>()
+            .with_context(|| format!("{hop:?}: bad port {p:?}"))
     };
-    let host = host.trim_start_matches('[').trim_end_matches(']');
+    // `[v6]:port`, `[v6]`, `v6` (more than one colon), `host:port`, `host`.
+    let (host, port) = if let Some(bracketed) = rest.strip_prefix('[') {
+        let (h, after) = bracketed
+            .split_once(']')
+            .with_context(|| format!("{hop:?}: no closing ]"))?;
+        match after.strip_prefix(':') {
+            Some(p) => (h, Some(port_of(p)?)),
+            None if after.is_empty() => (h, None),
+            None => bail!("{hop:?}: unexpected {after:?} after ]"),
+        }
+    } else {
+        match rest.split_once(':') {
+            Some((h, p)) if !p.contains(':') => (h, Some(port_of(p)?)),
+            _ => (rest, None),
+        }
+    };
     if host.is_empty() {
         bail!("{hop:?}: no host");
     }
     let params = ssh_config.map(|c| c.query(host));
     if let Some(p) = &params {
         refuse_unsupported(host, p)?;
+        if p.proxy_jump.as_ref().is_some_and(|j| {
+            j.iter()
+                .any(|h| !h.trim().is_empty() && !h.eq_ignore_ascii_case("none"))
+        }) {
+            bail!(
+                "jump host {host} has a ProxyJump of its own in ~/.ssh/config; list every hop in the sandbox's ProxyJump instead"
+            );
+        }
     }
     Ok(SshTarget {
         host: host.to_string(),
@@ -702,7 +750,11 @@ fn jump_host(
         strict_host_keys: false,
         remote_dir: String::new(),
         jump: Vec::new(),
-        user_known_hosts: params.as_ref().and_then(|p| user_known_hosts(p, home)),
+        user_known_hosts: match &params {
+            Some(p) => user_known_hosts(host, p, home)?,
+            None => None,
+        },
+        unusable: None,
     })
 }
 
@@ -976,11 +1028,14 @@ mod tests {
         assert_eq!(hops, [("192.0.2.1", 2200, "hop"), ("relay", 2022, "carol")]);
         // Hops without keys of their own use the sandbox's.
         assert_eq!(t.jump[1].identity_files, vec![dir.join(".ssh/k")]);
-        let err = format!("{:#}", load(r#"[{"host":"odd"}]"#).unwrap_err());
+        // Only that sandbox is unusable, with the reason; the rest load.
+        let cfg = load(r#"[{"host":"odd"},{"host":"gpu"}]"#).unwrap();
+        let err = ssh(&cfg.sandboxes[0]).unusable.clone().unwrap();
         assert!(
             err.contains("ProxyCommand (use ProxyJump)") && err.contains("odd"),
             "{err}"
         );
+        assert!(ssh(&cfg.sandboxes[1]).unusable.is_none());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -24,8 +24,16 @@ pub(super) async fn exec(
     }
     let stdin = if no_stdin || std::io::stdin().is_terminal() {
         None
-    } else {
+    } else if stdin_speaks_within(STDIN_WAIT) {
         Some(read_stdin()?)
+    } else {
+        // An inherited pipe nobody writes to (a harness, a CI step) must
+        // not hang the command: it runs without input.
+        eprintln!(
+            "outpost: nothing on standard input within {} s; running without it (-n says so up front)",
+            STDIN_WAIT.as_secs()
+        );
+        None
     };
     let mut req = exec::request(&exec::Command {
         command: &command,
@@ -62,6 +70,21 @@ pub(super) async fn exec(
             Ok(ExitCode::from(if e.is_connection() { 255 } else { 1 }))
         }
     }
+}
+
+/// How long standard input may stay silent before the command runs without it.
+const STDIN_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Whether standard input has data or its end within `wait` (a file or a
+/// closed pipe at once).
+fn stdin_speaks_within(wait: std::time::Duration) -> bool {
+    let mut fd = libc::pollfd {
+        fd: libc::STDIN_FILENO,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    unsafe { libc::poll(&mut fd, 1, wait.as_millis() as libc::c_int) > 0 }
 }
 
 /// All of standard input, refused past the protocol's stdin limit.

@@ -59,7 +59,8 @@ enum Command {
     /// (124 on timeout, 255 when the host cannot be reached, 126 when the
     /// config file's [policy] refuses it, 1 when it cannot start there, e.g.
     /// a missing --cwd; a confirm rule asks on the terminal). Standard input,
-    /// when it is not a terminal, is passed to the command (at most 1 MiB).
+    /// when it is not a terminal and speaks within 1 s, is passed to the
+    /// command (at most 1 MiB).
     Exec {
         /// Sandbox name (default: the active one: the first configured, else `local`).
         host: Option<String>,

@@ -119,6 +119,7 @@ impl MemoryHost {
                 remote_dir: "~/.outpost".into(),
                 jump: Vec::new(),
                 user_known_hosts: None,
+                unusable: None,
             }),
         }
     }

@@ -143,6 +143,9 @@ pub async fn start(target: &Target, ctx: &HostContext) -> Result<(Arc<dyn Host>,
             Ok((host, started))
         }
         Target::Ssh(target) => {
+            if let Some(why) = &target.unusable {
+                return Err(why.clone());
+            }
             let keys = ssh::HostKeyFiles {
                 user: ctx.user_known_hosts.as_deref(),
                 own: &ctx.known_hosts,

@@ -21,7 +21,7 @@ use crate::policy::Planned;
 use crate::session::Session;
 
 /// What the hook parameters of remote-sandbox-mcp get instead of running.
-const HOOKS_REFUSED: &str = "webhook_url, event_command and codex_command/codex_wakeup are not accepted from tool calls (they would let a caller run commands on this machine); configure hooks in the Outpost config file: [hooks] webhook_url = …, event_command = …";
+pub(super) const HOOKS_REFUSED: &str = "webhook_url, event_command and codex_command/codex_wakeup are not accepted from tool calls (they would let a caller run commands on this machine); configure hooks in the Outpost config file: [hooks] webhook_url = …, event_command = …";
 
 /// Default and largest log bytes one job tool answer carries.
 pub(super) const DEFAULT_LOG_BYTES: u64 = 20_000;

@@ -78,9 +78,18 @@ impl WatchRegisterParams {
             .filter(|(_, v)| super::jobs::given(v).is_some())
             .map(|(k, _)| k)
             .collect();
-        if self.auto_resume == Some(true) {
-            given.push("auto_resume");
-        }
+        let numbers = [
+            ("interval_s", self.interval_s.is_some()),
+            ("alert_after_failures", self.alert_after_failures.is_some()),
+            ("resume_delay_s", self.resume_delay_s.is_some()),
+            ("max_resume_attempts", self.max_resume_attempts.is_some()),
+            ("auto_resume", self.auto_resume == Some(true)),
+            (
+                "checkpoint_format",
+                super::jobs::given(&self.checkpoint_format).is_some(),
+            ),
+        ];
+        given.extend(numbers.into_iter().filter(|(_, set)| *set).map(|(k, _)| k));
         given
     }
 
@@ -314,7 +323,20 @@ impl OutpostServer {
         Parameters(p): Parameters<WatchRegisterParams>,
         peer: rmcp::Peer<RoleServer>,
     ) -> Result<Json<WatchResult>, String> {
-        if let Some(command) = given(&p.launch_command) {
+        if given(&p.webhook_url).is_some() || given(&p.event_command).is_some() {
+            return Err(super::jobs::HOOKS_REFUSED.into());
+        }
+        // remote-sandbox-mcp watched a session that ran already and kept
+        // launch_command for later: a job of that name is watched, never
+        // started twice.
+        let running = match given(&p.tmux_session) {
+            Some(name) => {
+                let session = self.job_session(p.sandbox_name.as_deref()).await?;
+                jobs::status(&session, &name).await.is_ok()
+            }
+            None => false,
+        };
+        if !running && let Some(command) = given(&p.launch_command) {
             let (sandbox, job) = self.start_background(&p.launch(command), &peer).await?;
             return self.watch_of(Some(&sandbox), &job.name).await.map(Json);
         }

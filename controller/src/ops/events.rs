@@ -132,6 +132,12 @@ pub struct HookExtras {
 /// remote-sandbox-mcp's, so its hook scripts keep working.
 pub fn hook_env(event: &HookEvent, json: &str, extras: &HookExtras) -> Vec<(&'static str, String)> {
     let job = event.job.clone().unwrap_or_default();
+    // A log path a tool call chose: one line, bounded, or nothing.
+    let log_file = extras
+        .log_file
+        .clone()
+        .filter(|l| l.len() <= 4096 && !l.chars().any(char::is_control))
+        .unwrap_or_default();
     let event_file = extras
         .event_file
         .as_ref()
@@ -143,33 +149,35 @@ pub fn hook_env(event: &HookEvent, json: &str, extras: &HookExtras) -> Vec<(&'st
         ("OUTPOST_JOB", job.clone()),
         ("OUTPOST_SANDBOX", event.sandbox.clone()),
         ("OUTPOST_EVENT_FILE", event_file.clone()),
-        (
-            "OUTPOST_LOG_FILE",
-            extras.log_file.clone().unwrap_or_default(),
-        ),
-        ("OUTPOST_SUGGESTED_PROMPT", suggested_prompt(event, extras)),
+        ("OUTPOST_LOG_FILE", log_file.clone()),
+        ("OUTPOST_SUGGESTED_PROMPT", suggested_prompt(event)),
         ("RSMCP_EVENT_JSON", json.to_string()),
         ("RSMCP_EVENT_TYPE", event.kind.clone()),
         ("RSMCP_SANDBOX_NAME", event.sandbox.clone()),
         ("RSMCP_TMUX_SESSION", job.clone()),
         ("RSMCP_WATCH_ID", job),
         ("RSMCP_EVENT_FILE", event_file),
-        (
-            "RSMCP_LOG_FILE",
-            extras.log_file.clone().unwrap_or_default(),
-        ),
-        ("RSMCP_SUGGESTED_PROMPT", suggested_prompt(event, extras)),
+        ("RSMCP_LOG_FILE", log_file),
+        ("RSMCP_SUGGESTED_PROMPT", suggested_prompt(event)),
     ]
 }
 
 /// What to ask an agent to do about `event`: a hook can hand it to one
 /// (`codex exec "$RSMCP_SUGGESTED_PROMPT"`).
-pub fn suggested_prompt(event: &HookEvent, extras: &HookExtras) -> String {
+pub fn suggested_prompt(event: &HookEvent) -> String {
     let sandbox = &event.sandbox;
-    let detail = if event.detail.is_empty() {
+    // Only names and words the agent and the config chose: paths and
+    // commands a tool call set never reach a prompt another agent reads.
+    let detail: String = event
+        .detail
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(200)
+        .collect();
+    let detail = if detail.is_empty() {
         String::new()
     } else {
-        format!(" ({})", event.detail)
+        format!(" ({detail})")
     };
     let Some(job) = &event.job else {
         return format!(
@@ -177,18 +185,13 @@ pub fn suggested_prompt(event: &HookEvent, extras: &HookExtras) -> String {
             event.kind.replace('_', " ")
         );
     };
-    let log = extras
-        .log_file
-        .as_ref()
-        .map(|l| format!(" Its log is {l} on the host."))
-        .unwrap_or_default();
     let next = match event.kind.as_str() {
         "completed" => "Read its results",
         "started" | "resume_started" => "Follow it",
         _ => "Find out why, then fix and restart or resume it",
     };
     format!(
-        "Background job {job} on sandbox {sandbox}: {}{detail}.{log} {next}: check_background_task(tmux_session=\"{job}\", sandbox_name=\"{sandbox}\") and read_background_log(name=\"{job}\", tail_lines=50, sandbox_name=\"{sandbox}\").",
+        "Background job {job} on sandbox {sandbox}: {}{detail}. {next}: check_background_task(tmux_session=\"{job}\", sandbox_name=\"{sandbox}\") and read_background_log(name=\"{job}\", tail_lines=50, sandbox_name=\"{sandbox}\").",
         event.kind.replace('_', " ")
     )
 }
@@ -399,20 +402,15 @@ pub fn read_seq(path: &Path) -> Option<u64> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
-/// Writes `data` to `path` (0600, its directory 0700, made if missing).
+/// Writes `data` to a new file `path` (0600), never through a symlink or
+/// into a file that exists.
 fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-    if let Some(dir) = path.parent() {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)?;
-    }
+    use std::os::unix::fs::OpenOptionsExt;
     let mut file = std::fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
         .open(path)?;
     file.write_all(data)
 }
@@ -562,9 +560,12 @@ impl Follower {
     async fn hook(&self, event: &HookEvent) {
         let mut extras = HookExtras::default();
         if self.hooks.event_command.is_some() {
-            // One file per sandbox: hooks of a sandbox run one at a time.
-            if let Some(dir) = self.seq_path.parent() {
-                let file = dir.join("events").join(format!("{}.json", event.sandbox));
+            // One file per event, made only for this hook run.
+            if let Some(events) = self.seq_path.with_extension("events").to_str() {
+                let file = PathBuf::from(format!(
+                    "{events}-{}.json",
+                    event.seq.unwrap_or(event.at_unix)
+                ));
                 let json = serde_json::to_vec_pretty(event).unwrap_or_default();
                 match write_private(&file, &json) {
                     Ok(()) => extras.event_file = Some(file),
@@ -580,6 +581,9 @@ impl Follower {
         }
         for problem in run_hooks(&self.hooks, event, &extras).await {
             tracing::warn!(sandbox = %event.sandbox, "hook failed: {problem}");
+        }
+        if let Some(file) = &extras.event_file {
+            let _ = std::fs::remove_file(file);
         }
     }
 }
@@ -615,15 +619,15 @@ mod tests {
     #[test]
     fn hook_env_has_both_spellings() {
         let extras = HookExtras {
-            event_file: Some(PathBuf::from("/h/events/gpu1.json")),
+            event_file: Some(PathBuf::from("/h/events-gpu1.events-7.json")),
             log_file: Some("/home/u/train.log".into()),
         };
         let env: HashMap<&str, String> = hook_env(&event(), "{}", &extras).into_iter().collect();
-        assert_eq!(env["RSMCP_EVENT_FILE"], "/h/events/gpu1.json");
+        assert_eq!(env["RSMCP_EVENT_FILE"], "/h/events-gpu1.events-7.json");
         assert_eq!(env["RSMCP_LOG_FILE"], "/home/u/train.log");
         assert!(
             env["RSMCP_SUGGESTED_PROMPT"].starts_with(
-                "Background job train on sandbox gpu1: completed (exit 0). Its log is /home/u/train.log on the host. Read its results: check_background_task(tmux_session=\"train\""
+                "Background job train on sandbox gpu1: completed (exit 0). Read its results: check_background_task(tmux_session=\"train\""
             ),
             "{}",
             env["RSMCP_SUGGESTED_PROMPT"]

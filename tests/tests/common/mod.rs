@@ -36,6 +36,7 @@ pub fn target(sshd: &Sshd) -> SshTarget {
         remote_dir: sshd.remote_dir().display().to_string(),
         jump: Vec::new(),
         user_known_hosts: None,
+        unusable: None,
     }
 }
 
