@@ -161,7 +161,7 @@ fn keep() {
             }
         };
         if let Some(mut child) = child {
-            wait_without_reaping(child.id() as i32);
+            proctree::wait_unreaped(child.id() as i32);
             {
                 let mut books = books();
                 books.guard_pid = None;
@@ -173,25 +173,6 @@ fn keep() {
             eprintln!("outpost-agent: the guard ended ({status}); starting another");
         }
         std::thread::sleep(RESPAWN_PAUSE);
-    }
-}
-
-/// Waits until `pid` (our child) has ended, leaving it unreaped.
-fn wait_without_reaping(pid: i32) {
-    loop {
-        // SAFETY: siginfo_t is plain data that waitid fills in.
-        let rc = unsafe {
-            let mut info: libc::siginfo_t = std::mem::zeroed();
-            libc::waitid(
-                libc::P_PID,
-                pid as libc::id_t,
-                &mut info,
-                libc::WEXITED | libc::WNOWAIT,
-            )
-        };
-        if rc == 0 || io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
-            return;
-        }
     }
 }
 

@@ -236,6 +236,41 @@ pub fn terminate_tree(root: Option<i32>, token: &str, grace: Duration) {
     }
 }
 
+/// Blocks until `pid` (a child of ours) has exited, leaving it unreaped: its
+/// pid still names its process group and session until it is reaped.
+pub fn wait_unreaped(pid: i32) {
+    loop {
+        // SAFETY: waitid fills the zeroed siginfo it is given.
+        let rc = unsafe {
+            let mut info: libc::siginfo_t = std::mem::zeroed();
+            libc::waitid(
+                libc::P_PID,
+                pid as libc::id_t,
+                &mut info,
+                libc::WEXITED | libc::WNOWAIT,
+            )
+        };
+        if rc == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return;
+        }
+    }
+}
+
+/// Whether `pid` (a child of ours) has exited, leaving it unreaped.
+pub fn has_exited(pid: i32) -> bool {
+    // SAFETY: waitid fills the zeroed siginfo it is given.
+    unsafe {
+        let mut info: libc::siginfo_t = std::mem::zeroed();
+        let rc = libc::waitid(
+            libc::P_PID,
+            pid as libc::id_t,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+        );
+        rc == 0 && info.si_pid() != 0
+    }
+}
+
 /// Executables of all processes we may inspect, for telling which installed
 /// agent versions are in use. Deleted files keep their old path here.
 pub fn running_executables() -> Vec<PathBuf> {

@@ -176,29 +176,26 @@ fn exec_report(seen: Option<ExecProgress>, timeout_s: Option<f64>) -> Report {
         };
     };
     let elapsed = p.elapsed_ms as f64 / 1000.0;
-    let mut message = format!(
-        "{elapsed:.0} s, {} lines, {}",
+    let so_far = format!(
+        "{} lines, {}",
         p.lines,
         human_bytes(p.stdout_bytes + p.stderr_bytes)
     );
-    if !p.last_line.is_empty() {
-        message.push_str(": ");
-        message.push_str(&p.last_line);
-    }
-    Report {
-        done: elapsed,
-        total: timeout_s,
-        message,
-    }
+    running_report(elapsed, timeout_s, &so_far, &p.last_line)
 }
 
 /// A job's progress as the notification for an exec that runs as one.
 fn job_report(p: JobProgress, timeout_s: Option<f64>) -> Report {
     let elapsed = p.elapsed.as_secs_f64();
-    let mut message = format!("{elapsed:.0} s, {}", human_bytes(p.bytes));
-    if !p.last_line.is_empty() {
+    running_report(elapsed, timeout_s, &human_bytes(p.bytes), &p.last_line)
+}
+
+/// `N s, <so far>: <last line>`, counting toward the timeout.
+fn running_report(elapsed: f64, timeout_s: Option<f64>, so_far: &str, last_line: &str) -> Report {
+    let mut message = format!("{elapsed:.0} s, {so_far}");
+    if !last_line.is_empty() {
         message.push_str(": ");
-        message.push_str(&p.last_line);
+        message.push_str(last_line);
     }
     Report {
         done: elapsed,

@@ -206,53 +206,19 @@ fn wait_within(
                 let exited = exited.lock().unwrap_or_else(|p| p.into_inner());
                 // Ended just now, on its own: not a timeout, and what it
                 // left running is not the timeout's to kill.
-                if !*exited && !has_exited(pid) {
+                if !*exited && !proctree::has_exited(pid) {
                     timed_out.store(true, Ordering::SeqCst);
                     proctree::terminate(pid, &token);
                 }
             }
         })
     };
-    wait_unreaped(pid);
+    proctree::wait_unreaped(pid);
     *exited.lock().unwrap_or_else(|p| p.into_inner()) = true;
     drop(done);
     let status = reap(child);
     let _ = timer.join();
     (status, timed_out.load(Ordering::SeqCst))
-}
-
-/// Whether `pid` (our child) has exited, leaving it unreaped.
-fn has_exited(pid: i32) -> bool {
-    // SAFETY: waitid fills the zeroed siginfo it is given.
-    unsafe {
-        let mut info: libc::siginfo_t = std::mem::zeroed();
-        let r = libc::waitid(
-            libc::P_PID,
-            pid as libc::id_t,
-            &mut info,
-            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
-        );
-        r == 0 && info.si_pid() != 0
-    }
-}
-
-/// Blocks until `pid` (our child) has exited, leaving it unreaped.
-fn wait_unreaped(pid: i32) {
-    loop {
-        // SAFETY: waitid fills the zeroed siginfo it is given.
-        let r = unsafe {
-            let mut info: libc::siginfo_t = std::mem::zeroed();
-            libc::waitid(
-                libc::P_PID,
-                pid as libc::id_t,
-                &mut info,
-                libc::WEXITED | libc::WNOWAIT,
-            )
-        };
-        if r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-            return;
-        }
-    }
 }
 
 fn reap(child: &mut Child) -> Option<ExitStatus> {
