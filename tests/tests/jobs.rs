@@ -146,7 +146,9 @@ async fn cancel_kills_the_whole_tree() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_returns_on_end_match_and_silence() {
     let sshd = Sshd::start();
-    let (env, _config) = isolated_env(&sshd);
+    let (mut env, _config) = isolated_env(&sshd);
+    // read_background_log is listed with the advanced tools.
+    env.push(("REMOTE_SANDBOX_EXPOSE_ADVANCED_TOOLS", "1".into()));
     let (client, _home) = start(&env).await;
 
     let name = start_job(&client, json!({"command": "sleep 1; exit 0"})).await;
@@ -218,7 +220,9 @@ async fn wait_returns_on_end_match_and_silence() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hooks_are_refused_from_tool_calls_and_logs_page() {
     let sshd = Sshd::start();
-    let (env, _config) = isolated_env(&sshd);
+    let (mut env, _config) = isolated_env(&sshd);
+    // read_background_log is listed with the advanced tools.
+    env.push(("REMOTE_SANDBOX_EXPOSE_ADVANCED_TOOLS", "1".into()));
     let (client, _home) = start(&env).await;
     for (key, value) in [
         ("webhook_url", "http://127.0.0.1:9/x"),

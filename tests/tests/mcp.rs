@@ -929,7 +929,7 @@ async fn mcp_drop_in_calls_and_the_tool_list() {
         tools.len()
     );
     assert!(
-        size <= 26_000,
+        size <= 12_000,
         "the default tool list grew to {size} characters"
     );
     client.cancel().await.unwrap();

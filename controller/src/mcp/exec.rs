@@ -28,27 +28,22 @@ use crate::session::CallError;
 
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct ExecParams {
-    /// Bash command line.
     pub command: String,
-    /// Working directory (~ is the remote home). Default: home.
+    #[schemars(extend("default" = "~"))]
     pub cwd: Option<String>,
-    /// Kill the whole process tree after this many seconds. Default 120.
+    #[schemars(extend("default" = 120))]
     pub timeout_s: Option<f64>,
-    /// Output kept per stream (first and last halves). Default 20000.
+    /// Per stream: head and tail.
+    #[schemars(extend("default" = 20000))]
     pub max_output_chars: Option<i64>,
-    /// Run here instead of the active sandbox.
     pub sandbox_name: Option<String>,
-    /// Run on several sandboxes in parallel (["all"] for every one); results are
-    /// grouped by identical output.
+    /// Run on each (["all"]: all); like outputs grouped.
     pub sandboxes: Option<Vec<String>>,
-    /// A reserve_gpus lease: sets CUDA_VISIBLE_DEVICES to its GPUs.
+    /// Sets CUDA_VISIBLE_DEVICES.
     pub gpu_lease: Option<String>,
-    /// Still running after this many seconds: return its job name and keep
-    /// it running. Default: just under the client's own call limit.
+    /// Default: the client's call limit.
     pub background_after_s: Option<f64>,
-    /// Extra environment variables.
     pub env: Option<std::collections::BTreeMap<String, String>>,
-    /// Text written to the command's stdin (default: none, /dev/null).
     pub stdin: Option<String>,
 }
 
@@ -78,6 +73,9 @@ pub struct ExecOutput {
     /// command may not have run. Not retried automatically.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub connection_error: bool,
+    /// In a group: the sandboxes that gave this outcome.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub sandboxes: Vec<String>,
 }
 
 /// exec_bash's result: the single-sandbox fields, or with `sandboxes`, one
@@ -87,14 +85,14 @@ pub struct ExecReply {
     #[serde(flatten)]
     pub single: Option<ExecOutput>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub groups: Option<Vec<ExecGroup>>,
+    #[schemars(schema_with = "groups_schema")]
+    pub groups: Option<Vec<ExecOutput>>,
 }
 
-#[derive(Debug, Serialize, JsonSchema)]
-pub struct ExecGroup {
-    pub sandboxes: Vec<String>,
-    #[serde(flatten)]
-    pub output: ExecOutput,
+/// A group is an exec result of its own (naming its `sandboxes`): the
+/// schema says so by pointing at itself rather than repeating every field.
+fn groups_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({"type": "array", "items": {"$ref": "#"}})
 }
 
 /// Builds the agent request for an `exec_bash` call, or says what is wrong.
@@ -218,6 +216,7 @@ impl ExecOutput {
             timed_out: false,
             signal: None,
             connection_error: false,
+            sandboxes: Vec::new(),
         }
     }
 }
@@ -281,7 +280,7 @@ fn outcome_output(outcome: Result<Outcome, CallError>) -> Result<ExecOutput, Str
 #[tool_router(router = exec_router, vis = "pub(super)")]
 impl OutpostServer {
     #[tool(
-        description = "Run a bash command in a sandbox and return exit_code, stdout, stderr. The timeout kills the whole process tree. Still running near the client's call limit: returns running, its job name and next call, and keeps running."
+        description = "Run a bash command; timeout_s kills its process tree. Near the client's call limit: returns running and job, and runs on."
     )]
     async fn exec_bash(
         &self,
@@ -454,7 +453,11 @@ impl OutpostServer {
     }
 
     /// Runs on several sandboxes and groups identical outcomes.
-    async fn fan_out(&self, names: &[String], req: &ExecRequest) -> Result<Vec<ExecGroup>, String> {
+    async fn fan_out(
+        &self,
+        names: &[String],
+        req: &ExecRequest,
+    ) -> Result<Vec<ExecOutput>, String> {
         let outputs = self
             .fleet
             .exec_many(names, req)
@@ -464,7 +467,10 @@ impl OutpostServer {
             .collect::<Result<Vec<_>, String>>()?;
         Ok(exec::group_outcomes(outputs)
             .into_iter()
-            .map(|(sandboxes, output)| ExecGroup { sandboxes, output })
+            .map(|(sandboxes, output)| ExecOutput {
+                sandboxes,
+                ..output
+            })
             .collect())
     }
 

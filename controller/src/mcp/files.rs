@@ -12,52 +12,73 @@ use rmcp::model::RequestMetaObject;
 use rmcp::service::Peer;
 use rmcp::{Json, RoleServer, tool, tool_router};
 use schemars::JsonSchema;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::OutpostServer;
 use super::ids::Id;
 use super::progress::{Progress, Report};
 use super::shape::{
-    FileListShape, ReadShape, Shaped, SyncOutcomeShape, SyncReportShape, TransferShape, WriteShape,
+    BackgroundSyncShape, FileListShape, ReadShape, Shaped, SyncOutcomeShape, SyncReportShape,
+    TransferShape, TransferStatusShape, WriteShape,
 };
 use crate::ops::files::{self, ListRequest, ReadRequest, SyncRequest, WriteRequest};
 use crate::ops::human_bytes;
-use crate::ops::transfers::TransferView;
+use crate::ops::transfers::{Status, TransferView};
 use crate::sync::{self, SyncReport};
 
+/// `sync_local_to_remote`'s parameters (and its background twin's).
 #[derive(Debug, Deserialize, JsonSchema)]
-pub struct SyncParams {
-    /// Default ".", or "./remote_mirror" for sync_remote_to_local.
+pub struct PushParams {
+    #[schemars(extend("default" = "."))]
     pub local_path: Option<String>,
-    /// Default "." (the home).
+    #[schemars(extend("default" = "."))]
     pub remote_path: Option<String>,
-    /// Remove target paths the source lacks (never excluded ones).
+    #[serde(flatten)]
+    pub options: SyncOptions,
+}
+
+/// `sync_remote_to_local`'s: remote-sandbox-mcp pulls into ./remote_mirror
+/// unless told otherwise.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct PullParams {
+    #[schemars(extend("default" = "."))]
+    pub remote_path: Option<String>,
+    #[schemars(extend("default" = "./remote_mirror"))]
+    pub local_path: Option<String>,
+    #[serde(flatten)]
+    pub options: SyncOptions,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct SyncOptions {
+    // Never deletes an excluded path.
     #[serde(default)]
     pub delete_extras: bool,
-    /// gitignore-syntax patterns, added to the defaults (.git/, node_modules/, …).
+    /// gitignore syntax, added to .git/, node_modules/ ….
     pub excludes: Option<Vec<String>>,
-    /// A local file of patterns.
     pub exclude_file: Option<String>,
-    /// Also honour the source tree's .gitignore files.
     #[serde(default)]
     pub use_gitignore: bool,
-    /// Return the plan; change nothing.
     #[serde(default)]
     pub dry_run: bool,
-    /// Let delete_extras remove most of a non-trivial target.
+    /// Let delete_extras empty most of a target.
     #[serde(default)]
     pub force: bool,
     pub sandbox_name: Option<String>,
 }
 
-impl SyncParams {
-    /// The request, with remote-sandbox-mcp's default paths for the
-    /// direction (`pull`: into `./remote_mirror`).
-    fn request(self, pull: bool) -> SyncRequest {
+impl SyncOptions {
+    /// The request between these paths; an empty path is the default one.
+    fn request(
+        self,
+        local_path: Option<String>,
+        remote_path: Option<String>,
+        pull: bool,
+    ) -> SyncRequest {
         let local_default = if pull { "./remote_mirror" } else { "." };
         SyncRequest {
-            local_path: given_or(self.local_path, local_default),
-            remote_path: given_or(self.remote_path, "."),
+            local_path: given_or(local_path, local_default),
+            remote_path: given_or(remote_path, "."),
             delete_extras: self.delete_extras,
             excludes: self.excludes,
             exclude_file: self.exclude_file,
@@ -66,6 +87,20 @@ impl SyncParams {
             force: self.force,
             sandbox_name: self.sandbox_name,
         }
+    }
+}
+
+impl PushParams {
+    fn request(self) -> SyncRequest {
+        self.options
+            .request(self.local_path, self.remote_path, false)
+    }
+}
+
+impl PullParams {
+    fn request(self) -> SyncRequest {
+        self.options
+            .request(self.local_path, self.remote_path, true)
     }
 }
 
@@ -78,24 +113,24 @@ fn given_or(value: Option<String>, default: &str) -> String {
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct TaskParams {
     pub task_id: Id,
-    /// Log lines to return. Default 50.
+    #[schemars(extend("default" = 50))]
     pub last_n_lines: Option<usize>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct CancelTaskParams {
     pub task_id: Id,
-    /// Seconds to wait for it to stop. Default 10.
+    #[schemars(extend("default" = 10))]
     pub force_kill_after_s: Option<f64>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct FileListParams {
-    /// Default "." (the home).
+    #[schemars(extend("default" = "."))]
     pub remote_path: Option<String>,
     #[serde(default)]
     pub recursive: bool,
-    /// Default 200, at most 100000.
+    #[schemars(extend("default" = 200))]
     pub max_entries: Option<u64>,
     pub sandbox_name: Option<String>,
 }
@@ -114,9 +149,9 @@ impl From<FileListParams> for ListRequest {
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct ReadParams {
     pub remote_path: String,
-    /// Default 200000.
+    #[schemars(extend("default" = 200000))]
     pub max_bytes: Option<u64>,
-    /// Byte offset to start at. Default 0.
+    /// Byte offset.
     pub offset: Option<u64>,
     pub sandbox_name: Option<String>,
 }
@@ -136,9 +171,9 @@ impl From<ReadParams> for ReadRequest {
 pub struct WriteParams {
     pub remote_path: String,
     pub content: String,
-    /// Octal permission string, e.g. "755". Default "644".
+    #[schemars(extend("default" = "644"))]
     pub mode: Option<String>,
-    /// Create missing parent directories. Default true.
+    #[schemars(extend("default" = true))]
     pub create_parents: Option<bool>,
     pub sandbox_name: Option<String>,
 }
@@ -178,16 +213,28 @@ fn sync_report(p: &sync::Progress) -> Report {
 }
 
 type SyncOutcome = Shaped<files::SyncOutcome, SyncOutcomeShape>;
+type BackgroundSync = Shaped<files::SyncOutcome, BackgroundSyncShape>;
+
+/// What a cancel answers: how the transfer ended (its progress, and its
+/// report if it finished first, stay with check_file_transfer_task).
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct CancelledTransfer {
+    pub task_id: String,
+    #[schemars(with = "TransferStatusShape")]
+    pub status: Status,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
 type Transfer = Shaped<TransferView, TransferShape>;
 
 #[tool_router(router = files_router, vis = "pub(super)")]
 impl OutpostServer {
     #[tool(
-        description = "Sync a local file or directory to a sandbox (delta, compressed). Small transfers run inline; past REMOTE_SANDBOX_INLINE_SYNC_MAX_FILES/_BYTES they continue in the background (mode=background, task_id)."
+        description = "Push a local file or tree to a sandbox by delta; a large push goes on in the background (task_id)."
     )]
     async fn sync_local_to_remote(
         &self,
-        Parameters(p): Parameters<SyncParams>,
+        Parameters(p): Parameters<PushParams>,
         peer: Peer<RoleServer>,
         meta: RequestMetaObject,
     ) -> Result<Json<SyncOutcome>, String> {
@@ -200,33 +247,23 @@ impl OutpostServer {
                 async move { report }
             }));
         };
-        files::sync_maybe_inline(
-            &self.fleet,
-            &self.transfers,
-            &roots,
-            p.request(false),
-            watch,
-        )
-        .await
-        .map(|r| Json(Shaped::new(r)))
-    }
-
-    #[tool(
-        description = "Start a local-to-sandbox sync in the background; poll with check_file_transfer_task."
-    )]
-    async fn sync_local_to_remote_background(
-        &self,
-        Parameters(p): Parameters<SyncParams>,
-        peer: Peer<RoleServer>,
-    ) -> Result<Json<SyncOutcome>, String> {
-        let roots = self.local_roots(&peer).await;
-        files::sync_background(&self.fleet, &self.transfers, &roots, p.request(false))
+        files::sync_maybe_inline(&self.fleet, &self.transfers, &roots, p.request(), watch)
+            .await
             .map(|r| Json(Shaped::new(r)))
     }
 
-    #[tool(
-        description = "Status, progress (files/bytes done and total, rate), result or error, and log tail of a background transfer."
-    )]
+    #[tool(description = "Push in the background; poll check_file_transfer_task.")]
+    async fn sync_local_to_remote_background(
+        &self,
+        Parameters(p): Parameters<PushParams>,
+        peer: Peer<RoleServer>,
+    ) -> Result<Json<BackgroundSync>, String> {
+        let roots = self.local_roots(&peer).await;
+        files::sync_background(&self.fleet, &self.transfers, &roots, p.request())
+            .map(|r| Json(Shaped::new(r)))
+    }
+
+    #[tool(description = "A background transfer's status, progress and report.")]
     async fn check_file_transfer_task(
         &self,
         Parameters(p): Parameters<TaskParams>,
@@ -235,27 +272,28 @@ impl OutpostServer {
         Ok(Json(Shaped::new(task.view(p.last_n_lines.unwrap_or(50)))))
     }
 
-    #[tool(
-        description = "Cancel a background transfer; files already committed stay, nothing half-written remains."
-    )]
+    #[tool(description = "Cancel a background transfer; nothing half-written remains.")]
     async fn cancel_file_transfer_task(
         &self,
         Parameters(p): Parameters<CancelTaskParams>,
-    ) -> Result<Json<Transfer>, String> {
+    ) -> Result<Json<CancelledTransfer>, String> {
         let wait =
             crate::ops::jobs::seconds("force_kill_after_s", p.force_kill_after_s, 10.0, 600.0)?;
         let task = self.transfers.get(p.task_id.as_str())?;
         task.cancel();
         let _ = tokio::time::timeout(wait, task.finished()).await;
-        Ok(Json(Shaped::new(task.view(10))))
+        let view = task.view(0);
+        Ok(Json(CancelledTransfer {
+            task_id: view.task_id,
+            status: view.status,
+            error: view.error,
+        }))
     }
 
-    #[tool(
-        description = "Sync a sandbox file or directory to a local path (delta, compressed, atomic writes)."
-    )]
+    #[tool(description = "Pull a sandbox file or tree to a local path by delta.")]
     async fn sync_remote_to_local(
         &self,
-        Parameters(p): Parameters<SyncParams>,
+        Parameters(p): Parameters<PullParams>,
         peer: Peer<RoleServer>,
         meta: RequestMetaObject,
     ) -> Result<Json<Shaped<SyncReport, SyncReportShape>>, String> {
@@ -268,14 +306,12 @@ impl OutpostServer {
                 async move { report }
             }
         });
-        files::pull(&self.fleet, &roots, p.request(true), counters)
+        files::pull(&self.fleet, &roots, p.request(), counters)
             .await
             .map(|r| Json(Shaped::new(r)))
     }
 
-    #[tool(
-        description = "List a sandbox directory: entries[{path, is_dir, size, mtime}], truncated."
-    )]
+    #[tool(description = "List a sandbox directory.")]
     async fn list_remote_files(
         &self,
         Parameters(p): Parameters<FileListParams>,
@@ -285,9 +321,7 @@ impl OutpostServer {
             .map(|r| Json(Shaped::new(r)))
     }
 
-    #[tool(
-        description = "Read a sandbox file from offset, up to max_bytes (default 200000). Binary files are reported as binary, not dumped."
-    )]
+    #[tool(description = "Read a sandbox file (binary ones are not dumped).")]
     async fn read_remote_file(
         &self,
         Parameters(p): Parameters<ReadParams>,
@@ -297,7 +331,7 @@ impl OutpostServer {
             .map(|r| Json(Shaped::new(r)))
     }
 
-    #[tool(description = "Write a sandbox file atomically (parents created by default).")]
+    #[tool(description = "Write a sandbox file atomically.")]
     async fn write_remote_file(
         &self,
         Parameters(p): Parameters<WriteParams>,
@@ -314,15 +348,15 @@ mod tests {
 
     #[test]
     fn sync_paths_default_as_remote_sandbox_mcp_has_them() {
-        let none: SyncParams = serde_json::from_value(serde_json::json!({})).unwrap();
-        let push = none.request(false);
+        let none: PushParams = serde_json::from_value(serde_json::json!({})).unwrap();
+        let push = none.request();
         assert_eq!(
             (push.local_path.as_str(), push.remote_path.as_str()),
             (".", ".")
         );
-        let none: SyncParams =
+        let none: PullParams =
             serde_json::from_value(serde_json::json!({"local_path": ""})).unwrap();
-        let pull = none.request(true);
+        let pull = none.request();
         assert_eq!(
             (pull.local_path.as_str(), pull.remote_path.as_str()),
             ("./remote_mirror", ".")

@@ -30,16 +30,15 @@ const PROGRESS_TAIL_BYTES: u64 = 400;
 
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct BackgroundParams {
-    /// Bash command line.
     pub command: String,
-    /// Job name, unique on the host. Default: generated.
+    /// Job name (unique per host).
     pub session_name: Option<String>,
-    /// Output file (relative: to cwd). Default: in the job's own directory.
+    /// Relative to cwd.
     pub log_file: Option<String>,
-    /// Working directory (~ is the remote home). Default: home.
+    #[schemars(extend("default" = "~"))]
     pub cwd: Option<String>,
     pub sandbox_name: Option<String>,
-    /// Return a watch_id (every job is supervised either way). Default true.
+    #[schemars(extend("default" = true))]
     pub watch: Option<bool>,
     pub run_id: Option<String>,
     pub watch_name: Option<String>,
@@ -93,10 +92,10 @@ pub struct BackgroundStarted {
 pub struct CheckParams {
     /// The job name.
     pub tmux_session: Option<String>,
-    /// Finds the job writing this log.
+    /// Or the job writing this log.
     pub log_file: Option<String>,
     pub watch_id: Option<Id>,
-    /// Default 50.
+    #[schemars(extend("default" = 50))]
     pub last_n_lines: Option<u32>,
     pub sandbox_name: Option<String>,
 }
@@ -121,7 +120,7 @@ pub struct CheckResult {
 pub struct ListTasksParams {
     /// running, exited, cancelled or lost. Default: all.
     pub state: Option<String>,
-    /// Newest jobs to list. Default 50.
+    #[schemars(extend("default" = 50))]
     pub limit: Option<u32>,
     pub sandbox_name: Option<String>,
 }
@@ -153,7 +152,7 @@ pub struct TaskRow {
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct CancelParams {
     pub name: String,
-    /// Seconds between TERM and KILL. Default 3.
+    #[schemars(extend("default" = 3))]
     pub grace_s: Option<f64>,
     pub sandbox_name: Option<String>,
 }
@@ -171,16 +170,15 @@ pub struct CancelResult {
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct WaitParams {
     pub name: String,
-    /// 0 to 3600. Default 60.
+    #[schemars(extend("default" = 60))]
     pub timeout_s: Option<f64>,
-    /// Return when new output matches this regex.
+    /// A regex.
     pub pattern: Option<String>,
-    /// Return after this many seconds without new output.
     pub silence_s: Option<f64>,
-    /// Log offset to read from (a previous result's cursor). Default: where
-    /// this server's last wait or read of the job stopped, else the start.
+    /// Log offset. Default: where the last wait stopped.
     pub cursor: Option<u64>,
-    /// Output kept (its end). Default 20000.
+    /// Output kept: its end.
+    #[schemars(extend("default" = 20000))]
     pub max_bytes: Option<u64>,
     pub sandbox_name: Option<String>,
 }
@@ -204,13 +202,12 @@ pub struct WaitResult {
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct ReadLogParams {
     pub name: String,
-    /// Byte offset. Default 0 (unless tail_lines).
+    /// Byte offset.
     pub offset: Option<u64>,
-    /// The last N lines.
     pub tail_lines: Option<u32>,
-    /// Only lines matching this regex.
+    /// A regex: only the lines matching it.
     pub grep: Option<String>,
-    /// Default 20000.
+    #[schemars(extend("default" = 20000))]
     pub max_bytes: Option<u64>,
     pub sandbox_name: Option<String>,
 }
@@ -305,9 +302,7 @@ pub fn job_spec(p: &BackgroundParams) -> Result<JobSpec, String> {
 
 #[tool_router(router = jobs_router, vis = "pub(super)")]
 impl OutpostServer {
-    #[tool(
-        description = "Start a long-running command on a sandbox; it survives disconnects and restarts. Returns tmux_session (the job name) for check/wait/read/cancel_background_task."
-    )]
+    #[tool(description = "Start a job that survives disconnects; tmux_session names it.")]
     async fn exec_bash_background(
         &self,
         Parameters(p): Parameters<BackgroundParams>,
@@ -323,9 +318,7 @@ impl OutpostServer {
         }))
     }
 
-    #[tool(
-        description = "State, exact exit_code (or signal) and log tail of a background job, by tmux_session, watch_id or log_file."
-    )]
+    #[tool(description = "A job's state, exact exit code and log tail.")]
     async fn check_background_task(
         &self,
         Parameters(p): Parameters<CheckParams>,
@@ -361,7 +354,7 @@ impl OutpostServer {
         }))
     }
 
-    #[tool(description = "Background jobs on a sandbox: the newest `limit`, oldest first.")]
+    #[tool(description = "A sandbox's newest jobs, oldest first.")]
     async fn list_background_tasks(
         &self,
         Parameters(p): Parameters<ListTasksParams>,
@@ -392,9 +385,7 @@ impl OutpostServer {
         }))
     }
 
-    #[tool(
-        description = "Stop a background job: TERM to its whole process tree, KILL after grace_s."
-    )]
+    #[tool(description = "TERM a job's process tree, KILL after grace_s.")]
     async fn cancel_background_task(
         &self,
         Parameters(p): Parameters<CancelParams>,
@@ -414,7 +405,7 @@ impl OutpostServer {
     }
 
     #[tool(
-        description = "Block until a background job ends, its new output matches pattern, it is silent for silence_s, or timeout_s passes. Returns the new output and a cursor for the next call."
+        description = "Wait until a job ends, prints pattern, is silent for silence_s or timeout_s passes; returns new output and a cursor."
     )]
     async fn wait_background_task(
         &self,
@@ -478,9 +469,15 @@ impl OutpostServer {
             cursor: waited.cursor_after,
         }))
     }
+}
 
+// Paging and grep through a log: listed with the watch tools, as the
+// default set reads logs through check_background_task (the tail) and
+// wait_background_task (from a cursor).
+#[tool_router(router = job_log_router, vis = "pub(super)")]
+impl OutpostServer {
     #[tool(
-        description = "Read a background job's log: a page from offset, the last tail_lines, or the lines matching grep. Page on with next_offset."
+        description = "Read a job's log from offset, its last tail_lines, or the lines matching grep; page on with next_offset."
     )]
     async fn read_background_log(
         &self,

@@ -5,10 +5,20 @@
 //! is built:
 //!
 //! * parameters keep their docs (one line each) but lose what the type
-//!   already says: `format`, `minimum: 0`, and the `null` an optional
-//!   parameter admits (leaving it out is how a caller says "default");
-//! * results keep their structure (properties, types, `$defs`) and lose
-//!   their prose and `required` lists;
+//!   already says: `format`, `minimum: 0`, `default: false`, and the `null`
+//!   an optional parameter admits (leaving it out is how a caller says
+//!   "default");
+//! * results keep their structure (every field's name, nested objects'
+//!   `properties`, arrays' `items`, maps, `$defs`) and lose their prose,
+//!   `required` lists and types: the agent reads the values in every result
+//!   anyway, and at about 20 characters a field the types would cost more
+//!   than all the tools' descriptions together; fields are named
+//!   [`NAMED_LEVELS`] deep (a sandbox's `resources` lists `cpu`, `gpu`, …,
+//!   not what each holds);
+//! * a `$defs` entry used once is written where it is used;
+//! * remote-sandbox-mcp parameters that are refused or have nothing left to
+//!   do are accepted but not listed, and `exec_bash_background`'s watch
+//!   settings are listed with the watch tools ([`unlisted`]);
 //! * every tool gets annotations, so clients can auto-approve the read-only
 //!   ones ([`hints`]).
 //!
@@ -21,16 +31,68 @@ use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::model::{JsonObject, Tool, ToolAnnotations};
 use serde_json::Value;
 
-/// Makes every tool of `router` compact and annotated.
-pub(super) fn finish<S>(router: &mut ToolRouter<S>) {
+/// Makes every tool of `router` compact and annotated; `advanced`: the
+/// watch tools are listed too.
+pub(super) fn finish<S>(router: &mut ToolRouter<S>, advanced: bool) {
     for route in router.map.values_mut() {
         let tool = &mut route.attr;
-        tool.input_schema = Arc::new(compact(&tool.input_schema, Part::Parameters));
+        let mut input = compact(&tool.input_schema, Part::Parameters);
+        if let Some(Value::Object(properties)) = input.get_mut("properties") {
+            for name in unlisted(&tool.name, advanced) {
+                properties.remove(*name);
+            }
+        }
+        tool.input_schema = Arc::new(input);
         if let Some(output) = &tool.output_schema {
             tool.output_schema = Some(Arc::new(compact(output, Part::Result)));
         }
         tool.annotations = Some(hints(&tool.name));
     }
+}
+
+/// remote-sandbox-mcp's job parameters that are refused (hooks come from
+/// the user's config, never from a call) or have nothing left to do (every
+/// job is supervised by its host and keeps its whole log): accepted so that
+/// its calls work unchanged, never listed.
+const INERT_OR_REFUSED: &[&str] = &[
+    "webhook_url",
+    "event_command",
+    "codex_command",
+    "codex_wakeup",
+    "notify_local",
+    "ensure_watchdog",
+    "max_log_lines",
+];
+
+/// `exec_bash_background`'s settings for the watch tools, which only those
+/// who list the watch tools need to read about.
+const WATCH_SETTINGS: &[&str] = &[
+    "watch_name",
+    "run_id",
+    "metadata_json",
+    "checkpoint_path",
+    "checkpoint_format",
+    "checkpoint_command",
+    "resume_command",
+    "resume_plan_json",
+    "auto_resume",
+    "resume_delay_s",
+    "max_resume_attempts",
+    "interval_s",
+    "alert_after_failures",
+];
+
+/// The parameters `tool` takes but does not list.
+fn unlisted(tool: &str, advanced: bool) -> impl Iterator<Item = &'static &'static str> {
+    let (inert, watch) = match tool {
+        "exec_bash_background" => (
+            INERT_OR_REFUSED,
+            if advanced { &[][..] } else { WATCH_SETTINGS },
+        ),
+        "exec_bash_background_watch" | "watch_background_task" => (INERT_OR_REFUSED, &[][..]),
+        _ => (&[][..], &[][..]),
+    };
+    inert.iter().chain(watch)
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -42,20 +104,110 @@ enum Part {
 fn compact(schema: &JsonObject, part: Part) -> JsonObject {
     let mut top = schema.clone();
     top.remove("$schema");
-    match compact_value(Value::Object(top), part) {
+    let mut top = match compact_value(Value::Object(top), part) {
+        Value::Object(top) => inline_single_use(top),
+        _ => unreachable!("an object stays an object"),
+    };
+    if part == Part::Result {
+        let mut whole = Value::Object(top);
+        open_below(&mut whole, 0);
+        let Value::Object(open) = whole else {
+            unreachable!("an object stays an object")
+        };
+        top = open;
+    }
+    // MCP wants every schema to say it describes an object.
+    top.entry("type").or_insert_with(|| "object".into());
+    top
+}
+
+/// How many levels of a result's fields its schema names.
+const NAMED_LEVELS: usize = 3;
+
+/// Leaves the objects below [`NAMED_LEVELS`] open; `schema` describes a
+/// value `level` fields down.
+fn open_below(schema: &mut Value, level: usize) {
+    let Value::Object(map) = schema else {
+        return;
+    };
+    if let Some(items) = map.get_mut("items") {
+        open_below(items, level);
+    }
+    if level >= NAMED_LEVELS {
+        map.remove("properties");
+    } else if let Some(Value::Object(fields)) = map.get_mut("properties") {
+        for field in fields.values_mut() {
+            open_below(field, level + 1);
+        }
+    }
+}
+
+/// Writes each `$defs` entry that one `$ref` uses in that place: a name and
+/// a reference cost more than they save when used once.
+fn inline_single_use(mut top: JsonObject) -> JsonObject {
+    let Some(Value::Object(defs)) = top.remove("$defs") else {
+        return top;
+    };
+    let text = serde_json::to_string(&top).unwrap_or_default()
+        + &serde_json::to_string(&defs).unwrap_or_default();
+    let (once, shared): (JsonObject, JsonObject) = defs.into_iter().partition(|(name, def)| {
+        let pointer = format!("\"#/$defs/{name}\"");
+        let own = serde_json::to_string(def).unwrap_or_default();
+        text.matches(&pointer).count() == 1 && !own.contains(&pointer)
+    });
+    let mut top = match substitute(Value::Object(top), &once) {
         Value::Object(top) => top,
         _ => unreachable!("an object stays an object"),
+    };
+    let shared: JsonObject = shared
+        .into_iter()
+        .map(|(name, def)| (name, substitute(def, &once)))
+        .collect();
+    if !shared.is_empty() {
+        top.insert("$defs".into(), Value::Object(shared));
+    }
+    top
+}
+
+/// `value` with each `{"$ref": "#/$defs/X"}` whose X is in `defs` replaced
+/// by X itself.
+fn substitute(value: Value, defs: &JsonObject) -> Value {
+    match value {
+        Value::Object(map) => {
+            if map.len() == 1
+                && let Some(name) = map
+                    .get("$ref")
+                    .and_then(Value::as_str)
+                    .and_then(|r| r.strip_prefix("#/$defs/"))
+                && let Some(def) = defs.get(name)
+            {
+                return substitute(def.clone(), defs);
+            }
+            Value::Object(
+                map.into_iter()
+                    .map(|(k, v)| (k, substitute(v, defs)))
+                    .collect(),
+            )
+        }
+        Value::Array(items) => {
+            Value::Array(items.into_iter().map(|v| substitute(v, defs)).collect())
+        }
+        other => other,
     }
 }
 
 fn compact_value(value: Value, part: Part) -> Value {
     match value {
-        Value::Object(map) => {
+        Value::Object(mut map) => {
+            // Before the parts are compacted, while a null still reads as one.
+            drop_null(&mut map);
             let mut out = JsonObject::new();
             for (key, v) in map {
                 match key.as_str() {
                     "format" => continue,
                     "minimum" if v == 0 => continue,
+                    // A flag is off unless given.
+                    "default" if v == false => continue,
                     // Which fields a result always has shows in every result.
                     "description" | "title" | "required" if part == Part::Result => continue,
                     "description" => {
@@ -80,8 +232,13 @@ fn compact_value(value: Value, part: Part) -> Value {
                     }
                 }
             }
-            if part == Part::Parameters {
-                drop_null(&mut out);
+            if part == Part::Result {
+                if is_scalar(&out) {
+                    out.clear();
+                } else if out.contains_key("properties") || out.contains_key("items") {
+                    // Fields say it is an object, items that it is an array.
+                    out.remove("type");
+                }
             }
             Value::Object(out)
         }
@@ -92,15 +249,33 @@ fn compact_value(value: Value, part: Part) -> Value {
     }
 }
 
+/// Whether `schema` describes a plain value: no fields, items, map values,
+/// references or alternatives of its own.
+fn is_scalar(schema: &JsonObject) -> bool {
+    const STRUCTURE: [&str; 7] = [
+        "properties",
+        "items",
+        "additionalProperties",
+        "$ref",
+        "$defs",
+        "anyOf",
+        "oneOf",
+    ];
+    !STRUCTURE.iter().any(|k| schema.contains_key(*k))
+}
+
 /// `"type": ["string", "null"]` → `"type": "string"`, and `anyOf: [X, {"type":
 /// "null"}]` → X: an optional parameter is left out, not sent as null (the
-/// server still accepts null).
+/// server still accepts null), and a result leaves out a field it has no
+/// value for (every `Option` in a result is `skip_serializing_if`).
 fn drop_null(schema: &mut JsonObject) {
     if let Some(Value::Array(types)) = schema.get("type") {
-        let kept: Vec<Value> = types.iter().filter(|t| *t != "null").cloned().collect();
-        if kept.len() == 1 {
-            schema.insert("type".into(), kept[0].clone());
-        }
+        let mut kept: Vec<Value> = types.iter().filter(|t| *t != "null").cloned().collect();
+        let kept = match kept.len() {
+            1 => kept.remove(0),
+            _ => Value::Array(kept),
+        };
+        schema.insert("type".into(), kept);
     }
     if let Some(Value::Array(options)) = schema.get("anyOf") {
         let kept: Vec<&Value> = options
@@ -120,7 +295,9 @@ fn drop_null(schema: &mut JsonObject) {
 /// naming the closest one it does.
 pub(super) fn unknown_argument(tool: &Tool, args: &JsonObject) -> Option<String> {
     let known = tool.input_schema.get("properties")?.as_object()?;
-    let unknown = args.keys().find(|k| !known.contains_key(*k))?;
+    let unknown = args
+        .keys()
+        .find(|k| !known.contains_key(*k) && !unlisted(&tool.name, false).any(|u| u == k))?;
     let closest = known
         .keys()
         .map(|k| (strsim::jaro_winkler(unknown, k), k))
@@ -175,11 +352,9 @@ fn hints(tool: &str) -> ToolAnnotations {
         | "sync_local_to_remote"
         | "sync_local_to_remote_background"
         | "sync_remote_to_local"
-        | "write_remote_file" => base.destructive(true).idempotent(true).open_world(false),
-        "select_sandbox" | "release_gpus" => {
-            base.destructive(false).idempotent(true).open_world(false)
-        }
-        "reserve_gpus" => base.destructive(false).open_world(false),
+        | "write_remote_file" => base.destructive(true).idempotent(true),
+        "select_sandbox" | "release_gpus" => base.destructive(false).idempotent(true),
+        "reserve_gpus" => base.destructive(false),
         _ => base,
     }
 }
@@ -216,38 +391,71 @@ mod tests {
                 "type": "object",
                 "properties": {
                     "limit": {"description": "Most rows, newest first.", "type": "integer"},
-                    "state": {"$ref": "#/$defs/State"},
+                    "state": {"enum": ["a", "b"], "type": "string"},
                     "format": {"type": "string"}
                 },
-                "required": ["format"],
-                "$defs": {"State": {"enum": ["a", "b"], "type": "string"}}
+                "required": ["format"]
             })
         );
     }
 
     #[test]
-    fn results_keep_structure_and_nulls_and_lose_prose() {
+    fn results_keep_every_field_and_their_nesting_and_lose_the_rest() {
         let schema = object(json!({
             "type": "object",
             "description": "A result.",
             "properties": {
                 "error": {"description": "Why.", "type": ["string", "null"]},
                 "size": {"format": "uint64", "minimum": 0, "type": "integer"},
-                "delta": {"minimum": -1, "type": "integer"}
+                "rows": {"type": "array", "items": {"$ref": "#/$defs/Row"}},
+                "env": {"type": "object", "additionalProperties": {"type": "string"}},
+                "last": {"anyOf": [{"$ref": "#/$defs/Row"}, {"type": "null"}]},
+                "once": {"$ref": "#/$defs/Once"}
             },
-            "required": ["size"]
+            "required": ["size"],
+            "$defs": {
+                "Row": {"type": "object", "properties": {"state": {"enum": ["a", "b"]}}},
+                "Once": {"type": "object", "properties": {"n": {"type": "integer"}}}
+            }
         }));
         assert_eq!(
             Value::Object(compact(&schema, Part::Result)),
             json!({
                 "type": "object",
                 "properties": {
-                    "error": {"type": ["string", "null"]},
-                    "size": {"type": "integer"},
-                    "delta": {"minimum": -1, "type": "integer"}
+                    "error": {},
+                    "size": {},
+                    "rows": {"items": {"$ref": "#/$defs/Row"}},
+                    "env": {"type": "object", "additionalProperties": {}},
+                    "last": {"$ref": "#/$defs/Row"},
+                    "once": {"properties": {"n": {}}}
                 },
+                "$defs": {"Row": {"properties": {"state": {}}}}
             })
         );
+    }
+
+    #[test]
+    fn refused_and_inert_parameters_are_accepted_but_not_listed() {
+        let schema = object(json!({"type": "object", "properties": {
+            "command": {"type": "string"}, "webhook_url": {"type": "string"},
+            "run_id": {"type": "string"}}}));
+        let mut router = ToolRouter::<()>::new();
+        router.add_route(rmcp::handler::server::router::tool::ToolRoute::new_dyn(
+            Tool::new("exec_bash_background", "Start.", Arc::new(schema)),
+            |_| Box::pin(async { unreachable!() }),
+        ));
+        finish(&mut router, false);
+        let tool = router.get("exec_bash_background").unwrap();
+        let listed: Vec<&String> = tool.input_schema["properties"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect();
+        assert_eq!(listed, ["command"]);
+        let args = object(json!({"command": "x", "webhook_url": "u", "run_id": "r"}));
+        assert_eq!(unknown_argument(tool, &args), None);
+        assert!(unknown_argument(tool, &object(json!({"run": 1}))).is_some());
     }
 
     #[test]

@@ -188,8 +188,9 @@ impl OutpostServer {
         tool_router.merge(Self::jobs_router());
         if fleet.config.expose_advanced_tools {
             tool_router.merge(Self::watch_router());
+            tool_router.merge(Self::job_log_router());
         }
-        listing::finish(&mut tool_router);
+        listing::finish(&mut tool_router, fleet.config.expose_advanced_tools);
         let audit = crate::ops::audit::AuditLog::new(&fleet.config.home);
         let watcher = Watcher::new(fleet.clone(), sink);
         let session_end = tokio_util::sync::CancellationToken::new();
@@ -558,14 +559,14 @@ mod tests {
             "list_background_tasks",
             "cancel_background_task",
             "wait_background_task",
-            "read_background_log",
         ] {
             assert!(basic.contains(&tool.to_string()), "{tool} missing");
         }
         assert!(!basic.iter().any(|n| n.contains("watch")), "{basic:?}");
         let all = names(true);
-        assert_eq!(all.len(), basic.len() + 12, "{all:?}");
+        assert_eq!(all.len(), basic.len() + 13, "{all:?}");
         for tool in [
+            "read_background_log",
             "get_watchdog_status",
             "exec_bash_background_watch",
             "install_macos_watchdog",

@@ -20,7 +20,6 @@ use crate::resources::Requirements;
 
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct ListParams {
-    /// Also report CPU, memory, GPU use and idle_score (connects to every host).
     #[serde(default)]
     pub check_resources: bool,
 }
@@ -34,15 +33,12 @@ pub struct ListResult {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct SelectParams {
-    /// A sandbox name, or "auto": the idlest sandbox meeting the requirements.
     pub sandbox_name: String,
-    /// GPUs that are unleased and have min_gpu_free_mb free each.
+    /// Unleased ones.
     pub min_gpus: Option<u32>,
-    /// Free memory per GPU, MiB.
     pub min_gpu_free_mb: Option<u64>,
-    /// Free host memory, MiB.
     pub min_free_mem_mb: Option<u64>,
-    /// Highest acceptable 1-minute load per CPU (e.g. 0.5).
+    /// 1-minute load.
     pub max_load_per_cpu: Option<f64>,
 }
 
@@ -79,9 +75,9 @@ pub struct ActiveResult {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct ReserveParams {
-    /// Number of GPUs. Default 1.
+    #[schemars(extend("default" = 1))]
     pub count: Option<u32>,
-    /// Free memory each GPU must have, MiB.
+    /// Per GPU.
     pub min_free_mb: Option<u64>,
     pub sandbox_name: Option<String>,
 }
@@ -107,7 +103,7 @@ pub struct StatusResult {
 #[tool_router(router = sandboxes_router, vis = "pub(super)")]
 impl OutpostServer {
     #[tool(
-        description = "List sandboxes (SSH hosts and `local`) with connection state; check_resources adds CPU/memory/GPU load and idle_score (0 busy … 1 idle)."
+        description = "Sandboxes and connections; check_resources adds CPU, memory, GPU use and idle_score (0 busy, 1 idle)."
     )]
     async fn list_sandboxes(
         &self,
@@ -122,7 +118,7 @@ impl OutpostServer {
     }
 
     #[tool(
-        description = "Make a sandbox the default for later calls. sandbox_name \"auto\" picks the idlest one meeting min_gpus, min_gpu_free_mb, min_free_mem_mb, max_load_per_cpu."
+        description = "Set the default sandbox; \"auto\": the idlest meeting the min_*/max_* limits."
     )]
     async fn select_sandbox(
         &self,
@@ -163,7 +159,7 @@ impl OutpostServer {
         }))
     }
 
-    #[tool(description = "The active sandbox and whether it is reachable.")]
+    #[tool(description = "The default sandbox and its connection.")]
     async fn get_active_sandbox(&self) -> Result<Json<ActiveResult>, String> {
         let (session, err) = self.fleet.check(None).await?;
         let (host, port, user) = session.config.address();
@@ -180,9 +176,7 @@ impl OutpostServer {
 
 #[tool_router(router = gpu_router, vis = "pub(super)")]
 impl OutpostServer {
-    #[tool(
-        description = "Reserve GPUs on a sandbox for exec_bash(gpu_lease=...). The lease is recorded on the host; it ends on release_gpus or when this server's connection ends."
-    )]
+    #[tool(description = "Lease GPUs for exec_bash(gpu_lease) until release_gpus or session end.")]
     async fn reserve_gpus(
         &self,
         Parameters(p): Parameters<ReserveParams>,

@@ -11,7 +11,8 @@
 //! A mirror that drifts from its type would advertise a wrong output schema,
 //! which strict clients reject. The end-to-end tests check every structured
 //! result they receive against the tool's advertised schema, refusing any key
-//! the schema does not name.
+//! the schema does not name. (The advertised schemas leave out value types,
+//! see `listing.rs`; the fields and their nesting are what a mirror keeps.)
 
 use std::borrow::Cow;
 use std::marker::PhantomData;
@@ -215,6 +216,18 @@ pub struct SyncOutcomeShape {
     auto_switched: bool,
 }
 
+// Mirrors `crate::ops::files::SyncOutcome` in background mode, as
+// `sync_local_to_remote_background` always answers.
+#[derive(JsonSchema)]
+#[schemars(rename = "BackgroundSync")]
+#[allow(dead_code)]
+pub struct BackgroundSyncShape {
+    /// "background".
+    mode: String,
+    task_id: String,
+    status: TransferStatusShape,
+}
+
 // Mirrors `crate::ops::files::ListResult`.
 #[derive(JsonSchema)]
 #[schemars(rename = "ListResult")]
@@ -266,7 +279,7 @@ pub struct WriteShape {
 #[schemars(rename = "Status")]
 #[serde(rename_all = "lowercase")]
 #[allow(dead_code)]
-enum TransferStatusShape {
+pub enum TransferStatusShape {
     Running,
     Completed,
     Failed,
@@ -277,7 +290,7 @@ enum TransferStatusShape {
 #[derive(JsonSchema)]
 #[schemars(rename = "ProgressView")]
 #[allow(dead_code)]
-struct ProgressShape {
+pub struct ProgressShape {
     files_done: u64,
     files_total: u64,
     bytes_done: u64,

@@ -191,7 +191,7 @@ pub fn suggested_prompt(event: &HookEvent) -> String {
         _ => "Find out why, then fix and restart or resume it",
     };
     format!(
-        "Background job {job} on sandbox {sandbox}: {}{detail}. {next}: check_background_task(tmux_session=\"{job}\", sandbox_name=\"{sandbox}\") and read_background_log(name=\"{job}\", tail_lines=50, sandbox_name=\"{sandbox}\").",
+        "Background job {job} on sandbox {sandbox}: {}{detail}. {next}: check_background_task(tmux_session=\"{job}\", last_n_lines=50, sandbox_name=\"{sandbox}\").",
         event.kind.replace('_', " ")
     )
 }

@@ -163,7 +163,8 @@ pub fn sync_background(
         report: None,
         task_id: Some(view.task_id),
         status: Some(view.status),
-        progress: Some(view.progress),
+        // Nothing done yet: check_file_transfer_task reports it.
+        progress: None,
         auto_switched: false,
     })
 }

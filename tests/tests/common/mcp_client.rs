@@ -138,7 +138,7 @@ async fn output_schema<H: ClientHandler>(client: &Client<H>, tool: &str) -> Valu
 }
 
 /// Whether `value` fits `schema`, for the JSON Schema that schemars writes
-/// (`$ref` into `$defs`, `type`, `properties`, `required`, `items`,
+/// (`$ref` into `$defs` or to the root, `type`, `properties`, `required`, `items`,
 /// `anyOf`/`oneOf`/`allOf`, `enum`, `const`). Stricter than JSON Schema in
 /// one way: an object key that no applicable `properties` names is an error,
 /// so a result type and the schema that describes it cannot drift apart.
@@ -147,6 +147,9 @@ pub fn fits(root: &Value, schema: &Value, value: &Value, at: &str) -> Result<(),
         return Ok(());
     }
     if let Some(r) = schema.get("$ref").and_then(Value::as_str) {
+        if r == "#" {
+            return fits(root, root, value, at);
+        }
         let name = r
             .strip_prefix("#/$defs/")
             .ok_or_else(|| format!("{at}: unsupported $ref {r}"))?;
