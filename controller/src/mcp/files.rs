@@ -61,7 +61,7 @@ pub struct SyncOptions {
     pub use_gitignore: bool,
     #[serde(default)]
     pub dry_run: bool,
-    /// Let delete_extras empty most of a target.
+    /// Allow emptying most of a target.
     #[serde(default)]
     pub force: bool,
     pub sandbox_name: Option<String>,
@@ -230,7 +230,7 @@ type Transfer = Shaped<TransferView, TransferShape>;
 #[tool_router(router = files_router, vis = "pub(super)")]
 impl OutpostServer {
     #[tool(
-        description = "Push a local file or tree to a sandbox by delta; a large push goes on in the background (task_id)."
+        description = "Push a local file or tree to a sandbox by delta; big pushes go on in the background."
     )]
     async fn sync_local_to_remote(
         &self,

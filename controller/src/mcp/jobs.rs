@@ -175,7 +175,7 @@ pub struct WaitParams {
     /// A regex.
     pub pattern: Option<String>,
     pub silence_s: Option<f64>,
-    /// Log offset. Default: where the last wait stopped.
+    /// Default: where the last wait stopped.
     pub cursor: Option<u64>,
     /// Output kept: its end.
     #[schemars(extend("default" = 20000))]

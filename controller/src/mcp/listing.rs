@@ -9,12 +9,13 @@
 //!   an optional parameter admits (leaving it out is how a caller says
 //!   "default");
 //! * results keep their structure (every field's name, nested objects'
-//!   `properties`, arrays' `items`, maps, `$defs`) and lose their prose,
-//!   `required` lists and types: the agent reads the values in every result
+//!   `properties`, the `items` of arrays of objects, maps, `$defs`) and lose
+//!   their prose, `required` lists and types (a list of plain values is a
+//!   value): the agent reads the values in every result
 //!   anyway, and at about 20 characters a field the types would cost more
 //!   than all the tools' descriptions together; fields are named
-//!   [`NAMED_LEVELS`] deep (a sandbox's `resources` lists `cpu`, `gpu`, …,
-//!   not what each holds);
+//!   [`NAMED_LEVELS`] deep (`list_sandboxes` names each sandbox's fields,
+//!   not what its `resources` hold);
 //! * a `$defs` entry used once is written where it is used;
 //! * remote-sandbox-mcp parameters that are refused or have nothing left to
 //!   do are accepted but not listed, and `exec_bash_background`'s watch
@@ -25,21 +26,31 @@
 //! Also [`unknown_argument`]: a call naming an argument its tool does not
 //! take is refused, so a typo never loses a setting silently.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::model::{JsonObject, Tool, ToolAnnotations};
 use serde_json::Value;
 
+/// Each tool's parameters that it takes but does not list.
+pub(super) type Unlisted = HashMap<String, Vec<&'static str>>;
+
 /// Makes every tool of `router` compact and annotated; `advanced`: the
-/// watch tools are listed too.
-pub(super) fn finish<S>(router: &mut ToolRouter<S>, advanced: bool) {
+/// watch tools are listed too. Returns what each tool takes unlisted.
+pub(super) fn finish<S>(router: &mut ToolRouter<S>, advanced: bool) -> Unlisted {
+    let mut unlisted_by_tool = Unlisted::new();
     for route in router.map.values_mut() {
         let tool = &mut route.attr;
         let mut input = compact(&tool.input_schema, Part::Parameters);
         if let Some(Value::Object(properties)) = input.get_mut("properties") {
-            for name in unlisted(&tool.name, advanced) {
-                properties.remove(*name);
+            // Only what the tool takes: hiding a name it lacks would make
+            // that name accepted, and silently dropped.
+            let hidden: Vec<&'static str> = unlisted(&tool.name, advanced)
+                .filter(|name| properties.remove(*name).is_some())
+                .collect();
+            if !hidden.is_empty() {
+                unlisted_by_tool.insert(tool.name.to_string(), hidden);
             }
         }
         tool.input_schema = Arc::new(input);
@@ -48,6 +59,7 @@ pub(super) fn finish<S>(router: &mut ToolRouter<S>, advanced: bool) {
         }
         tool.annotations = Some(hints(&tool.name));
     }
+    unlisted_by_tool
 }
 
 /// remote-sandbox-mcp's job parameters that are refused (hooks come from
@@ -83,7 +95,7 @@ const WATCH_SETTINGS: &[&str] = &[
 ];
 
 /// The parameters `tool` takes but does not list.
-fn unlisted(tool: &str, advanced: bool) -> impl Iterator<Item = &'static &'static str> {
+fn unlisted(tool: &str, advanced: bool) -> impl Iterator<Item = &'static str> {
     let (inert, watch) = match tool {
         "exec_bash_background" => (
             INERT_OR_REFUSED,
@@ -92,7 +104,7 @@ fn unlisted(tool: &str, advanced: bool) -> impl Iterator<Item = &'static &'stati
         "exec_bash_background_watch" | "watch_background_task" => (INERT_OR_REFUSED, &[][..]),
         _ => (&[][..], &[][..]),
     };
-    inert.iter().chain(watch)
+    inert.iter().chain(watch).copied()
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -122,7 +134,7 @@ fn compact(schema: &JsonObject, part: Part) -> JsonObject {
 }
 
 /// How many levels of a result's fields its schema names.
-const NAMED_LEVELS: usize = 3;
+const NAMED_LEVELS: usize = 2;
 
 /// Leaves the objects below [`NAMED_LEVELS`] open; `schema` describes a
 /// value `level` fields down.
@@ -169,19 +181,22 @@ fn inline_single_use(mut top: JsonObject) -> JsonObject {
     top
 }
 
-/// `value` with each `{"$ref": "#/$defs/X"}` whose X is in `defs` replaced
-/// by X itself.
+/// `value` with each `{"$ref": "#/$defs/X", …}` whose X is in `defs`
+/// replaced by X itself, the reference's own keys (a description, a
+/// default) written over it.
 fn substitute(value: Value, defs: &JsonObject) -> Value {
     match value {
-        Value::Object(map) => {
-            if map.len() == 1
-                && let Some(name) = map
-                    .get("$ref")
-                    .and_then(Value::as_str)
-                    .and_then(|r| r.strip_prefix("#/$defs/"))
-                && let Some(def) = defs.get(name)
+        Value::Object(mut map) => {
+            if let Some(Value::Object(def)) = map
+                .get("$ref")
+                .and_then(Value::as_str)
+                .and_then(|r| r.strip_prefix("#/$defs/"))
+                .and_then(|name| defs.get(name))
             {
-                return substitute(def.clone(), defs);
+                let mut def = def.clone();
+                map.remove("$ref");
+                def.extend(map);
+                return substitute(Value::Object(def), defs);
             }
             Value::Object(
                 map.into_iter()
@@ -210,6 +225,10 @@ fn compact_value(value: Value, part: Part) -> Value {
                     "default" if v == false => continue,
                     // Which fields a result always has shows in every result.
                     "description" | "title" | "required" if part == Part::Result => continue,
+                    // Emptied, a result's alternatives would all match.
+                    "oneOf" if part == Part::Result => {
+                        out.insert("anyOf".into(), compact_value(v, part));
+                    }
                     "description" => {
                         // Doc comments wrap; a description is one line.
                         let text = v.as_str().unwrap_or_default().replace('\n', " ");
@@ -233,6 +252,13 @@ fn compact_value(value: Value, part: Part) -> Value {
                 }
             }
             if part == Part::Result {
+                // A list of plain values is a value too.
+                if out
+                    .get("items")
+                    .is_some_and(|items| items == &Value::Object(JsonObject::new()))
+                {
+                    out.remove("items");
+                }
                 if is_scalar(&out) {
                     out.clear();
                 } else if out.contains_key("properties") || out.contains_key("items") {
@@ -293,13 +319,19 @@ fn drop_null(schema: &mut JsonObject) {
 
 /// The error for the first argument of `args` that `tool` does not take,
 /// naming the closest one it does.
-pub(super) fn unknown_argument(tool: &Tool, args: &JsonObject) -> Option<String> {
+pub(super) fn unknown_argument(
+    tool: &Tool,
+    unlisted: &[&str],
+    args: &JsonObject,
+) -> Option<String> {
     let known = tool.input_schema.get("properties")?.as_object()?;
     let unknown = args
         .keys()
-        .find(|k| !known.contains_key(*k) && !unlisted(&tool.name, false).any(|u| u == k))?;
+        .find(|k| !known.contains_key(*k) && !unlisted.contains(&k.as_str()))?;
     let closest = known
         .keys()
+        .map(String::as_str)
+        .chain(unlisted.iter().copied())
         .map(|k| (strsim::jaro_winkler(unknown, k), k))
         .max_by(|a, b| a.0.total_cmp(&b.0))
         .filter(|(score, _)| *score >= 0.8);
@@ -352,9 +384,11 @@ fn hints(tool: &str) -> ToolAnnotations {
         | "sync_local_to_remote"
         | "sync_local_to_remote_background"
         | "sync_remote_to_local"
-        | "write_remote_file" => base.destructive(true).idempotent(true),
-        "select_sandbox" | "release_gpus" => base.destructive(false).idempotent(true),
-        "reserve_gpus" => base.destructive(false),
+        | "write_remote_file" => base.destructive(true).idempotent(true).open_world(false),
+        "select_sandbox" | "release_gpus" => {
+            base.destructive(false).idempotent(true).open_world(false)
+        }
+        "reserve_gpus" => base.destructive(false).open_world(false),
         _ => base,
     }
 }
@@ -379,7 +413,8 @@ mod tests {
             "properties": {
                 "limit": {"description": "Most rows,\nnewest first.", "format": "uint32",
                           "minimum": 0, "type": ["integer", "null"]},
-                "state": {"anyOf": [{"$ref": "#/$defs/State"}, {"type": "null"}]},
+                "state": {"anyOf": [{"$ref": "#/$defs/State"}, {"type": "null"}],
+                          "description": "Which."},
                 "format": {"type": "string"}
             },
             "required": ["format"],
@@ -391,7 +426,7 @@ mod tests {
                 "type": "object",
                 "properties": {
                     "limit": {"description": "Most rows, newest first.", "type": "integer"},
-                    "state": {"enum": ["a", "b"], "type": "string"},
+                    "state": {"enum": ["a", "b"], "type": "string", "description": "Which."},
                     "format": {"type": "string"}
                 },
                 "required": ["format"]
@@ -408,9 +443,15 @@ mod tests {
                 "error": {"description": "Why.", "type": ["string", "null"]},
                 "size": {"format": "uint64", "minimum": 0, "type": "integer"},
                 "rows": {"type": "array", "items": {"$ref": "#/$defs/Row"}},
+                "tags": {"type": "array", "items": {"type": "string"}},
                 "env": {"type": "object", "additionalProperties": {"type": "string"}},
                 "last": {"anyOf": [{"$ref": "#/$defs/Row"}, {"type": "null"}]},
-                "once": {"$ref": "#/$defs/Once"}
+                "once": {"$ref": "#/$defs/Once"},
+                "kind": {"oneOf": [{"const": "a"}, {"const": "b"}]},
+                "groups": {"type": "array", "items": {"$ref": "#"}},
+                "deep": {"type": "object", "properties": {"two": {"type": "object",
+                         "properties": {"three": {"type": "object",
+                                        "properties": {"four": {"type": "integer"}}}}}}}
             },
             "required": ["size"],
             "$defs": {
@@ -426,9 +467,13 @@ mod tests {
                     "error": {},
                     "size": {},
                     "rows": {"items": {"$ref": "#/$defs/Row"}},
+                    "tags": {},
                     "env": {"type": "object", "additionalProperties": {}},
                     "last": {"$ref": "#/$defs/Row"},
-                    "once": {"properties": {"n": {}}}
+                    "once": {"properties": {"n": {}}},
+                    "kind": {"anyOf": [{}, {}]},
+                    "groups": {"items": {"$ref": "#"}},
+                    "deep": {"properties": {"two": {}}}
                 },
                 "$defs": {"Row": {"properties": {"state": {}}}}
             })
@@ -445,17 +490,37 @@ mod tests {
             Tool::new("exec_bash_background", "Start.", Arc::new(schema)),
             |_| Box::pin(async { unreachable!() }),
         ));
-        finish(&mut router, false);
-        let tool = router.get("exec_bash_background").unwrap();
-        let listed: Vec<&String> = tool.input_schema["properties"]
-            .as_object()
-            .unwrap()
-            .keys()
-            .collect();
-        assert_eq!(listed, ["command"]);
+        let listed = |advanced: bool| {
+            let mut router = router.clone();
+            let unlisted = finish(&mut router, advanced);
+            let tool = router.get("exec_bash_background").unwrap().clone();
+            let names: Vec<String> = tool.input_schema["properties"]
+                .as_object()
+                .unwrap()
+                .keys()
+                .cloned()
+                .collect();
+            (names, unlisted, tool)
+        };
+        let (names, unlisted, tool) = listed(false);
+        assert_eq!(names, ["command"]);
+        let hidden = &unlisted["exec_bash_background"];
+        // Only names the tool takes are hidden, so only those are accepted.
+        assert_eq!(hidden, &["webhook_url", "run_id"]);
         let args = object(json!({"command": "x", "webhook_url": "u", "run_id": "r"}));
-        assert_eq!(unknown_argument(tool, &args), None);
-        assert!(unknown_argument(tool, &object(json!({"run": 1}))).is_some());
+        assert_eq!(unknown_argument(&tool, hidden, &args), None);
+        assert_eq!(
+            unknown_argument(&tool, hidden, &object(json!({"codex_command": "x"}))).unwrap(),
+            "exec_bash_background has no argument `codex_command`; it takes command"
+        );
+        assert_eq!(
+            unknown_argument(&tool, hidden, &object(json!({"run_di": "r"}))).unwrap(),
+            "exec_bash_background has no argument `run_di`; did you mean `run_id`?"
+        );
+        // Listing the watch tools lists the watch settings too.
+        let (names, unlisted, _) = listed(true);
+        assert_eq!(names, ["command", "run_id"]);
+        assert_eq!(unlisted["exec_bash_background"], ["webhook_url"]);
     }
 
     #[test]
@@ -465,15 +530,15 @@ mod tests {
         let tool = Tool::new("exec_bash", "Run.", Arc::new(schema));
         let args = |v: Value| object(v);
         assert_eq!(
-            unknown_argument(&tool, &args(json!({"command": "x"}))),
+            unknown_argument(&tool, &[], &args(json!({"command": "x"}))),
             None
         );
         assert_eq!(
-            unknown_argument(&tool, &args(json!({"command": "x", "timeout": 3}))).unwrap(),
+            unknown_argument(&tool, &[], &args(json!({"command": "x", "timeout": 3}))).unwrap(),
             "exec_bash has no argument `timeout`; did you mean `timeout_s`?"
         );
         assert_eq!(
-            unknown_argument(&tool, &args(json!({"zzz": 1}))).unwrap(),
+            unknown_argument(&tool, &[], &args(json!({"zzz": 1}))).unwrap(),
             "exec_bash has no argument `zzz`; it takes command, timeout_s"
         );
     }

@@ -95,6 +95,8 @@ pub struct OutpostServer {
     /// Every tool call is recorded here (`$OUTPOST_HOME/audit.jsonl`).
     audit: crate::ops::audit::AuditLog,
     tool_router: ToolRouter<Self>,
+    /// What each tool takes but does not list ([`listing::finish`]).
+    unlisted: Arc<listing::Unlisted>,
     prompt_router: PromptRouter<Self>,
     /// Calls run as MCP Tasks for clients that declare the extension.
     tasks: rmcp::task_manager::TaskManager,
@@ -190,7 +192,7 @@ impl OutpostServer {
             tool_router.merge(Self::watch_router());
             tool_router.merge(Self::job_log_router());
         }
-        listing::finish(&mut tool_router, fleet.config.expose_advanced_tools);
+        let unlisted = listing::finish(&mut tool_router, fleet.config.expose_advanced_tools);
         let audit = crate::ops::audit::AuditLog::new(&fleet.config.home);
         let watcher = Watcher::new(fleet.clone(), sink);
         let session_end = tokio_util::sync::CancellationToken::new();
@@ -208,6 +210,7 @@ impl OutpostServer {
             client_roots: Arc::default(),
             audit,
             tool_router,
+            unlisted: Arc::new(unlisted),
             prompt_router: Self::prompt_router(),
             tasks: rmcp::task_manager::TaskManager::new(),
         }
@@ -289,7 +292,13 @@ impl ServerHandler for OutpostServer {
         let cancelled = context.ct.clone();
         let asker = hostkey::asker(&context.peer, self.fleet.policy.confirm_timeout);
         if let (Some(tool), Some(args)) = (self.tool_router.get(&request.name), args)
-            && let Some(refusal) = listing::unknown_argument(tool, args)
+            && let Some(refusal) = listing::unknown_argument(
+                tool,
+                self.unlisted
+                    .get(&*request.name)
+                    .map_or(&[][..], Vec::as_slice),
+                args,
+            )
         {
             let answer = Ok(rmcp::model::CallToolResponse::Complete(
                 rmcp::model::CallToolResult::error(vec![rmcp::model::ContentBlock::text(refusal)]),

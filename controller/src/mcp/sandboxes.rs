@@ -103,7 +103,7 @@ pub struct StatusResult {
 #[tool_router(router = sandboxes_router, vis = "pub(super)")]
 impl OutpostServer {
     #[tool(
-        description = "Sandboxes and connections; check_resources adds CPU, memory, GPU use and idle_score (0 busy, 1 idle)."
+        description = "Sandboxes and connections; check_resources adds CPU/memory/GPU use and idle_score (0 busy, 1 idle)."
     )]
     async fn list_sandboxes(
         &self,

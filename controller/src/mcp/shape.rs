@@ -11,8 +11,9 @@
 //! A mirror that drifts from its type would advertise a wrong output schema,
 //! which strict clients reject. The end-to-end tests check every structured
 //! result they receive against the tool's advertised schema, refusing any key
-//! the schema does not name. (The advertised schemas leave out value types,
-//! see `listing.rs`; the fields and their nesting are what a mirror keeps.)
+//! the schema does not name. (The advertised schemas leave out value types
+//! and name fields two levels deep, see `listing.rs`: what that check
+//! catches is a field the mirror lacks.)
 
 use std::borrow::Cow;
 use std::marker::PhantomData;
