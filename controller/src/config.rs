@@ -7,10 +7,11 @@
 //!    `REMOTE_KEY_FILE`/`REMOTE_KEY_PASSPHRASE`), so users of that server swap the
 //!    command and keep their settings.
 //! 3. `~/.ssh/config` fills what neither gave for a host: `HostName`, `Port`,
-//!    `User`, `IdentityFile`, `ProxyJump`, `StrictHostKeyChecking`,
-//!    `UserKnownHostsFile` of a `Host`
-//!    alias (`Include` is followed); options that would make Outpost connect
-//!    elsewhere or otherwise than `ssh` (`ProxyCommand`, …) are an error.
+//!    `User`, `IdentityFile`, `IdentitiesOnly`, `ProxyJump`,
+//!    `StrictHostKeyChecking`, `UserKnownHostsFile`, `ConnectTimeout`, from
+//!    its `Host` and `Match` blocks and `Include`s as OpenSSH reads them
+//!    ([`ssh_config`]); options that would make Outpost connect elsewhere or
+//!    otherwise than `ssh` (`ProxyCommand`, …) are an error.
 //!
 //! The `local` sandbox (the same agent run as a child process) is always offered
 //! unless the file says `local = false`; with no other sandbox it is the active one.
@@ -20,6 +21,9 @@ use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+
+mod ssh_config;
+use ssh_config::SshConfigFile;
 
 /// Name of the built-in sandbox that runs on the controller's own machine.
 pub const LOCAL_SANDBOX: &str = "local";
@@ -108,6 +112,11 @@ pub struct SshTarget {
     pub password: Option<String>,
     /// IdentityFile entries from `~/.ssh/config`.
     pub identity_files: Vec<PathBuf>,
+    /// `IdentitiesOnly yes`: offer only the configured keys (of ssh-agent's,
+    /// those whose `.pub` sits beside an identity file), never the rest.
+    pub identities_only: bool,
+    /// `ConnectTimeout` from `~/.ssh/config`; None: the global one.
+    pub connect_timeout: Option<Duration>,
     /// Refuse unknown host keys instead of recording them (accept-new).
     pub strict_host_keys: bool,
     /// The agent's state directory on the host; `~` is the remote home.
@@ -364,7 +373,7 @@ impl Config {
             .map(|p| expand_tilde(p, home.as_deref()))
             .or_else(|| home.as_ref().map(|h| h.join(".ssh/config")));
         let ssh_config = match &ssh_config_path {
-            Some(p) if p.exists() => Some(load_ssh_config(p, home.as_deref())?),
+            Some(p) if p.exists() => Some(SshConfigFile::load(p, home.as_deref())?),
             _ => None,
         };
 
@@ -474,26 +483,9 @@ impl Config {
     }
 }
 
-fn load_ssh_config(path: &Path, home: Option<&Path>) -> Result<ssh2_config::SshConfig> {
-    let file = std::fs::File::open(path)
-        .with_context(|| format!("cannot read ssh config {}", path.display()))?;
-    let mut reader = std::io::BufReader::new(file);
-    let mut config = ssh2_config::SshConfig::default();
-    if let Some(home) = home {
-        config = config.home_dir(home);
-    }
-    config
-        .parse(
-            &mut reader,
-            ssh2_config::ParseRule::ALLOW_UNKNOWN_FIELDS
-                | ssh2_config::ParseRule::ALLOW_UNSUPPORTED_FIELDS,
-        )
-        .with_context(|| format!("cannot parse ssh config {}", path.display()))
-}
-
 fn resolve(
     raw: RawSandbox,
-    ssh_config: Option<&ssh2_config::SshConfig>,
+    ssh_config: Option<&SshConfigFile>,
     home: Option<&Path>,
     default_user: &str,
     strict_default: bool,
@@ -505,8 +497,15 @@ fn resolve(
     if name == LOCAL_SANDBOX {
         bail!("the name {LOCAL_SANDBOX:?} is reserved for the built-in local sandbox");
     }
-    let params = ssh_config.map(|c| c.query(&raw.host));
     let mut unusable: Option<String> = None;
+    let params = match ssh_config.map(|c| c.query(&raw.host, raw.user.as_deref(), default_user)) {
+        Some(Ok(p)) => Some(p),
+        Some(Err(e)) => {
+            unusable = Some(format!("{e:#}"));
+            None
+        }
+        None => None,
+    };
     if let Some(Err(e)) = params.as_ref().map(|p| refuse_unsupported(&raw.host, p)) {
         unusable = Some(format!("{e:#}"));
     }
@@ -589,6 +588,8 @@ fn resolve(
             key_passphrase: raw.key_passphrase,
             password: raw.password,
             identity_files,
+            identities_only: params.as_ref().is_some_and(identities_only),
+            connect_timeout: params.as_ref().and_then(|p| p.connect_timeout),
             strict_host_keys,
             remote_dir: raw.remote_dir.unwrap_or_else(|| "~/.outpost".into()),
             jump,
@@ -661,6 +662,16 @@ fn user_known_hosts(
     ))
 }
 
+/// `IdentitiesOnly yes` from `~/.ssh/config`.
+fn identities_only(params: &ssh2_config::HostParams) -> bool {
+    params
+        .unsupported_fields
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case("identitiesonly"))
+        .and_then(|(_, args)| args.first())
+        .is_some_and(|v| v.eq_ignore_ascii_case("yes"))
+}
+
 /// `StrictHostKeyChecking` from `~/.ssh/config`: yes refuses unknown keys;
 /// no, off and accept-new record them (Outpost never accepts a changed key).
 fn strict_host_key_checking(params: &ssh2_config::HostParams) -> Option<bool> {
@@ -679,7 +690,7 @@ fn strict_host_key_checking(params: &ssh2_config::HostParams) -> Option<bool> {
 /// of `~/.ssh/config`.
 fn jump_host(
     hop: &str,
-    ssh_config: Option<&ssh2_config::SshConfig>,
+    ssh_config: Option<&SshConfigFile>,
     home: Option<&Path>,
     default_user: &str,
 ) -> Result<SshTarget> {
@@ -713,7 +724,9 @@ fn jump_host(
     if host.is_empty() {
         bail!("{hop:?}: no host");
     }
-    let params = ssh_config.map(|c| c.query(host));
+    let params = ssh_config
+        .map(|c| c.query(host, user.as_deref(), default_user))
+        .transpose()?;
     if let Some(p) = &params {
         refuse_unsupported(host, p)?;
         if p.proxy_jump.as_ref().is_some_and(|j| {
@@ -747,6 +760,8 @@ fn jump_host(
             .into_iter()
             .map(|p| expand_tilde(&p.to_string_lossy(), home))
             .collect(),
+        identities_only: params.as_ref().is_some_and(identities_only),
+        connect_timeout: params.as_ref().and_then(|p| p.connect_timeout),
         strict_host_keys: false,
         remote_dir: String::new(),
         jump: Vec::new(),
@@ -1036,6 +1051,48 @@ mod tests {
             "{err}"
         );
         assert!(ssh(&cfg.sandboxes[1]).unusable.is_none());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn ssh_config_match_blocks_identities_only_and_connect_timeout() {
+        let dir = std::env::temp_dir().join(format!("outpost-match-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join(".ssh")).unwrap();
+        std::fs::write(
+            dir.join(".ssh/config"),
+            "Host gpu
+  HostName n1.lab.example
+Host plain
+  HostName 192.0.2.9
+             Match host *.lab.example
+  IdentitiesOnly yes
+  ConnectTimeout 3
+  User lab
+             Match exec true
+  User never
+",
+        )
+        .unwrap();
+        let home = dir.to_string_lossy().to_string();
+        let env = [
+            ("HOME", home.as_str()),
+            (
+                "REMOTE_SANDBOX_LIST",
+                r#"[{"host":"gpu"},{"host":"plain"}]"#,
+            ),
+        ];
+        let cfg = Config::load_from(&env).unwrap();
+        let gpu = ssh(&cfg.sandboxes[0]);
+        assert_eq!(
+            (gpu.user.as_str(), gpu.identities_only, gpu.connect_timeout),
+            ("lab", true, Some(Duration::from_secs(3)))
+        );
+        // Evaluating `plain` reaches `Match exec`, which Outpost cannot
+        // judge: that sandbox says so; `gpu` matched before it got there.
+        let plain = ssh(&cfg.sandboxes[1]);
+        assert!(!plain.identities_only);
+        let why = plain.unusable.clone().unwrap();
+        assert!(why.contains("Match exec"), "{why}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -259,3 +259,56 @@ fn jobs_start_from_the_command_line() {
     let out = outpost(&home, &[], &["jobs", "wait", "cli-job", "--host", "local"]);
     assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
 }
+
+/// A sandbox that only `~/.ssh/config`'s `Match` blocks make reachable:
+/// `Match host` sees the `HostName`, its options stay in its block, and a
+/// `Match` that Outpost cannot evaluate but that would decide an option is
+/// an error naming it.
+#[test]
+fn a_host_reached_through_ssh_config_match_blocks() {
+    let sshd = Sshd::start();
+    let home = TempDir::new("cli-home");
+    std::fs::create_dir_all(home.path().join(".ssh")).unwrap();
+    std::fs::write(
+        home.path().join(".ssh/config"),
+        format!(
+            "Host box\n  HostName {host}\nHost elsewhere\n  Port 1\n\
+             Match host {host} originalhost box\n  Port {port}\n  User {user}\n  \
+             IdentityFile {key}\n  IdentitiesOnly yes\n  ConnectTimeout 5\n\
+             Match exec true\n  HostName 192.0.2.1\n",
+            host = sshd.host(),
+            port = sshd.port(),
+            user = sshd.user(),
+            key = sshd.client_key().display(),
+        ),
+    )
+    .unwrap();
+    let config = home.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[sandbox]]\nname = \"box\"\nhost = \"box\"\nremote_dir = \"{}\"\n\
+             [[sandbox]]\nname = \"odd\"\nhost = \"odd\"\n",
+            sshd.remote_dir().display()
+        ),
+    )
+    .unwrap();
+    let env = [
+        ("OUTPOST_CONFIG", config.display().to_string()),
+        (
+            "OUTPOST_AGENT_BIN",
+            target_bin("outpost-agent").display().to_string(),
+        ),
+    ];
+    let out = outpost(&home, &env, &["exec", "box", "--", "echo via match"]);
+    assert_eq!(text(&out.stdout), "via match\n", "{}", text(&out.stderr));
+    assert!(out.status.success());
+
+    let out = outpost(&home, &env, &["exec", "odd", "--", "true"]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("Match exec") && err.contains("hostname"),
+        "{err}"
+    );
+}

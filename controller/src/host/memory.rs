@@ -115,6 +115,8 @@ impl MemoryHost {
                 key_passphrase: None,
                 password: None,
                 identity_files: Vec::new(),
+                identities_only: false,
+                connect_timeout: None,
                 strict_host_keys: true,
                 remote_dir: "~/.outpost".into(),
                 jump: Vec::new(),

@@ -150,18 +150,20 @@ pub async fn start(target: &Target, ctx: &HostContext) -> Result<(Arc<dyn Host>,
                 user: ctx.user_known_hosts.as_deref(),
                 own: &ctx.known_hosts,
             };
+            // `ConnectTimeout` of the host's `~/.ssh/config`, else Outpost's.
+            let connect_timeout = target.connect_timeout.unwrap_or(ctx.connect_timeout);
             let host: Arc<dyn Host> = Arc::new(
-                ssh::SshConnection::connect(target, keys, ctx.connect_timeout)
+                ssh::SshConnection::connect(target, keys, connect_timeout)
                     .await
                     .map_err(|e| e.to_string())?,
             );
             let started = tokio::time::timeout(
-                ctx.connect_timeout * 3,
+                connect_timeout * 3,
                 bootstrap::start_installed(
                     &*host,
                     &target.remote_dir,
                     &ctx.artifacts,
-                    ctx.connect_timeout,
+                    connect_timeout,
                 ),
             )
             .await

@@ -32,6 +32,8 @@ pub fn target(sshd: &Sshd) -> SshTarget {
         key_passphrase: None,
         password: None,
         identity_files: vec![],
+        identities_only: false,
+        connect_timeout: None,
         strict_host_keys: false,
         remote_dir: sshd.remote_dir().display().to_string(),
         jump: Vec::new(),

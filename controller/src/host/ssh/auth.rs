@@ -1,6 +1,9 @@
 //! Authentication, in order: the configured key file (with its passphrase),
 //! ssh-agent, `IdentityFile`s from `~/.ssh/config`, the default keys (only
-//! when no key file is configured), then the password.
+//! when neither a key file nor an `IdentityFile` is configured, as OpenSSH
+//! does), then the password. With `IdentitiesOnly yes` ssh-agent offers only
+//! the keys whose `.pub` sits beside an `IdentityFile`: a server that allows
+//! few attempts is not used up by the agent's other keys.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -42,7 +45,15 @@ pub(super) async fn authenticate(
         }
     } else {
         if let Ok(mut agent) = russh::keys::agent::client::AgentClient::connect_env().await {
-            let identities = agent.request_identities().await.unwrap_or_default();
+            let mut identities = agent.request_identities().await.unwrap_or_default();
+            if target.identities_only {
+                let configured = configured_public_keys(&target.identity_files);
+                identities.retain(|i| {
+                    configured
+                        .iter()
+                        .any(|k| k.key_data() == i.public_key().key_data())
+                });
+            }
             let count = identities.len();
             for identity in identities {
                 let public = identity.public_key().into_owned();
@@ -64,8 +75,9 @@ pub(super) async fn authenticate(
         let home = std::env::var_os("HOME").map(PathBuf::from);
         let defaults = ["id_ed25519", "id_ecdsa", "id_rsa"]
             .iter()
+            .filter(|_| target.identity_files.is_empty())
             .filter_map(|name| home.as_ref().map(|h| h.join(".ssh").join(name)))
-            .filter(|p| p.exists() && !target.identity_files.contains(p));
+            .filter(|p| p.exists());
         let candidates: Vec<PathBuf> = target
             .identity_files
             .iter()
@@ -100,6 +112,18 @@ pub(super) async fn authenticate(
         addr: addr.to_string(),
         tried: tried.join(", "),
     })
+}
+
+/// The public halves (`<file>.pub`) of the identity files that have one.
+fn configured_public_keys(files: &[PathBuf]) -> Vec<ssh_key::PublicKey> {
+    files
+        .iter()
+        .filter_map(|f| {
+            let mut public = f.clone().into_os_string();
+            public.push(".pub");
+            ssh_key::PublicKey::read_openssh_file(Path::new(&public)).ok()
+        })
+        .collect()
 }
 
 /// Offers one key file; records why it did not work in `tried`.
