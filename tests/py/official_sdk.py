@@ -130,7 +130,7 @@ async def long_calls() -> None:
                 )
             )
             took = time.monotonic() - started
-            check(r.get("mode") == "inline" and r.get("files_sent") == 4, f"sync sent: {r}")
+            check(r.get("mode") == "inline" and r.get("uploaded_files") == 4, f"sync sent: {r}")
             seen = progress.take()
             check(len(seen) >= 1, f"sync progress at once: {seen}")
             # One notification every 3 s: a sync that took longer reports

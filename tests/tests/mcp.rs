@@ -378,7 +378,7 @@ async fn mcp_file_tools_and_transfers() {
     .await;
     assert!(!err, "{r}");
     assert_eq!(r["mode"], "inline");
-    assert_eq!(r["files_sent"], 5);
+    assert_eq!(r["uploaded_files"], 5);
     let back = outpost_e2e::TempDir::new("mcp-sync-back");
     let (err, r) = call(
         &client,
@@ -387,10 +387,72 @@ async fn mcp_file_tools_and_transfers() {
     )
     .await;
     assert!(!err, "{r}");
+    assert_eq!(r["downloaded_files"], 5, "{r}");
     assert_eq!(
         std::fs::read_to_string(back.path().join("b/f3.txt")).unwrap(),
         "file 3\n"
     );
+
+    // One file, as remote-sandbox-mcp syncs one: into a directory (or a
+    // path ending in /), or to the target path, under its own name.
+    let one = src.path().join("f1.txt");
+    let push_one = |target: String| json!({"local_path": one, "remote_path": target});
+    let (err, r) = call(&client, "sync_local_to_remote", push_one(remote("one/"))).await;
+    assert!(!err, "{r}");
+    assert_eq!(
+        (&r["synced_type"], &r["uploaded_files"]),
+        (&json!("file"), &json!(1)),
+        "{r}"
+    );
+    let (err, r) = call(
+        &client,
+        "sync_local_to_remote",
+        push_one(remote("one/f1.txt")),
+    )
+    .await;
+    assert!(!err, "{r}");
+    assert_eq!(r["skipped_files"], 1, "{r}");
+    let (err, r) = call(
+        &client,
+        "sync_local_to_remote",
+        push_one(remote("one/renamed.txt")),
+    )
+    .await;
+    assert!(
+        err && r.to_string().contains("keeps the file's name"),
+        "{r}"
+    );
+    let (_, r) = call(
+        &client,
+        "list_remote_files",
+        json!({"remote_path": remote("one")}),
+    )
+    .await;
+    let names: Vec<&str> = r["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["f1.txt"], "only the one file: {r}");
+    let (err, r) = call(
+        &client,
+        "sync_remote_to_local",
+        json!({"remote_path": remote("one/f1.txt"), "local_path": back.path()}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    assert_eq!(
+        (&r["synced_type"], &r["downloaded_files"]),
+        (&json!("file"), &json!(1)),
+        "{r}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(back.path().join("f1.txt")).unwrap(),
+        "file 1\n"
+    );
+    // The rest of the local directory is left alone.
+    assert!(back.path().join("b/f3.txt").exists());
     let (err, r) = call(
         &client,
         "sync_local_to_remote",
@@ -408,7 +470,10 @@ async fn mcp_file_tools_and_transfers() {
     client.cancel().await.unwrap();
 
     // Past the inline limit the sync continues in the background.
-    let (client, _home) = start(&env("2")).await;
+    let mut background = env("2");
+    // sync_local_to_remote_background is listed with the advanced tools.
+    background.push(("REMOTE_SANDBOX_EXPOSE_ADVANCED_TOOLS", "1".into()));
+    let (client, _home) = start(&background).await;
     let (_, r) = call(
         &client,
         "sync_local_to_remote",
@@ -428,7 +493,7 @@ async fn mcp_file_tools_and_transfers() {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     assert_eq!(status["status"], "completed", "{status}");
-    assert_eq!(status["result"]["files_sent"], 5);
+    assert_eq!(status["result"]["uploaded_files"], 5);
     assert_eq!(status["progress"]["files_done"], 5);
     let (_, r) = call(
         &client,

@@ -55,3 +55,48 @@ fn the_official_python_sdk_sees_progress_budgets_and_valid_results() {
     eprintln!("{text}");
     assert!(out.status.success(), "the SDK checks failed:\n{text}");
 }
+
+/// remote-sandbox-mcp 0.7.6 and Outpost, configured by the same environment
+/// for the same sshd, get the same calls through the official SDK: Outpost
+/// answers wherever remote-sandbox-mcp does, with every key it returns (but
+/// for the documented differences listed in tests/py/side_by_side.py).
+#[test]
+fn remote_sandbox_mcp_calls_get_the_same_answers_from_outpost() {
+    let python = sdk_python();
+    let installed = Command::new(&python)
+        .args(["-c", "import remote_sandbox_mcp"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        installed,
+        "remote-sandbox-mcp is missing beside the SDK in {}: run scripts/setup-test-env",
+        python.display()
+    );
+    let sshd = Sshd::new();
+    let scratch = TempDir::new("side-by-side");
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("py/side_by_side.py");
+    let out = Command::new(&python)
+        .arg(&script)
+        .arg(target_bin("outpost"))
+        .arg(sshd.host())
+        .arg(sshd.port().to_string())
+        .arg(sshd.user())
+        .arg(sshd.client_key())
+        .arg(sshd.remote_dir())
+        .arg(scratch.path())
+        .env_clear()
+        .env("HOME", scratch.path())
+        .env("PATH", std::env::var("PATH").unwrap())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{text}");
+    assert!(
+        out.status.success(),
+        "the side-by-side calls differ:\n{text}"
+    );
+}

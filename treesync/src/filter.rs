@@ -196,6 +196,18 @@ fn check_pattern(pattern: &str) -> Result<(), String> {
         .map_err(|err| format!("bad exclude pattern {pattern:?}: {err}"))
 }
 
+/// `name` as a gitignore pattern that matches it literally.
+pub fn escape(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for c in name.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\' | '!' | '#') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
 /// Reads an exclude file: one gitignore pattern per line.
 ///
 /// Blank lines and `#` comments are skipped; a trailing `\r` is dropped.

@@ -45,6 +45,10 @@ pub struct Plan {
     pub attrs: Vec<TreeEntry>,
     /// Extras to remove (with delete_extras), deepest first.
     pub removes: Vec<RelPath>,
+    /// What `removes` takes away, entries inside a removed directory
+    /// included: directories, and everything else.
+    pub removed_dirs: u64,
+    pub removed_files: u64,
     /// Directory modes and mtimes, set last, deepest first: every created
     /// directory, every one whose mode or mtime differs, and every one whose
     /// content the plan changes (writing into a directory bumps its mtime).
@@ -188,16 +192,25 @@ impl<'a> Differ<'a> {
         }
     }
 
+    fn count_removed(&mut self, t: &TreeEntry) {
+        match t.kind {
+            EntryKind::Dir => self.plan.removed_dirs += 1,
+            _ => self.plan.removed_files += 1,
+        }
+    }
+
     fn extra(&mut self, t: &'a TreeEntry) {
         if under(&self.replaced, &t.path) {
             return;
         }
         if under(&self.removed, &t.path) {
             self.extras += 1;
+            self.count_removed(t);
             return;
         }
         if self.delete_extras {
             self.extras += 1;
+            self.count_removed(t);
             self.removed.insert(&t.path);
             self.touch(&t.path);
             self.plan.removes.push(t.path.clone());
@@ -433,6 +446,8 @@ mod tests {
         )
         .unwrap();
         assert_eq!(names(&plan.removes), ["y", "x.d", "x"]);
+        // What goes with them, inside removed directories too.
+        assert_eq!((plan.removed_dirs, plan.removed_files), (3, 3));
         assert_eq!(plan.unchanged, 1);
     }
 

@@ -275,6 +275,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
                 exclude_file: exclude_from,
                 default_excludes: !no_default_excludes,
                 use_gitignore: gitignore,
+                only: None,
             };
             sync::sync(&fleet, &source, &target, options).await
         }

@@ -18,13 +18,13 @@ use super::OutpostServer;
 use super::ids::Id;
 use super::progress::{Progress, Report};
 use super::shape::{
-    BackgroundSyncShape, FileListShape, ReadShape, Shaped, SyncOutcomeShape, SyncReportShape,
-    TransferShape, TransferStatusShape, WriteShape,
+    BackgroundSyncShape, FileListShape, ReadShape, Shaped, TransferStatusShape, WriteShape,
 };
+use super::sync_view::{PullReport, PushAnswer, TransferAnswer};
 use crate::ops::files::{self, ListRequest, ReadRequest, SyncRequest, WriteRequest};
 use crate::ops::human_bytes;
-use crate::ops::transfers::{Status, TransferView};
-use crate::sync::{self, SyncReport};
+use crate::ops::transfers::Status;
+use crate::sync;
 
 /// `sync_local_to_remote`'s parameters (and its background twin's).
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -43,7 +43,7 @@ pub struct PushParams {
 pub struct PullParams {
     #[schemars(extend("default" = "."))]
     pub remote_path: Option<String>,
-    #[schemars(extend("default" = "./remote_mirror"))]
+    #[schemars(extend("default" = "./remote_mirror/"))]
     pub local_path: Option<String>,
     #[serde(flatten)]
     pub options: SyncOptions,
@@ -75,7 +75,8 @@ impl SyncOptions {
         remote_path: Option<String>,
         pull: bool,
     ) -> SyncRequest {
-        let local_default = if pull { "./remote_mirror" } else { "." };
+        // A pulled file goes into ./remote_mirror/ (a tree becomes it).
+        let local_default = if pull { "./remote_mirror/" } else { "." };
         SyncRequest {
             local_path: given_or(local_path, local_default),
             remote_path: given_or(remote_path, "."),
@@ -212,7 +213,6 @@ fn sync_report(p: &sync::Progress) -> Report {
     }
 }
 
-type SyncOutcome = Shaped<files::SyncOutcome, SyncOutcomeShape>;
 type BackgroundSync = Shaped<files::SyncOutcome, BackgroundSyncShape>;
 
 /// What a cancel answers: how the transfer ended (its progress, and its
@@ -225,7 +225,6 @@ pub struct CancelledTransfer {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
-type Transfer = Shaped<TransferView, TransferShape>;
 
 #[tool_router(router = files_router, vis = "pub(super)")]
 impl OutpostServer {
@@ -237,7 +236,7 @@ impl OutpostServer {
         Parameters(p): Parameters<PushParams>,
         peer: Peer<RoleServer>,
         meta: RequestMetaObject,
-    ) -> Result<Json<SyncOutcome>, String> {
+    ) -> Result<Json<PushAnswer>, String> {
         let roots = self.local_roots(&peer).await;
         let progress = Progress::of(&peer, &meta);
         let mut ticker = None;
@@ -249,27 +248,18 @@ impl OutpostServer {
         };
         files::sync_maybe_inline(&self.fleet, &self.transfers, &roots, p.request(), watch)
             .await
-            .map(|r| Json(Shaped::new(r)))
-    }
-
-    #[tool(description = "Push in the background; poll check_file_transfer_task.")]
-    async fn sync_local_to_remote_background(
-        &self,
-        Parameters(p): Parameters<PushParams>,
-        peer: Peer<RoleServer>,
-    ) -> Result<Json<BackgroundSync>, String> {
-        let roots = self.local_roots(&peer).await;
-        files::sync_background(&self.fleet, &self.transfers, &roots, p.request())
-            .map(|r| Json(Shaped::new(r)))
+            .map(|r| Json(PushAnswer::from(r)))
     }
 
     #[tool(description = "A background transfer's status, progress and report.")]
     async fn check_file_transfer_task(
         &self,
         Parameters(p): Parameters<TaskParams>,
-    ) -> Result<Json<Transfer>, String> {
+    ) -> Result<Json<TransferAnswer>, String> {
         let task = self.transfers.get(p.task_id.as_str())?;
-        Ok(Json(Shaped::new(task.view(p.last_n_lines.unwrap_or(50)))))
+        Ok(Json(TransferAnswer::from(
+            task.view(p.last_n_lines.unwrap_or(50)),
+        )))
     }
 
     #[tool(description = "Cancel a background transfer; nothing half-written remains.")]
@@ -296,7 +286,7 @@ impl OutpostServer {
         Parameters(p): Parameters<PullParams>,
         peer: Peer<RoleServer>,
         meta: RequestMetaObject,
-    ) -> Result<Json<Shaped<SyncReport, SyncReportShape>>, String> {
+    ) -> Result<Json<PullReport>, String> {
         let roots = self.local_roots(&peer).await;
         let counters = Arc::new(sync::Progress::default());
         let _ticker = Progress::of(&peer, &meta).every({
@@ -308,7 +298,7 @@ impl OutpostServer {
         });
         files::pull(&self.fleet, &roots, p.request(), counters)
             .await
-            .map(|r| Json(Shaped::new(r)))
+            .map(|r| Json(PullReport::from(r)))
     }
 
     #[tool(description = "List a sandbox directory.")]
@@ -342,6 +332,22 @@ impl OutpostServer {
     }
 }
 
+// Not remote-sandbox-mcp's (its sync_local_to_remote goes to the background
+// by itself, as Outpost's does): listed with the advanced tools.
+#[tool_router(router = background_push_router, vis = "pub(super)")]
+impl OutpostServer {
+    #[tool(description = "Push in the background; poll check_file_transfer_task.")]
+    async fn sync_local_to_remote_background(
+        &self,
+        Parameters(p): Parameters<PushParams>,
+        peer: Peer<RoleServer>,
+    ) -> Result<Json<BackgroundSync>, String> {
+        let roots = self.local_roots(&peer).await;
+        files::sync_background(&self.fleet, &self.transfers, &roots, p.request())
+            .map(|r| Json(Shaped::new(r)))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -359,7 +365,7 @@ mod tests {
         let pull = none.request();
         assert_eq!(
             (pull.local_path.as_str(), pull.remote_path.as_str()),
-            ("./remote_mirror", ".")
+            ("./remote_mirror/", ".")
         );
     }
 }

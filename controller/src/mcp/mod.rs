@@ -40,6 +40,7 @@ mod prompts;
 mod resources;
 mod sandboxes;
 mod shape;
+mod sync_view;
 mod tasks;
 mod watch;
 
@@ -191,6 +192,7 @@ impl OutpostServer {
         if fleet.config.expose_advanced_tools {
             tool_router.merge(Self::watch_router());
             tool_router.merge(Self::job_log_router());
+            tool_router.merge(Self::background_push_router());
         }
         let unlisted = listing::finish(&mut tool_router, fleet.config.expose_advanced_tools);
         let audit = crate::ops::audit::AuditLog::new(&fleet.config.home);
@@ -573,9 +575,10 @@ mod tests {
         }
         assert!(!basic.iter().any(|n| n.contains("watch")), "{basic:?}");
         let all = names(true);
-        assert_eq!(all.len(), basic.len() + 13, "{all:?}");
+        assert_eq!(all.len(), basic.len() + 14, "{all:?}");
         for tool in [
             "read_background_log",
+            "sync_local_to_remote_background",
             "get_watchdog_status",
             "exec_bash_background_watch",
             "install_macos_watchdog",

@@ -164,59 +164,6 @@ struct DiskShape {
     free_gb: f64,
 }
 
-// Mirrors `crate::sync::SyncReport`.
-#[derive(JsonSchema)]
-#[schemars(rename = "SyncReport")]
-#[allow(dead_code)]
-pub struct SyncReportShape {
-    files_sent: u64,
-    files_unchanged: u64,
-    dirs_created: u64,
-    symlinks: u64,
-    /// Mode or mtime updates without content.
-    attrs_updated: u64,
-    deleted: u64,
-    /// Content bytes of the files sent.
-    bytes_total: u64,
-    /// Bytes that crossed the link (compressed data, chunk deltas).
-    bytes_sent: u64,
-    /// Taken from an interrupted earlier transfer's partial file.
-    #[serde(skip_serializing_if = "is_zero")]
-    bytes_resumed: u64,
-    /// Per-path problems; the rest of the sync completed.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    problems: Vec<String>,
-    duration_s: f64,
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    dry_run: bool,
-    /// With dry_run: paths that would be sent (capped).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    would_send: Vec<String>,
-    /// With dry_run: paths that would be deleted (capped).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    would_delete: Vec<String>,
-}
-
-// Mirrors `crate::ops::files::SyncOutcome`.
-#[derive(JsonSchema)]
-#[schemars(rename = "SyncOutcome")]
-#[allow(dead_code)]
-pub struct SyncOutcomeShape {
-    /// "inline" or "background".
-    mode: String,
-    #[serde(flatten)]
-    report: Option<SyncReportShape>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    task_id: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    status: Option<TransferStatusShape>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    progress: Option<ProgressShape>,
-    /// Set when an inline sync outgrew the inline limits.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    auto_switched: bool,
-}
-
 // Mirrors `crate::ops::files::SyncOutcome` in background mode, as
 // `sync_local_to_remote_background` always answers.
 #[derive(JsonSchema)]
@@ -298,25 +245,6 @@ pub struct ProgressShape {
     bytes_total: u64,
     /// Content bytes per second since the start.
     rate_mb_s: f64,
-}
-
-// Mirrors `crate::ops::transfers::TransferView`.
-#[derive(JsonSchema)]
-#[schemars(rename = "TransferView")]
-#[allow(dead_code)]
-pub struct TransferShape {
-    task_id: String,
-    status: TransferStatusShape,
-    /// Present (true) while the transfer runs.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    running: bool,
-    progress: ProgressShape,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    result: Option<SyncReportShape>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    error: Option<String>,
-    #[serde(skip_serializing_if = "String::is_empty")]
-    log_tail: String,
 }
 
 // Mirrors `crate::ops::events::FollowerView`.

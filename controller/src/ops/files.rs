@@ -144,6 +144,7 @@ fn options(
             .transpose()?,
         default_excludes: true,
         use_gitignore: p.use_gitignore,
+        only: None,
     };
     Ok((local.path, options))
 }
@@ -255,11 +256,44 @@ pub async fn pull(
     p: SyncRequest,
     progress: Arc<Progress>,
 ) -> Result<SyncReport, String> {
-    let (local, options) = options(roots, &p, Direction::Pull)?;
     let session = fleet.get(p.sandbox_name.as_deref())?;
+    let kind = sync::remote_kind(&session, &p.remote_path)
+        .await
+        .map_err(|e| e.to_string())?;
+    if kind == sync::RemoteKind::Other {
+        return pull_file(roots, p, &session, progress).await;
+    }
+    let (local, options) = options(roots, &p, Direction::Pull)?;
     sync::pull(&session, &p.remote_path, &local, &options, progress)
         .await
         .map_err(|e| e.to_string())
+}
+
+/// Pulls the one file `p.remote_path` names: into `local_path` when that is
+/// a directory (or ends in `/`), else to `local_path` itself, under its own
+/// name (see [`sync::file_target`]).
+async fn pull_file(
+    roots: &Roots,
+    mut p: SyncRequest,
+    session: &crate::session::Session,
+    progress: Arc<Progress>,
+) -> Result<SyncReport, String> {
+    let (remote_dir, name) = sync::file_target(&p.remote_path, false, "");
+    let local_is_dir = roots
+        .resolve(&p.local_path, Intent::Dest { create: false })
+        .is_ok_and(|l| l.path.is_dir());
+    let (local_dir, target) = sync::file_target(&p.local_path, local_is_dir, &name);
+    if target != name {
+        return Err(sync::renames(&name, &p.local_path).to_string());
+    }
+    p.local_path = local_dir;
+    let (local, mut options) = options(roots, &p, Direction::Pull)?;
+    options.only = Some(name);
+    let mut report = sync::pull(session, &remote_dir, &local, &options, progress)
+        .await
+        .map_err(|e| e.to_string())?;
+    report.single_file = true;
+    Ok(report)
 }
 
 pub async fn list(fleet: &Fleet, p: ListRequest) -> Result<ListResult, String> {

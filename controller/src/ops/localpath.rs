@@ -258,7 +258,7 @@ impl Roots {
             }
             if let Ok(rel) = secret.strip_prefix(path) {
                 let mut pattern = String::from("/");
-                pattern.push_str(&glob_escape(&rel.to_string_lossy()));
+                pattern.push_str(&outpost_treesync::filter::escape(&rel.to_string_lossy()));
                 excludes.push(pattern);
             }
         }
@@ -535,17 +535,6 @@ fn file_uri_path(uri: &str) -> Option<PathBuf> {
 
 fn hex(b: u8) -> Option<u8> {
     (b as char).to_digit(16).map(|d| d as u8)
-}
-
-fn glob_escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\' | '!' | '#') {
-            out.push('\\');
-        }
-        out.push(c);
-    }
-    out
 }
 
 #[cfg(test)]

@@ -24,8 +24,9 @@
 //! a plan), `parts` (how each file travels), `pipeline` (requests in
 //! flight), `remote` (scans, reads and writes through the agent), `run` (a
 //! sync being applied: the metadata phases), `push` and `pull` (the file
-//! contents, each way). This file holds [`push()`] and [`pull()`] and
-//! re-exports the rest of the public API.
+//! contents, each way), `single` (one file rather than a tree). This file
+//! holds [`push()`] and [`pull()`] and re-exports the rest of the public
+//! API.
 
 mod helpers;
 mod limits;
@@ -37,6 +38,7 @@ mod pull;
 mod push;
 mod remote;
 mod run;
+mod single;
 #[cfg(test)]
 mod tests;
 mod types;
@@ -51,14 +53,15 @@ use outpost_treesync::plan;
 use self::helpers::{add_problems, until_cancelled};
 use self::local::{local_dir, scan_local};
 use self::planning::{
-    diff_options, dry_run_report, filter_spec, problem_paths, root_problem, spare_unseen,
-    start_progress,
+    diff_options, dry_run_report, filter_spec, only_name, problem_paths, root_problem,
+    spare_unseen, start_progress,
 };
 use self::pull::PullFiles;
 use self::push::PushFiles;
 use self::remote::{create_remote_root, scan_on, scan_request};
 pub use self::remote::{read_remote, scan_remote, write_remote};
 use self::run::{Dest, Run, partial_set};
+pub use self::single::{RemoteKind, file_target, renames};
 pub use self::types::{PLAN_LISTING, Progress, SyncError, SyncOptions, SyncReport};
 use crate::session::Session;
 
@@ -70,6 +73,23 @@ pub async fn push(
     options: &SyncOptions,
     progress: Arc<Progress>,
 ) -> Result<SyncReport, SyncError> {
+    if options.only.is_none()
+        && let Some((dir, name)) = single::local_file(local)
+    {
+        let conn = session.connection().await?;
+        let is_dir = single::remote_kind(&conn, remote).await? == RemoteKind::Dir;
+        let (remote_dir, target) = file_target(remote, is_dir, &name);
+        if target != name {
+            return Err(renames(&name, remote));
+        }
+        let options = SyncOptions {
+            only: Some(name),
+            ..options.clone()
+        };
+        let mut report = Box::pin(push(session, &dir, &remote_dir, &options, progress)).await?;
+        report.single_file = true;
+        return Ok(report);
+    }
     let started = Instant::now();
     let local = local_dir(local, true)?;
     let spec = filter_spec(options, &local)?;
@@ -86,6 +106,9 @@ pub async fn push(
 
     root_problem(&local.display().to_string(), &src.summary)?;
     root_problem(remote, &dst_summary)?;
+    let (mut src, mut dst) = (src, dst);
+    only_name(&mut src.entries, options);
+    only_name(&mut dst, options);
     let src_problems = problem_paths(&src.summary);
     let mut report = SyncReport::default();
     add_problems(&mut report, &src.summary.problems);
@@ -121,6 +144,11 @@ pub async fn push(
     Ok(run.finish(&plan, started))
 }
 
+/// What `path` is on the session's host.
+pub async fn remote_kind(session: &Session, path: &str) -> Result<RemoteKind, SyncError> {
+    single::remote_kind(&session.connection().await?, path).await
+}
+
 /// `remote` on the session's host → local tree.
 pub async fn pull(
     session: &Session,
@@ -146,6 +174,9 @@ pub async fn pull(
     }
     root_problem(remote, &src_summary)?;
     root_problem(&local.display().to_string(), &dst.summary)?;
+    let (mut src, mut dst) = (src, dst);
+    only_name(&mut src, options);
+    only_name(&mut dst.entries, options);
     let src_problems = problem_paths(&src_summary);
 
     let mut report = SyncReport::default();

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use outpost_protocol::{FilterSpec, RelPath, ScanSummary};
+use outpost_protocol::{FilterSpec, RelPath, ScanSummary, TreeEntry};
 use outpost_treesync::filter::{self, DEFAULT_EXCLUDES, Filter};
 use outpost_treesync::plan::{DiffOptions, Plan};
 use outpost_treesync::relpath;
@@ -20,6 +20,12 @@ use super::types::{PLAN_LISTING, Progress, SyncError, SyncOptions, SyncReport};
 /// `!pattern`s can re-include what they exclude.
 pub(super) fn filter_spec(options: &SyncOptions, local: &Path) -> Result<FilterSpec, SyncError> {
     let mut excludes = Vec::new();
+    if let Some(name) = &options.only {
+        // Spares scanning the rest; `only_name` makes it exact (a caller's
+        // `!pattern` below could re-include other names).
+        excludes.push("/*".to_string());
+        excludes.push(format!("!/{}", filter::escape(name)));
+    }
     if options.default_excludes {
         excludes.extend(DEFAULT_EXCLUDES.iter().map(|p| p.to_string()));
     }
@@ -36,9 +42,16 @@ pub(super) fn filter_spec(options: &SyncOptions, local: &Path) -> Result<FilterS
     Ok(spec)
 }
 
+/// Keeps the entries of the one name a single-file sync moves.
+pub(super) fn only_name(entries: &mut Vec<TreeEntry>, options: &SyncOptions) {
+    if let Some(name) = &options.only {
+        entries.retain(|e| relpath::components(&e.path).is_ok_and(|c| c[0] == name.as_bytes()));
+    }
+}
+
 pub(super) fn diff_options(options: &SyncOptions) -> DiffOptions {
     DiffOptions {
-        delete_extras: options.delete_extras,
+        delete_extras: options.delete_extras && options.only.is_none(),
         force: options.force,
     }
 }
@@ -64,6 +77,8 @@ pub(super) fn dry_run_report(mut report: SyncReport, plan: &Plan, started: Insta
     report.symlinks = plan.symlinks.len() as u64;
     report.attrs_updated = plan.attrs.len() as u64;
     report.deleted = plan.removes.len() as u64;
+    report.deleted_files = plan.removed_files;
+    report.deleted_dirs = plan.removed_dirs;
     report.bytes_total = plan.content_bytes();
     report.duration_s = started.elapsed().as_secs_f64();
     report.dry_run = true;

@@ -128,6 +128,9 @@ impl Run {
             .iter()
             .map(|p| MetaOp::Remove { path: p.clone() });
         self.report.deleted = self.meta(removes.collect()).await?;
+        // As planned: a delete that failed is among the problems.
+        self.report.deleted_files = plan.removed_files;
+        self.report.deleted_dirs = plan.removed_dirs;
         self.meta(set_attrs(&plan.dir_attrs)).await?;
         Ok(())
     }

@@ -24,6 +24,9 @@ pub struct SyncOptions {
     pub default_excludes: bool,
     /// Honour .gitignore files inside the source tree.
     pub use_gitignore: bool,
+    /// Sync this one top-level name of the roots (a single file) and leave
+    /// every other name alone: never scanned, sent or deleted.
+    pub only: Option<String>,
 }
 
 impl Default for SyncOptions {
@@ -36,6 +39,7 @@ impl Default for SyncOptions {
             exclude_file: None,
             default_excludes: true,
             use_gitignore: false,
+            only: None,
         }
     }
 }
@@ -56,6 +60,9 @@ pub struct Progress {
 /// What a sync did (or, with dry_run, would do).
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct SyncReport {
+    /// The source was one file, not a directory.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub single_file: bool,
     pub files_sent: u64,
     pub files_unchanged: u64,
     pub dirs_created: u64,
@@ -63,6 +70,11 @@ pub struct SyncReport {
     /// Mode or mtime updates without content.
     pub attrs_updated: u64,
     pub deleted: u64,
+    /// What the deletes take away, entries inside a deleted directory
+    /// included: files (and symlinks) and directories (a delete that failed
+    /// is among the problems).
+    pub deleted_files: u64,
+    pub deleted_dirs: u64,
     /// Content bytes of the files sent.
     pub bytes_total: u64,
     /// Bytes that crossed the link (compressed data, chunk deltas).

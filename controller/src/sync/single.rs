@@ -1,0 +1,98 @@
+//! One file synced rather than a tree, as remote-sandbox-mcp syncs one: the
+//! file goes into the target when that is a directory (or a path ending in
+//! `/`), else becomes the target path, under its own name. The sync is the
+//! tree sync of the two parent directories restricted to that one name
+//! ([`SyncOptions::only`]), so a file keeps every guarantee a tree has: the
+//! delta, the hash check, nothing partial at the final path.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use outpost_protocol::FilterSpec;
+
+use super::remote::{scan_on, scan_request};
+use super::types::SyncError;
+use crate::session::Connection;
+
+/// What a path on the host is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RemoteKind {
+    Missing,
+    Dir,
+    /// A file, or anything else that is not a directory.
+    Other,
+}
+
+/// Looks at `path` on the host without listing what it holds.
+pub(super) async fn remote_kind(
+    conn: &Arc<Connection>,
+    path: &str,
+) -> Result<RemoteKind, SyncError> {
+    let nothing = FilterSpec {
+        excludes: vec!["*".into()],
+        use_gitignore: false,
+    };
+    let (_, summary) = scan_on(conn, scan_request(path, &nothing)).await?;
+    Ok(if !summary.root_exists {
+        RemoteKind::Missing
+    } else if summary.problems.iter().any(|p| p.path.is_empty()) {
+        RemoteKind::Other
+    } else {
+        RemoteKind::Dir
+    })
+}
+
+/// A local file's directory and name; None for a directory (or nothing).
+pub(super) fn local_file(local: &Path) -> Option<(PathBuf, String)> {
+    let meta = std::fs::symlink_metadata(local).ok()?;
+    if meta.is_dir() {
+        return None;
+    }
+    let name = local.file_name()?.to_str()?.to_string();
+    Some((local.parent()?.to_path_buf(), name))
+}
+
+/// Where a file named `name` goes for the target `target`: its directory
+/// and the name it gets there.
+pub fn file_target(target: &str, target_is_dir: bool, name: &str) -> (String, String) {
+    let trimmed = target.trim_end_matches('/');
+    if target_is_dir || target.ends_with('/') || matches!(trimmed, "" | "." | "~") {
+        let dir = if trimmed.is_empty() && target.starts_with('/') {
+            "/".to_string()
+        } else if trimmed.is_empty() {
+            ".".to_string()
+        } else {
+            trimmed.to_string()
+        };
+        return (dir, name.to_string());
+    }
+    match trimmed.rsplit_once('/') {
+        Some(("", base)) => ("/".into(), base.into()),
+        Some((dir, base)) => (dir.into(), base.into()),
+        None => (".".into(), trimmed.into()),
+    }
+}
+
+/// The refusal of a single-file sync that would rename the file.
+pub fn renames(name: &str, target: &str) -> SyncError {
+    SyncError::Invalid(format!(
+        "a single-file sync keeps the file's name: {name} cannot become {target}; give the target's directory (ending in /), or a path ending in {name}"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_goes_into_a_directory_or_becomes_the_target() {
+        let t = |target, is_dir| file_target(target, is_dir, "a.py");
+        assert_eq!(t("proj", true), ("proj".into(), "a.py".into()));
+        assert_eq!(t("proj/", false), ("proj".into(), "a.py".into()));
+        assert_eq!(t(".", false), (".".into(), "a.py".into()));
+        assert_eq!(t("~", false), ("~".into(), "a.py".into()));
+        assert_eq!(t("proj/a.py", false), ("proj".into(), "a.py".into()));
+        assert_eq!(t("b.py", false), (".".into(), "b.py".into()));
+        assert_eq!(t("/a.py", false), ("/".into(), "a.py".into()));
+    }
+}
