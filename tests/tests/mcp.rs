@@ -749,6 +749,56 @@ async fn mcp_unknown_host_keys_are_confirmed_by_the_person() {
     assert!(later.asked.lock().unwrap().is_empty());
     assert_eq!(recorded(), 1);
     client.cancel().await.unwrap();
+
+    // Through a jump host: its unknown key is put to the person first, then
+    // the sandbox's, each saved under its own name.
+    let jump = Sshd::start();
+    let jstate = common::scratch("hostkey-jump");
+    // The jump host's own key, by an alias of an ssh config file.
+    let ssh_config = jstate.path().join("ssh_config");
+    std::fs::write(
+        &ssh_config,
+        format!(
+            "Host jumpbox\n  HostName {}\n  Port {}\n  User {}\n  IdentityFile {}\n",
+            jump.host(),
+            jump.port(),
+            jump.user(),
+            jump.client_key().display()
+        ),
+    )
+    .unwrap();
+    let config = jstate.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "ssh_config = \"{}\"\n{}proxy_jump = \"jumpbox\"\n",
+            ssh_config.display(),
+            sshd.sandbox_toml("box"),
+        ),
+    )
+    .unwrap();
+    let env = [
+        ("OUTPOST_CONFIG", config.display().to_string()),
+        ("OUTPOST_HOME", jstate.path().display().to_string()),
+    ];
+    let both = person(Some("trust_and_save"));
+    let (client, _home) = start_as(both.clone(), &env).await;
+    let (err, r) = call(
+        &client,
+        "exec_bash",
+        json!({"command": "echo through", "sandbox_name": "box"}),
+    )
+    .await;
+    assert!(!err && r["stdout"] == "through\n", "{r}");
+    let asked = both.asked.lock().unwrap().clone();
+    assert_eq!(asked.len(), 2, "{asked:?}");
+    assert!(asked[0].contains(&jump.port().to_string()), "{asked:?}");
+    assert!(asked[1].contains(&sshd.port().to_string()), "{asked:?}");
+    let saved = std::fs::read_to_string(jstate.path().join("known_hosts")).unwrap();
+    for port in [jump.port(), sshd.port()] {
+        assert!(saved.contains(&format!(":{port} ")), "{saved}");
+    }
+    client.cancel().await.unwrap();
 }
 
 /// A client that declares the MCP Tasks extension.

@@ -73,8 +73,9 @@ pub enum ConnectError {
     Jump { hop: String, reason: String },
     /// An unknown key waits for a person's decision (never leaves
     /// [`SshConnection::connect`]).
+    /// The key, what the person is shown, and the hostname it was dialled as.
     #[error("host key {} of {} is not confirmed yet", .0.1.fingerprint, .0.1.host)]
-    Unconfirmed(Box<(russh::keys::ssh_key::PublicKey, UnknownHostKey)>),
+    Unconfirmed(Box<(russh::keys::ssh_key::PublicKey, UnknownHostKey, String)>),
 }
 
 /// AES-GCM first: it runs on the CPU's AES instructions, several times faster
@@ -123,9 +124,10 @@ pub struct HostKeyFiles<'a> {
 
 impl SshConnection {
     /// Connects, checks the host key and authenticates, all within `timeout`.
-    /// An unknown host key goes to the person [`HOST_KEY_CONFIRMATION`] asks
-    /// when the caller has one (their time to answer is not counted); a
-    /// trusted key is then connected to again.
+    /// An unknown host key (a jump host's or the sandbox's) goes to the
+    /// person [`HOST_KEY_CONFIRMATION`] asks when the caller has one (their
+    /// time to answer is not counted); once trusted, the connection is made
+    /// again, which may meet the next hop's unknown key.
     pub async fn connect(
         target: &SshTarget,
         keys: HostKeyFiles<'_>,
@@ -144,39 +146,43 @@ impl SshConnection {
                 }),
             }
         };
-        let (key, unknown, confirm) = match (attempt().await, confirmation) {
-            (Err(ConnectError::Unconfirmed(pending)), Some(confirm)) => {
-                let (key, unknown) = *pending;
-                (key, unknown, confirm)
-            }
-            (other, _) => return other,
+        let Some(confirm) = confirmation else {
+            return attempt().await;
         };
-        let rejected = |why| ConnectError::HostKeyRejected {
-            host: unknown.host.clone(),
-            offered: unknown.fingerprint.clone(),
-            why,
-        };
-        match confirm.confirm(unknown.clone()).await {
-            HostKeyDecision::Reject => {
-                hostkeys::reject(unknown.clone());
-                return Err(rejected("the user rejected it"));
+        // Hosts whose key the person trusted in this call.
+        let mut confirmed: Vec<String> = Vec::new();
+        loop {
+            let (key, unknown, hostname) = match attempt().await {
+                Err(ConnectError::Unconfirmed(pending)) => *pending,
+                other => return other,
+            };
+            let rejected = |why| ConnectError::HostKeyRejected {
+                host: unknown.host.clone(),
+                offered: unknown.fingerprint.clone(),
+                why,
+            };
+            // A host offering yet another key: not the one the person saw.
+            if confirmed.contains(&unknown.host) {
+                return Err(rejected(
+                    "the host offered a different key after this one was confirmed",
+                ));
             }
-            HostKeyDecision::TrustOnce => hostkeys::trust_once(unknown.clone()),
-            HostKeyDecision::TrustAndSave => {
-                hostkeys::record(&target.hostname, target.port, &key, keys.own).map_err(
-                    |reason| ConnectError::Io {
-                        addr: addr.clone(),
-                        reason,
-                    },
-                )?;
+            match confirm.confirm(unknown.clone()).await {
+                HostKeyDecision::Reject => {
+                    hostkeys::reject(unknown.clone());
+                    return Err(rejected("the user rejected it"));
+                }
+                HostKeyDecision::TrustOnce => hostkeys::trust_once(unknown.clone()),
+                HostKeyDecision::TrustAndSave => {
+                    hostkeys::record(&hostname, unknown.port, &key, keys.own).map_err(
+                        |reason| ConnectError::Io {
+                            addr: addr.clone(),
+                            reason,
+                        },
+                    )?;
+                }
             }
-        }
-        match attempt().await {
-            // The host offered yet another key: not the one the person saw.
-            Err(ConnectError::Unconfirmed(_)) => Err(rejected(
-                "the host offered a different key after this one was confirmed",
-            )),
-            other => other,
+            confirmed.push(unknown.host);
         }
     }
 
@@ -188,24 +194,28 @@ impl SshConnection {
     ) -> Result<SshConnection, ConnectError> {
         // Through the jump hosts first, each connection opened over the one
         // before it (OpenSSH's ProxyJump). Their keys are checked against
-        // their own names, under the accept-new or strict rule (a person is
-        // asked about the sandbox's own key only).
+        // their own names, and an unknown one is put to the person like the
+        // sandbox's own.
         let mut via: Vec<Arc<Handle<Client>>> = Vec::new();
         for hop in &target.jump {
             let hop_addr = format!("{}:{}", hop.hostname, hop.port);
             let connected = match via.last() {
                 None => match dial(hop, &hop_addr).await {
-                    Ok(socket) => Self::handshake(hop, keys, &hop_addr, false, socket).await,
+                    Ok(socket) => Self::handshake(hop, keys, &hop_addr, ask, socket).await,
                     Err(e) => Err(e),
                 },
                 Some(prev) => match tunnel(prev, hop, &hop_addr).await {
-                    Ok(stream) => Self::handshake(hop, keys, &hop_addr, false, stream).await,
+                    Ok(stream) => Self::handshake(hop, keys, &hop_addr, ask, stream).await,
                     Err(e) => Err(e),
                 },
             };
-            let (handle, _) = connected.map_err(|e| ConnectError::Jump {
-                hop: hop_addr.clone(),
-                reason: e.to_string(),
+            let (handle, _) = connected.map_err(|e| match e {
+                // `connect` asks the person, then comes back through here.
+                ConnectError::Unconfirmed(_) => e,
+                e => ConnectError::Jump {
+                    hop: hop_addr.clone(),
+                    reason: e.to_string(),
+                },
             })?;
             via.push(Arc::new(handle));
         }
@@ -282,9 +292,9 @@ impl SshConnection {
                             why,
                         }
                     }
-                    Some(HostKeyVerdict::ToConfirm { key, unknown }) => {
-                        ConnectError::Unconfirmed(Box::new((*key, unknown)))
-                    }
+                    Some(HostKeyVerdict::ToConfirm { key, unknown }) => ConnectError::Unconfirmed(
+                        Box::new((*key, unknown, target.hostname.clone())),
+                    ),
                     Some(HostKeyVerdict::UnknownStrict { offered }) => {
                         ConnectError::HostKeyUnknown {
                             host,
