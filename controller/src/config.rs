@@ -551,6 +551,11 @@ fn resolve(
         hops.iter()
             .map(|hop| {
                 jump_host(hop, ssh_config, home, default_user).map(|mut j| {
+                    // A hop with no IdentityFile of its own keeps the default
+                    // keys, as OpenSSH would try them.
+                    if j.identity_files.is_empty() {
+                        j.identity_files.extend(default_keys(home));
+                    }
                     // The sandbox's keys are tried on a hop too, after the
                     // agent and the hop's own (never its password).
                     j.identity_files.extend(key_file.iter().cloned());
@@ -589,7 +594,7 @@ fn resolve(
             password: raw.password,
             identity_files,
             identities_only: params.as_ref().is_some_and(identities_only),
-            connect_timeout: params.as_ref().and_then(|p| p.connect_timeout),
+            connect_timeout: params.as_ref().and_then(ssh_connect_timeout),
             strict_host_keys,
             remote_dir: raw.remote_dir.unwrap_or_else(|| "~/.outpost".into()),
             jump,
@@ -660,6 +665,24 @@ fn user_known_hosts(
     Ok(Some(
         files.into_iter().map(|f| expand_tilde(f, home)).collect(),
     ))
+}
+
+/// OpenSSH's default identities that exist under `home`.
+pub fn default_keys(home: Option<&Path>) -> Vec<PathBuf> {
+    let Some(home) = home else {
+        return Vec::new();
+    };
+    ["id_ed25519", "id_ecdsa", "id_rsa"]
+        .iter()
+        .map(|name| home.join(".ssh").join(name))
+        .filter(|p| p.exists())
+        .collect()
+}
+
+/// `ConnectTimeout` from `~/.ssh/config`; 0 is OpenSSH's "no limit of my
+/// own", which leaves Outpost's.
+fn ssh_connect_timeout(params: &ssh2_config::HostParams) -> Option<Duration> {
+    params.connect_timeout.filter(|t| !t.is_zero())
 }
 
 /// `IdentitiesOnly yes` from `~/.ssh/config`.
@@ -761,7 +784,7 @@ fn jump_host(
             .map(|p| expand_tilde(&p.to_string_lossy(), home))
             .collect(),
         identities_only: params.as_ref().is_some_and(identities_only),
-        connect_timeout: params.as_ref().and_then(|p| p.connect_timeout),
+        connect_timeout: params.as_ref().and_then(ssh_connect_timeout),
         strict_host_keys: false,
         remote_dir: String::new(),
         jump: Vec::new(),

@@ -145,10 +145,16 @@ async def main():
             await seed.initialize()
             await ours.initialize()
 
-            async def both(tool, args, *, expect_error=False):
+            async def both(tool, args, *, expect_error=False, local=None):
+                """`local`: a local path argument, made per server."""
                 timeout = timedelta(seconds=120)
+                mine = dict(args)
+                if local:
+                    key, base = local
+                    args = {**args, key: base + "-seed"}
+                    mine[key] = base + "-ours"
                 s = await seed.call_tool(tool, args, read_timeout_seconds=timeout)
-                o = await ours.call_tool(tool, args, read_timeout_seconds=timeout)
+                o = await ours.call_tool(tool, mine, read_timeout_seconds=timeout)
                 sv, serr = payload(s)
                 ov, oerr = payload(o)
                 line = f"{tool}({json.dumps(args)[:80]})"
@@ -183,22 +189,25 @@ async def main():
                 with open(os.path.join(work, name), "w") as f:
                     f.write(text)
             for server in ("seed", "ours"):
-                os.makedirs(os.path.join(SCRATCH, f"pull-{server}"), exist_ok=True)
+                os.makedirs(os.path.join(SCRATCH, f"pulled-{server}"), exist_ok=True)
             remote = "outpost-side-by-side"
             await both("sync_local_to_remote", {"local_path": work, "remote_path": remote})
             await both("list_remote_files", {"remote_path": remote, "recursive": True})
             await both("read_remote_file", {"remote_path": f"{remote}/a.txt"})
-            await both("sync_remote_to_local",
-                       {"remote_path": remote, "local_path": os.path.join(SCRATCH, "pull")})
+            await both("sync_remote_to_local", {"remote_path": remote},
+                       local=("local_path", os.path.join(SCRATCH, "pull")))
             # One file: into a directory, then as the target path.
             one = os.path.join(work, "a.txt")
             await both("sync_local_to_remote", {"local_path": one, "remote_path": remote})
             await both("sync_local_to_remote",
                        {"local_path": one, "remote_path": remote + "/sub/a.txt"})
-            pulled = os.path.join(SCRATCH, "pulled")
-            os.makedirs(pulled, exist_ok=True)
-            await both("sync_remote_to_local",
-                       {"remote_path": remote + "/sub/a.txt", "local_path": pulled})
+            # Into a local directory each.
+            await both("sync_remote_to_local", {"remote_path": remote + "/sub/a.txt"},
+                       local=("local_path", os.path.join(SCRATCH, "pulled")))
+            for server in ("seed", "ours"):
+                with open(os.path.join(SCRATCH, f"pulled-{server}", "a.txt")) as f:
+                    if f.read() != "a\n":
+                        failures.append(f"{server}: the pulled file differs")
             await both("read_remote_file", {"remote_path": remote + "/missing"}, expect_error=True)
             await both("select_sandbox", {"sandbox_name": "nowhere"}, expect_error=True)
             await both("exec_bash", {"command": "seq 1 100000", "max_output_chars": 100})

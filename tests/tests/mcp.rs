@@ -394,9 +394,11 @@ async fn mcp_file_tools_and_transfers() {
     );
 
     // One file, as remote-sandbox-mcp syncs one: into a directory (or a
-    // path ending in /), or to the target path, under its own name.
+    // path ending in /), or to the target path, under its own name; the rest
+    // of both directories is left alone, delete_extras or not.
     let one = src.path().join("f1.txt");
-    let push_one = |target: String| json!({"local_path": one, "remote_path": target});
+    let push_one =
+        |target: String| json!({"local_path": one, "remote_path": target, "delete_extras": true});
     let (err, r) = call(&client, "sync_local_to_remote", push_one(remote("one/"))).await;
     assert!(!err, "{r}");
     assert_eq!(
@@ -406,12 +408,23 @@ async fn mcp_file_tools_and_transfers() {
     );
     let (err, r) = call(
         &client,
+        "write_remote_file",
+        json!({"remote_path": remote("one/keep.txt"), "content": "kept"}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    let (err, r) = call(
+        &client,
         "sync_local_to_remote",
         push_one(remote("one/f1.txt")),
     )
     .await;
     assert!(!err, "{r}");
-    assert_eq!(r["skipped_files"], 1, "{r}");
+    assert_eq!(
+        (&r["skipped_files"], &r["deleted_files"]),
+        (&json!(1), &json!(0)),
+        "{r}"
+    );
     let (err, r) = call(
         &client,
         "sync_local_to_remote",
@@ -422,23 +435,34 @@ async fn mcp_file_tools_and_transfers() {
         err && r.to_string().contains("keeps the file's name"),
         "{r}"
     );
+    // An excluded file is an error, not a sync of nothing.
+    std::fs::write(src.path().join("x.pyc"), "x").unwrap();
+    let (err, r) = call(
+        &client,
+        "sync_local_to_remote",
+        json!({"local_path": src.path().join("x.pyc"), "remote_path": remote("one/")}),
+    )
+    .await;
+    assert!(err && r.to_string().contains("excluded"), "{r}");
+    std::fs::remove_file(src.path().join("x.pyc")).unwrap();
     let (_, r) = call(
         &client,
         "list_remote_files",
         json!({"remote_path": remote("one")}),
     )
     .await;
-    let names: Vec<&str> = r["entries"]
+    let mut names: Vec<&str> = r["entries"]
         .as_array()
         .unwrap()
         .iter()
         .map(|e| e["path"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["f1.txt"], "only the one file: {r}");
+    names.sort();
+    assert_eq!(names, ["f1.txt", "keep.txt"], "{r}");
     let (err, r) = call(
         &client,
         "sync_remote_to_local",
-        json!({"remote_path": remote("one/f1.txt"), "local_path": back.path()}),
+        json!({"remote_path": remote("one/f1.txt"), "local_path": back.path(), "delete_extras": true}),
     )
     .await;
     assert!(!err, "{r}");
@@ -451,8 +475,17 @@ async fn mcp_file_tools_and_transfers() {
         std::fs::read_to_string(back.path().join("f1.txt")).unwrap(),
         "file 1\n"
     );
-    // The rest of the local directory is left alone.
     assert!(back.path().join("b/f3.txt").exists());
+    // A directory of the file's name is not the file's to replace.
+    std::fs::create_dir_all(back.path().join("d/f1.txt/inner")).unwrap();
+    let (err, r) = call(
+        &client,
+        "sync_remote_to_local",
+        json!({"remote_path": remote("one/f1.txt"), "local_path": back.path().join("d")}),
+    )
+    .await;
+    assert!(err && r.to_string().contains("does not replace"), "{r}");
+    assert!(back.path().join("d/f1.txt/inner").is_dir());
     let (err, r) = call(
         &client,
         "sync_local_to_remote",

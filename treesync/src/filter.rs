@@ -196,11 +196,13 @@ fn check_pattern(pattern: &str) -> Result<(), String> {
         .map_err(|err| format!("bad exclude pattern {pattern:?}: {err}"))
 }
 
-/// `name` as a gitignore pattern that matches it literally.
+/// `name` as a gitignore pattern that matches it literally (trailing
+/// spaces too, which gitignore would otherwise drop).
 pub fn escape(name: &str) -> String {
-    let mut out = String::with_capacity(name.len());
-    for c in name.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\' | '!' | '#') {
+    let kept = name.trim_end_matches(' ').len();
+    let mut out = String::with_capacity(name.len() + 4);
+    for (i, c) in name.char_indices() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\' | '!' | '#') || i >= kept {
             out.push('\\');
         }
         out.push(c);
@@ -249,6 +251,17 @@ mod tests {
         assert!(!f.excluded(b"src/main.rs", false));
         assert!(f.excluded(b"a/.outpost-123.tmp", false));
         assert!(f.excluded(b".outpost-part-1.tmp", false));
+    }
+
+    #[test]
+    fn escaped_names_match_only_themselves() {
+        for name in ["a*b[1]?.py", "#notes", "!x", "trail  "] {
+            let only = [String::from("/*"), format!("!/{}", escape(name))];
+            let only: Vec<&str> = only.iter().map(String::as_str).collect();
+            let f = Filter::new(Path::new("/x"), &spec(&only, false)).unwrap();
+            assert!(!f.excluded(name.as_bytes(), false), "{name:?} excluded");
+            assert!(f.excluded(b"ab1.py", false), "{name:?} let another in");
+        }
     }
 
     #[test]

@@ -29,6 +29,15 @@ pub struct FileChange {
     pub dst: Option<TreeEntry>,
 }
 
+/// A destination entry a plan takes away.
+#[derive(Debug, Clone)]
+pub struct Removed {
+    pub path: RelPath,
+    pub is_dir: bool,
+    /// Its kind changes (else it is an extra).
+    pub replaced: bool,
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct Plan {
     /// Paths to remove first because their kind changes (a dir becoming a
@@ -45,10 +54,9 @@ pub struct Plan {
     pub attrs: Vec<TreeEntry>,
     /// Extras to remove (with delete_extras), deepest first.
     pub removes: Vec<RelPath>,
-    /// What `removes` takes away, entries inside a removed directory
-    /// included: directories, and everything else.
-    pub removed_dirs: u64,
-    pub removed_files: u64,
+    /// Every destination entry that goes away, entries inside a removed
+    /// directory included: extras and entries whose kind changes.
+    pub removed: Vec<Removed>,
     /// Directory modes and mtimes, set last, deepest first: every created
     /// directory, every one whose mode or mtime differs, and every one whose
     /// content the plan changes (writing into a directory bumps its mtime).
@@ -192,25 +200,27 @@ impl<'a> Differ<'a> {
         }
     }
 
-    fn count_removed(&mut self, t: &TreeEntry) {
-        match t.kind {
-            EntryKind::Dir => self.plan.removed_dirs += 1,
-            _ => self.plan.removed_files += 1,
-        }
+    fn count_removed(&mut self, t: &TreeEntry, replaced: bool) {
+        self.plan.removed.push(Removed {
+            path: t.path.clone(),
+            is_dir: matches!(t.kind, EntryKind::Dir),
+            replaced,
+        });
     }
 
     fn extra(&mut self, t: &'a TreeEntry) {
         if under(&self.replaced, &t.path) {
+            self.count_removed(t, true);
             return;
         }
         if under(&self.removed, &t.path) {
             self.extras += 1;
-            self.count_removed(t);
+            self.count_removed(t, false);
             return;
         }
         if self.delete_extras {
             self.extras += 1;
-            self.count_removed(t);
+            self.count_removed(t, false);
             self.removed.insert(&t.path);
             self.touch(&t.path);
             self.plan.removes.push(t.path.clone());
@@ -251,6 +261,7 @@ impl<'a> Differ<'a> {
             }
             _ => {
                 self.replaced.insert(&t.path);
+                self.count_removed(t, true);
                 self.plan.replace_removes.push(t.path.clone());
                 self.create(s);
             }
@@ -447,7 +458,8 @@ mod tests {
         .unwrap();
         assert_eq!(names(&plan.removes), ["y", "x.d", "x"]);
         // What goes with them, inside removed directories too.
-        assert_eq!((plan.removed_dirs, plan.removed_files), (3, 3));
+        let dirs = plan.removed.iter().filter(|r| r.is_dir).count();
+        assert_eq!((dirs, plan.removed.len() - dirs), (3, 3));
         assert_eq!(plan.unchanged, 1);
     }
 

@@ -49,6 +49,18 @@ const READ_BY_OUTPOST: &[&str] = &[
     "certificatefile",
 ];
 
+/// Options a file may give several times, each adding to the last (every
+/// other option takes its first value).
+const ADDING_UP: &[&str] = &[
+    "identityfile",
+    "certificatefile",
+    "localforward",
+    "remoteforward",
+    "dynamicforward",
+    "sendenv",
+    "setenv",
+];
+
 /// Whether a block applies to the host being evaluated.
 #[derive(Clone, Copy)]
 enum Applies {
@@ -56,6 +68,18 @@ enum Applies {
     No,
     /// A `Match` Outpost cannot judge: the index of its entry.
     Unknown(usize),
+}
+
+impl Applies {
+    /// A block's own answer inside what encloses it (an `Include` in a
+    /// block applies only as far as that block does).
+    fn within(self, outer: Applies) -> Applies {
+        match (outer, self) {
+            (Applies::No, _) | (_, Applies::No) => Applies::No,
+            (Applies::Unknown(i), _) | (_, Applies::Unknown(i)) => Applies::Unknown(i),
+            (Applies::Yes, Applies::Yes) => Applies::Yes,
+        }
+    }
 }
 
 /// One parsed `~/.ssh/config`, its `Include`s inlined.
@@ -119,10 +143,9 @@ impl SshConfigFile {
     ) -> Result<ssh2_config::HostParams> {
         let mut flat = String::new();
         let mut applies = Applies::Yes;
-        // Inside an Include whose enclosing block does not apply, nothing
-        // applies (OpenSSH's SSHCONF_NEVERMATCH).
-        let mut never = false;
-        let mut outer: Vec<(Applies, bool)> = Vec::new();
+        // What the blocks around an `Include` allow its blocks.
+        let mut outer = Applies::Yes;
+        let mut stack: Vec<(Applies, Applies)> = Vec::new();
         let mut hostname: Option<String> = None;
         let mut login: Option<String> = user.map(str::to_string);
         // Options set so far by blocks that apply (the first value wins);
@@ -143,11 +166,12 @@ impl SshConfigFile {
         for (index, entry) in self.entries.iter().enumerate() {
             match entry {
                 Entry::Host(patterns) => {
-                    applies = if !never && matches_list(host, patterns) {
+                    let own = if matches_list(host, patterns, true) {
                         Applies::Yes
                     } else {
                         Applies::No
                     };
+                    applies = own.within(outer);
                     header(&mut flat, applies);
                 }
                 Entry::Match { criteria, .. } => {
@@ -157,19 +181,24 @@ impl SshConfigFile {
                         user: login.as_deref().unwrap_or(local_user),
                         local_user,
                     };
-                    applies = match judge(criteria, &now) {
-                        _ if never => Applies::No,
+                    let own = match judge(criteria, &now) {
                         Some(true) => Applies::Yes,
                         Some(false) => Applies::No,
                         None => Applies::Unknown(index),
                     };
+                    applies = own.within(outer);
                     header(&mut flat, applies);
                 }
                 Entry::Setting { key, value, line } => match applies {
                     Applies::Yes => {
-                        if key == "hostname" && hostname.is_none() {
+                        let adds = ADDING_UP.contains(&key.as_str());
+                        if set.contains(&key.as_str()) && !adds {
+                            // ssh2-config would keep a block's last value.
+                            continue;
+                        }
+                        if key == "hostname" {
                             hostname = Some(expand_host_token(value, host));
-                        } else if key == "user" && login.is_none() {
+                        } else if key == "user" {
                             login = Some(value.clone());
                         }
                         set.push(key);
@@ -179,7 +208,7 @@ impl SshConfigFile {
                     Applies::No => {}
                     Applies::Unknown(at) => {
                         let decides = READ_BY_OUTPOST.contains(&key.as_str())
-                            && (key == "identityfile" || !set.contains(&key.as_str()));
+                            && (ADDING_UP.contains(&key.as_str()) || !set.contains(&key.as_str()));
                         if decides && let Entry::Match { criteria, at } = &self.entries[at] {
                             let word = criteria
                                 .iter()
@@ -195,11 +224,11 @@ impl SshConfigFile {
                     }
                 },
                 Entry::IncludeStart => {
-                    outer.push((applies, never));
-                    never |= !matches!(applies, Applies::Yes);
+                    stack.push((applies, outer));
+                    outer = applies.within(outer);
                 }
                 Entry::IncludeEnd => {
-                    (applies, never) = outer.pop().unwrap_or((Applies::Yes, false));
+                    (applies, outer) = stack.pop().unwrap_or((Applies::Yes, Applies::Yes));
                     header(&mut flat, applies);
                 }
             }
@@ -239,10 +268,11 @@ fn judge(criteria: &[Criterion], now: &Now) -> Option<bool> {
     for c in criteria {
         let hit = match &c.test {
             Test::All => true,
-            Test::Host(p) => matches_list(now.host, p),
-            Test::OriginalHost(p) => matches_list(now.original, p),
-            Test::User(p) => matches_list(now.user, p),
-            Test::LocalUser(p) => matches_list(now.local_user, p),
+            Test::Host(p) => matches_list(now.host, p, true),
+            Test::OriginalHost(p) => matches_list(now.original, p, true),
+            // User names are compared as they are.
+            Test::User(p) => matches_list(now.user, p, false),
+            Test::LocalUser(p) => matches_list(now.local_user, p, false),
             Test::Unjudged(_) => {
                 unjudged = true;
                 continue;
@@ -255,12 +285,20 @@ fn judge(criteria: &[Criterion], now: &Now) -> Option<bool> {
     if unjudged { None } else { Some(true) }
 }
 
-/// OpenSSH's pattern lists: some pattern matches and no `!pattern` does.
-fn matches_list(name: &str, patterns: &[String]) -> bool {
-    let name = name.to_ascii_lowercase();
+/// OpenSSH's pattern lists: some pattern matches and no `!pattern` does;
+/// `fold`: host names, compared without case.
+fn matches_list(name: &str, patterns: &[String], fold: bool) -> bool {
+    let fold = |s: &str| {
+        if fold {
+            s.to_ascii_lowercase()
+        } else {
+            s.to_string()
+        }
+    };
+    let name = fold(name);
     let mut hit = false;
     for pattern in patterns {
-        let pattern = pattern.to_ascii_lowercase();
+        let pattern = fold(pattern);
         match pattern.strip_prefix('!') {
             Some(negated) if wildcard(negated.as_bytes(), name.as_bytes()) => return false,
             Some(_) => {}
@@ -301,8 +339,9 @@ fn expand_host_token(value: &str, host: &str) -> String {
 }
 
 fn read_file(path: &Path, home: Option<&Path>, depth: usize, out: &mut Vec<Entry>) -> Result<()> {
-    let text = std::fs::read_to_string(path)
+    let bytes = std::fs::read(path)
         .with_context(|| format!("cannot read ssh config {}", path.display()))?;
+    let text = String::from_utf8_lossy(&bytes);
     for (number, raw) in text.lines().enumerate() {
         let at = format!("{}:{}", path.display(), number + 1);
         let Some((key, value)) = split_line(raw) else {
@@ -352,13 +391,15 @@ fn split_line(raw: &str) -> Option<(String, String)> {
     Some((key.to_ascii_lowercase(), value.to_string()))
 }
 
-/// Whitespace-separated words, double quotes grouping.
+/// Whitespace-separated words, double quotes grouping; an unquoted word
+/// starting with `#` begins a comment.
 fn words(value: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut word = String::new();
     let mut quoted = false;
     for c in value.chars() {
         match c {
+            '#' if !quoted && word.is_empty() => break,
             '"' => quoted = !quoted,
             c if c.is_whitespace() && !quoted => {
                 if !word.is_empty() {
@@ -422,7 +463,13 @@ fn include_files(name: &str, home: Option<&Path>) -> Result<Vec<PathBuf>> {
         (None, None) => bail!("Include {name}: no home directory"),
     };
     let pattern = path.to_string_lossy();
-    let mut files: Vec<PathBuf> = glob::glob(&pattern)
+    // As OpenSSH's glob: `*` does not match a leading dot (an editor's
+    // .config.swp is not a config file).
+    let options = glob::MatchOptions {
+        require_literal_leading_dot: true,
+        ..glob::MatchOptions::new()
+    };
+    let mut files: Vec<PathBuf> = glob::glob_with(&pattern, options)
         .with_context(|| format!("Include {name}: bad pattern"))?
         .filter_map(Result::ok)
         .filter(|p| p.is_file())
@@ -523,12 +570,39 @@ mod tests {
     }
 
     #[test]
+    fn the_first_value_wins_within_a_block_and_across_includes() {
+        let (c, _home) = config(&[
+            (
+                "config",
+                "Host gpu # the box\n  HostName a.lab\n  HostName b.lab\n  IdentityFile ~/k1\n  IdentityFile ~/k2\n\
+                 Match exec true\n  Include more\n",
+            ),
+            ("more", "Host gpu\n  Port 2222\n"),
+            (".more.swp", "\u{0}\u{ff}garbage"),
+        ]);
+        // The Include under `Match exec` may set Port: Outpost cannot tell.
+        let err = format!("{:#}", c.query("gpu", None, "me").unwrap_err());
+        assert!(err.contains("Match exec") && err.contains("port"), "{err}");
+        let (c, _home) = config(&[(
+            "config",
+            "Host gpu # the box\n  HostName a.lab\n  HostName b.lab\n  IdentityFile ~/k1\n  IdentityFile ~/k2\n",
+        )]);
+        let gpu = get(&c, "gpu");
+        assert_eq!(gpu.host_name.as_deref(), Some("a.lab"));
+        assert_eq!(gpu.identity_file.unwrap().len(), 2);
+        // `# the box` is a comment, not a pattern.
+        assert!(get(&c, "box").host_name.is_none());
+    }
+
+    #[test]
     fn patterns_follow_openssh() {
         let list = |s: &str| s.split(',').map(str::to_string).collect::<Vec<_>>();
-        assert!(matches_list("gpu7.Lab", &list("*.lab")));
-        assert!(!matches_list("gpu7.lab", &list("*.lab,!gpu7*")));
-        assert!(matches_list("n1", &list("n?")));
-        assert!(!matches_list("n12", &list("n?")));
+        assert!(matches_list("gpu7.Lab", &list("*.lab"), true));
+        assert!(!matches_list("gpu7.lab", &list("*.lab,!gpu7*"), true));
+        assert!(matches_list("n1", &list("n?"), true));
+        assert!(!matches_list("n12", &list("n?"), true));
+        assert!(!matches_list("Alice", &list("alice"), false));
+        assert_eq!(words("prod # the box"), ["prod"]);
         assert_eq!(expand_host_token("%h.lab%%", "gpu"), "gpu.lab%");
     }
 }

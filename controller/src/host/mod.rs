@@ -150,7 +150,9 @@ pub async fn start(target: &Target, ctx: &HostContext) -> Result<(Arc<dyn Host>,
                 user: ctx.user_known_hosts.as_deref(),
                 own: &ctx.known_hosts,
             };
-            // `ConnectTimeout` of the host's `~/.ssh/config`, else Outpost's.
+            // `ConnectTimeout` of the host's `~/.ssh/config`, else Outpost's,
+            // bounds the connection; starting (or uploading) the agent keeps
+            // Outpost's own.
             let connect_timeout = target.connect_timeout.unwrap_or(ctx.connect_timeout);
             let host: Arc<dyn Host> = Arc::new(
                 ssh::SshConnection::connect(target, keys, connect_timeout)
@@ -158,12 +160,12 @@ pub async fn start(target: &Target, ctx: &HostContext) -> Result<(Arc<dyn Host>,
                     .map_err(|e| e.to_string())?,
             );
             let started = tokio::time::timeout(
-                connect_timeout * 3,
+                ctx.connect_timeout * 3,
                 bootstrap::start_installed(
                     &*host,
                     &target.remote_dir,
                     &ctx.artifacts,
-                    connect_timeout,
+                    ctx.connect_timeout,
                 ),
             )
             .await

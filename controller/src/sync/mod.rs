@@ -109,6 +109,9 @@ pub async fn push(
     let (mut src, mut dst) = (src, dst);
     only_name(&mut src.entries, options);
     only_name(&mut dst, options);
+    if let Some(name) = &options.only {
+        single::the_file_is_there(&src.entries, name)?;
+    }
     let src_problems = problem_paths(&src.summary);
     let mut report = SyncReport::default();
     add_problems(&mut report, &src.summary.problems);
@@ -116,6 +119,9 @@ pub async fn push(
     let mut plan =
         plan::diff(&src.entries, &dst, &diff_options(options)).map_err(SyncError::Invalid)?;
     spare_unseen(&mut plan, &src_problems);
+    if let Some(name) = &options.only {
+        single::replaces_nothing(&plan, name)?;
+    }
     drop((src, dst));
     if options.dry_run {
         return Ok(dry_run_report(report, &plan, started));
@@ -177,6 +183,9 @@ pub async fn pull(
     let (mut src, mut dst) = (src, dst);
     only_name(&mut src, options);
     only_name(&mut dst.entries, options);
+    if let Some(name) = &options.only {
+        single::the_file_is_there(&src, name)?;
+    }
     let src_problems = problem_paths(&src_summary);
 
     let mut report = SyncReport::default();
@@ -185,6 +194,9 @@ pub async fn pull(
     let mut plan =
         plan::diff(&src, &dst.entries, &diff_options(options)).map_err(SyncError::Invalid)?;
     spare_unseen(&mut plan, &src_problems);
+    if let Some(name) = &options.only {
+        single::replaces_nothing(&plan, name)?;
+    }
     let local_exists = dst.summary.root_exists;
     let partials = partial_set(&dst.summary.partials);
     drop((src, dst));

@@ -77,8 +77,7 @@ pub(super) fn dry_run_report(mut report: SyncReport, plan: &Plan, started: Insta
     report.symlinks = plan.symlinks.len() as u64;
     report.attrs_updated = plan.attrs.len() as u64;
     report.deleted = plan.removes.len() as u64;
-    report.deleted_files = plan.removed_files;
-    report.deleted_dirs = plan.removed_dirs;
+    count_deleted(&mut report, plan);
     report.bytes_total = plan.content_bytes();
     report.duration_s = started.elapsed().as_secs_f64();
     report.dry_run = true;
@@ -112,6 +111,15 @@ pub(super) fn spare_unseen(plan: &mut Plan, src_problems: &HashSet<RelPath>) {
     };
     plan.removes
         .retain(|r| !src_problems.iter().any(|p| related(r, p)));
+    plan.removed
+        .retain(|r| r.replaced || !src_problems.iter().any(|p| related(&r.path, p)));
+}
+
+/// What the plan's deletes take away, by kind.
+pub(super) fn count_deleted(report: &mut SyncReport, plan: &Plan) {
+    let dirs = plan.removed.iter().filter(|r| r.is_dir).count() as u64;
+    report.deleted_dirs = dirs;
+    report.deleted_files = plan.removed.len() as u64 - dirs;
 }
 
 /// A root that exists but cannot be synced (not a directory, unreadable):

@@ -20,6 +20,7 @@ use super::helpers::{add_problems, blocking, check_cancelled, lock, problem, une
 use super::limits::{MAX_RESUME_CHUNKS, META_BYTES, META_OPS};
 use super::parts::{Part, Staged, resume_plan, tiles};
 use super::pipeline::final_answer;
+use super::planning::count_deleted;
 use super::types::{Progress, SyncError, SyncReport};
 use crate::session::{CallError, Connection};
 
@@ -129,8 +130,7 @@ impl Run {
             .map(|p| MetaOp::Remove { path: p.clone() });
         self.report.deleted = self.meta(removes.collect()).await?;
         // As planned: a delete that failed is among the problems.
-        self.report.deleted_files = plan.removed_files;
-        self.report.deleted_dirs = plan.removed_dirs;
+        count_deleted(&mut self.report, plan);
         self.meta(set_attrs(&plan.dir_attrs)).await?;
         Ok(())
     }

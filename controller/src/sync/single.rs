@@ -8,7 +8,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use outpost_protocol::FilterSpec;
+use outpost_protocol::{FilterSpec, TreeEntry};
+use outpost_treesync::plan::Plan;
 
 use super::remote::{scan_on, scan_request};
 use super::types::SyncError;
@@ -33,23 +34,54 @@ pub(super) async fn remote_kind(
         use_gitignore: false,
     };
     let (_, summary) = scan_on(conn, scan_request(path, &nothing)).await?;
-    Ok(if !summary.root_exists {
-        RemoteKind::Missing
-    } else if summary.problems.iter().any(|p| p.path.is_empty()) {
-        RemoteKind::Other
-    } else {
-        RemoteKind::Dir
-    })
+    if !summary.root_exists {
+        return Ok(RemoteKind::Missing);
+    }
+    match summary.problems.iter().find(|p| p.path.is_empty()) {
+        None => Ok(RemoteKind::Dir),
+        // The scan's words for a root that is no directory.
+        Some(p)
+            if p.message == "not a directory"
+                || p.message.ends_with(", not a file or directory") =>
+        {
+            Ok(RemoteKind::Other)
+        }
+        // Unreadable, say: not a file to sync instead.
+        Some(p) => Err(SyncError::Invalid(format!("{path}: {}", p.message))),
+    }
 }
 
-/// A local file's directory and name; None for a directory (or nothing).
+/// A local regular file's directory and name (a symlink is followed, as
+/// for a tree's root); None for a directory or nothing.
 pub(super) fn local_file(local: &Path) -> Option<(PathBuf, String)> {
-    let meta = std::fs::symlink_metadata(local).ok()?;
-    if meta.is_dir() {
+    let meta = std::fs::metadata(local).ok()?;
+    if !meta.is_file() {
         return None;
     }
     let name = local.file_name()?.to_str()?.to_string();
     Some((local.parent()?.to_path_buf(), name))
+}
+
+/// Fails unless `entries` (the source's, limited to the one name) hold the
+/// file: an excluded file is an error, not a sync that moved nothing.
+pub(super) fn the_file_is_there(entries: &[TreeEntry], name: &str) -> Result<(), SyncError> {
+    if entries.is_empty() {
+        return Err(SyncError::Invalid(format!(
+            "{name} is excluded (by the default excludes, yours or a .gitignore) or gone; nothing was synced"
+        )));
+    }
+    Ok(())
+}
+
+/// Refuses a plan that would replace what the target holds under the name
+/// with a file: a directory of that name is not the file's to delete.
+pub(super) fn replaces_nothing(plan: &Plan, name: &str) -> Result<(), SyncError> {
+    if !plan.replace_removes.is_empty() {
+        return Err(SyncError::Invalid(format!(
+            "the target holds a directory (or other non-file) named {name}; a single-file sync does not replace it"
+        )));
+    }
+    Ok(())
 }
 
 /// Where a file named `name` goes for the target `target`: its directory

@@ -44,10 +44,17 @@ pub(super) async fn authenticate(
             return Ok(());
         }
     } else {
+        // The identity files, else OpenSSH's default ones.
+        let files = if target.identity_files.is_empty() {
+            let home = std::env::var_os("HOME").map(PathBuf::from);
+            crate::config::default_keys(home.as_deref())
+        } else {
+            target.identity_files.clone()
+        };
         if let Ok(mut agent) = russh::keys::agent::client::AgentClient::connect_env().await {
             let mut identities = agent.request_identities().await.unwrap_or_default();
             if target.identities_only {
-                let configured = configured_public_keys(&target.identity_files);
+                let configured = configured_public_keys(&files);
                 identities.retain(|i| {
                     configured
                         .iter()
@@ -72,19 +79,7 @@ pub(super) async fn authenticate(
             }
             tried.push(format!("ssh-agent ({count} keys)"));
         }
-        let home = std::env::var_os("HOME").map(PathBuf::from);
-        let defaults = ["id_ed25519", "id_ecdsa", "id_rsa"]
-            .iter()
-            .filter(|_| target.identity_files.is_empty())
-            .filter_map(|name| home.as_ref().map(|h| h.join(".ssh").join(name)))
-            .filter(|p| p.exists());
-        let candidates: Vec<PathBuf> = target
-            .identity_files
-            .iter()
-            .cloned()
-            .chain(defaults)
-            .collect();
-        for path in &candidates {
+        for path in &files {
             if try_key(handle, &target.user, path, None, rsa_hash, &mut tried)
                 .await
                 .map_err(ssh_err)?
