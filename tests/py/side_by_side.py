@@ -27,6 +27,10 @@ OUTPOST, HOST, PORT, USER, KEY, REMOTE_DIR, SCRATCH = sys.argv[1:8]
 # Result keys remote-sandbox-mcp returns that Outpost deliberately does not,
 # by tool: (path, why). A path is dotted; `[]` is any list element.
 NO_ECHO = "results do not echo their inputs"
+# No watch database: a watch is the view of a job the host supervises,
+# named by the job (watch_id, state, exit_code, log_file, command, started,
+# ended), not a record of 40 watchdog fields.
+WATCH = "a watch is a supervised job's view"
 DIFFERENT = {
     "sync_local_to_remote": {
         "local_path": NO_ECHO,
@@ -37,15 +41,28 @@ DIFFERENT = {
     },
     "sync_remote_to_local": {"local_path": NO_ECHO, "remote_path": NO_ECHO},
     "check_file_transfer_task": {
-        "progress.synced_type": "progress holds counters; the result the report",
-        "progress.phase": "status says it",
-        "progress.duration_s": "the result has it",
-        "progress.skipped_files": "the result has it",
+        "progress.*": "progress holds counters (files, bytes, rate); the result the report",
     },
     # A watch is a view of a job every host supervises: watch_id (the job's
     # name), state, exit_code, log_file, command, started, ended; there is
     # no watch database, launchd agent or watchdog heartbeat.
-    "list_background_watches": {"watches[].*": "a watch is a job's view", "status": "ditto"},
+    "list_background_watches": {"watches[].*": WATCH, "status": WATCH},
+    "get_background_watch": {"watch.*": WATCH},
+    "get_background_watch_progress": {
+        "watch.*": WATCH,
+        "stored": "the watch is the live job: no stored copy",
+        "live": "ditto: its state, log tail and checkpoint are the answer",
+    },
+    "read_background_watch_log": {"watch.*": WATCH},
+    "cancel_background_watch": {"watch.*": WATCH, "status": "the watch's state says it"},
+    "watch_background_task": {
+        "watch.*": WATCH,
+        "status": "the watch's state says it",
+        "watch_id": "the watch's watch_id",
+        "watch_query_id": "no watch database",
+        "persisted_sandboxes": "no watch database",
+        "watchdog_setup": "no watchdog daemon: each host's supervisor",
+    },
     "get_watchdog_status": {
         "paths": "no watch database",
         "launchd": "no launchd agent",
@@ -145,12 +162,14 @@ async def main():
             await seed.initialize()
             await ours.initialize()
 
-            async def both(tool, args, *, expect_error=False, local=None):
-                """`local`: a local path argument, made per server."""
+            async def both(tool, args, *, expect_error=False, apart=None, ours_args=None):
+                """`apart`: (argument, path) made one per server, so that
+                neither finds the other's work; `ours_args`: Outpost's where
+                an id differs (a watch's)."""
                 timeout = timedelta(seconds=120)
-                mine = dict(args)
-                if local:
-                    key, base = local
+                mine = dict(ours_args if ours_args is not None else args)
+                if apart:
+                    key, base = apart
                     args = {**args, key: base + "-seed"}
                     mine[key] = base + "-ours"
                 s = await seed.call_tool(tool, args, read_timeout_seconds=timeout)
@@ -190,12 +209,13 @@ async def main():
                     f.write(text)
             for server in ("seed", "ours"):
                 os.makedirs(os.path.join(SCRATCH, f"pulled-{server}"), exist_ok=True)
-            remote = "outpost-side-by-side"
+            # Its own names on the host, so that no earlier run's files count.
+            remote = "outpost-side-by-side-" + os.path.basename(SCRATCH)
             await both("sync_local_to_remote", {"local_path": work, "remote_path": remote})
             await both("list_remote_files", {"remote_path": remote, "recursive": True})
             await both("read_remote_file", {"remote_path": f"{remote}/a.txt"})
             await both("sync_remote_to_local", {"remote_path": remote},
-                       local=("local_path", os.path.join(SCRATCH, "pull")))
+                       apart=("local_path", os.path.join(SCRATCH, "pull")))
             # One file: into a directory, then as the target path.
             one = os.path.join(work, "a.txt")
             await both("sync_local_to_remote", {"local_path": one, "remote_path": remote})
@@ -203,7 +223,7 @@ async def main():
                        {"local_path": one, "remote_path": remote + "/sub/a.txt"})
             # Into a local directory each.
             await both("sync_remote_to_local", {"remote_path": remote + "/sub/a.txt"},
-                       local=("local_path", os.path.join(SCRATCH, "pulled")))
+                       apart=("local_path", os.path.join(SCRATCH, "pulled")))
             for server in ("seed", "ours"):
                 with open(os.path.join(SCRATCH, f"pulled-{server}", "a.txt")) as f:
                     if f.read() != "a\n":
@@ -216,8 +236,8 @@ async def main():
             for i in range(20):
                 with open(os.path.join(many, f"f{i}.txt"), "w") as f:
                     f.write(f"{i}\n" * 1000)
-            sv, ov = await both("sync_local_to_remote",
-                                {"local_path": many, "remote_path": remote + "-bg"})
+            sv, ov = await both("sync_local_to_remote", {"local_path": many},
+                                apart=("remote_path", remote + "-bg"))
             for _ in range(100):
                 s = await seed.call_tool("check_file_transfer_task", {"task_id": sv["task_id"]})
                 if payload(s)[0].get("status") not in ("queued", "running"):
@@ -237,15 +257,33 @@ async def main():
             else:
                 print("ok check_file_transfer_task")
 
+            await both("cancel_file_transfer_task", {"task_id": sv["task_id"]},
+                       ours_args={"task_id": ov["task_id"]})
+
+            job1, job2 = f"{remote}-1", f"{remote}-2"
             started = {"command": "echo started; sleep 1; echo done; exit 4",
-                       "session_name": "side-by-side-1", "ensure_watchdog": False}
-            await both("exec_bash_background", started)
+                       "session_name": job1, "ensure_watchdog": False}
+            sv, ov = await both("exec_bash_background", started)
             await asyncio.sleep(3)
-            await both("check_background_task", {"tmux_session": "side-by-side-1"})
-            await both("check_background_task", {"tmux_session": "side-by-side-1", "watch_id": 0})
+            await both("check_background_task", {"tmux_session": job1})
+            await both("check_background_task", {"tmux_session": job1, "watch_id": 0})
             await both("list_background_watches", {})
             await both("get_watchdog_status", {})
-            await both("exec_bash", {"command": "rm -rf outpost-side-by-side outpost-side-by-side-bg"})
+            # The watch tools, each server with its own watch id.
+            ids = ({"watch_id": sv["watch_id"]}, {"watch_id": ov["watch_id"]})
+            for tool in ("get_background_watch", "get_background_watch_progress",
+                         "read_background_watch_log", "list_background_watch_events"):
+                await both(tool, ids[0], ours_args=ids[1])
+            sv, ov = await both("exec_bash_background_watch",
+                                {"command": "sleep 30", "session_name": job2,
+                                 "ensure_watchdog": False})
+            watch = {"tmux_session": job2, "ensure_watchdog": False}
+            await both("watch_background_task", {**watch, "log_file": sv["log_file"]},
+                       ours_args={**watch, "log_file": ov["log_file"]})
+            await both("cancel_background_watch", {"watch_id": sv["watch_id"]},
+                       ours_args={"watch_id": ov["watch_id"]})
+            await both("exec_bash", {"command": f"tmux kill-session -t {job2} || true"})
+            await both("exec_bash", {"command": f"rm -rf {remote} {remote}-bg-*"})
 
     if failures:
         print("\n".join(["", "differences:"] + failures))

@@ -1050,7 +1050,10 @@ async fn mcp_drop_in_calls_and_the_tool_list() {
     )
     .await;
     assert!(!err, "{r}");
-    assert_eq!(r["watch"]["watch_id"], "dropin-3");
+    assert_eq!(
+        (&r["tmux_session"], &r["watch_id"]),
+        (&json!("dropin-3"), &json!("dropin-3"))
+    );
     for tool in ["install_macos_watchdog", "uninstall_macos_watchdog"] {
         let (err, r) = call(&client, tool, json!({})).await;
         assert!(!err, "{r}");

@@ -19,6 +19,30 @@ fn sdk_python() -> PathBuf {
     env.join("bin/python")
 }
 
+/// Runs tests/py/`script` with the SDK's Python, `args` and only `HOME`
+/// and `PATH` in its environment; fails the test with `what` and the
+/// script's output unless it succeeds.
+fn run_script(script: &str, args: &[&std::ffi::OsStr], home: &std::path::Path, what: &str) {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("py")
+        .join(script);
+    let out = Command::new(sdk_python())
+        .arg(&script)
+        .args(args)
+        .env_clear()
+        .env("HOME", home)
+        .env("PATH", std::env::var("PATH").unwrap())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{text}");
+    assert!(out.status.success(), "{what}:\n{text}");
+}
+
 #[test]
 fn the_official_python_sdk_sees_progress_budgets_and_valid_results() {
     let python = sdk_python();
@@ -34,69 +58,53 @@ fn the_official_python_sdk_sees_progress_budgets_and_valid_results() {
     let config = scratch.path().join("base.toml");
     std::fs::write(&config, sshd.sandbox_toml("box")).unwrap();
     let http = McpHttp::start();
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("py/official_sdk.py");
-    let out = Command::new(&python)
-        .arg(&script)
-        .arg(target_bin("outpost"))
-        .arg(&config)
-        .arg(scratch.path())
-        .arg(format!("http://{}/mcp", http.addr))
-        .arg(&http.token)
-        .env_clear()
-        .env("HOME", &home)
-        .env("PATH", std::env::var("PATH").unwrap())
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    let url = format!("http://{}/mcp", http.addr);
+    let outpost = target_bin("outpost");
+    run_script(
+        "official_sdk.py",
+        &[
+            outpost.as_os_str(),
+            config.as_os_str(),
+            scratch.path().as_os_str(),
+            url.as_ref(),
+            http.token.as_ref(),
+        ],
+        &home,
+        "the SDK checks failed",
     );
-    eprintln!("{text}");
-    assert!(out.status.success(), "the SDK checks failed:\n{text}");
 }
 
-/// remote-sandbox-mcp 0.7.6 and Outpost, configured by the same environment
-/// for the same sshd, get the same calls through the official SDK: Outpost
-/// answers wherever remote-sandbox-mcp does, with every key it returns (but
-/// for the documented differences listed in tests/py/side_by_side.py).
+/// remote-sandbox-mcp 0.7.6 and Outpost, configured alike for the same
+/// sshd, get the same calls through the official SDK: Outpost answers
+/// wherever remote-sandbox-mcp does, with every key it returns (but for the
+/// documented differences listed in tests/py/side_by_side.py).
 #[test]
 fn remote_sandbox_mcp_calls_get_the_same_answers_from_outpost() {
-    let python = sdk_python();
-    let installed = Command::new(&python)
+    let installed = Command::new(sdk_python())
         .args(["-c", "import remote_sandbox_mcp"])
         .status()
         .is_ok_and(|s| s.success());
     assert!(
         installed,
         "remote-sandbox-mcp is missing beside the SDK in {}: run scripts/setup-test-env",
-        python.display()
+        sdk_python().display()
     );
     let sshd = Sshd::new();
     let scratch = TempDir::new("side-by-side");
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("py/side_by_side.py");
-    let out = Command::new(&python)
-        .arg(&script)
-        .arg(target_bin("outpost"))
-        .arg(sshd.host())
-        .arg(sshd.port().to_string())
-        .arg(sshd.user())
-        .arg(sshd.client_key())
-        .arg(sshd.remote_dir())
-        .arg(scratch.path())
-        .env_clear()
-        .env("HOME", scratch.path())
-        .env("PATH", std::env::var("PATH").unwrap())
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    eprintln!("{text}");
-    assert!(
-        out.status.success(),
-        "the side-by-side calls differ:\n{text}"
+    let outpost = target_bin("outpost");
+    let port = sshd.port().to_string();
+    run_script(
+        "side_by_side.py",
+        &[
+            outpost.as_os_str(),
+            sshd.host().as_ref(),
+            port.as_ref(),
+            sshd.user().as_ref(),
+            sshd.client_key().as_os_str(),
+            sshd.remote_dir().as_os_str(),
+            scratch.path().as_os_str(),
+        ],
+        scratch.path(),
+        "the side-by-side calls differ",
     );
 }

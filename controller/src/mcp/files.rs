@@ -224,6 +224,9 @@ pub struct CancelledTransfer {
     pub status: Status,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// It had ended before the cancel: nothing was stopped.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub already_finished: bool,
 }
 
 #[tool_router(router = files_router, vis = "pub(super)")]
@@ -270,6 +273,7 @@ impl OutpostServer {
         let wait =
             crate::ops::jobs::seconds("force_kill_after_s", p.force_kill_after_s, 10.0, 600.0)?;
         let task = self.transfers.get(p.task_id.as_str())?;
+        let already_finished = task.view(0).status != Status::Running;
         task.cancel();
         let _ = tokio::time::timeout(wait, task.finished()).await;
         let view = task.view(0);
@@ -277,6 +281,7 @@ impl OutpostServer {
             task_id: view.task_id,
             status: view.status,
             error: view.error,
+            already_finished,
         }))
     }
 

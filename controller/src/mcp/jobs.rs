@@ -308,14 +308,7 @@ impl OutpostServer {
         Parameters(p): Parameters<BackgroundParams>,
         peer: rmcp::Peer<RoleServer>,
     ) -> Result<Json<BackgroundStarted>, String> {
-        let (sandbox, job) = self.start_background(&p, &peer).await?;
-        Ok(Json(BackgroundStarted {
-            status: "started".into(),
-            watch_id: p.watch.unwrap_or(true).then(|| job.name.clone()),
-            tmux_session: job.name,
-            log_file: job.log_file,
-            sandbox,
-        }))
+        self.background_started(&p, &peer).await.map(Json)
     }
 
     #[tool(description = "A job's state, exact exit code and log tail.")]
@@ -513,6 +506,22 @@ impl OutpostServer {
 }
 
 impl OutpostServer {
+    /// `exec_bash_background`'s answer for the job `p` describes.
+    pub(super) async fn background_started(
+        &self,
+        p: &BackgroundParams,
+        peer: &rmcp::Peer<RoleServer>,
+    ) -> Result<BackgroundStarted, String> {
+        let (sandbox, job) = self.start_background(p, peer).await?;
+        Ok(BackgroundStarted {
+            status: "started".into(),
+            watch_id: p.watch.unwrap_or(true).then(|| job.name.clone()),
+            tmux_session: job.name,
+            log_file: job.log_file,
+            sandbox,
+        })
+    }
+
     /// Starts the job `p` describes once the policy allows every command it
     /// carries; the sandbox it runs on and the job.
     pub(super) async fn start_background(

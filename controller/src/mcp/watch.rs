@@ -14,7 +14,9 @@ use serde::{Deserialize, Serialize};
 
 use super::OutpostServer;
 use super::ids::Id;
-use super::jobs::{BackgroundParams, DEFAULT_LOG_BYTES, LIST_DEFAULT, given, is_zero, log_bytes};
+use super::jobs::{
+    BackgroundParams, BackgroundStarted, DEFAULT_LOG_BYTES, LIST_DEFAULT, given, is_zero, log_bytes,
+};
 use crate::ops::jobs;
 use crate::session::Session;
 
@@ -232,8 +234,9 @@ pub struct WatchesResult {
 
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct WatchLogResult {
-    pub state: String,
-    pub log_tail: String,
+    pub watch: WatchView,
+    /// The log's last lines.
+    pub log: String,
 }
 
 #[derive(Debug, Serialize, JsonSchema)]
@@ -367,16 +370,14 @@ impl OutpostServer {
             .map(Json)
     }
 
-    #[tool(
-        description = "exec_bash_background, answered with the job's watch (every job is supervised)."
-    )]
+    #[tool(description = "exec_bash_background with a watch (every job is supervised).")]
     async fn exec_bash_background_watch(
         &self,
-        Parameters(p): Parameters<BackgroundParams>,
+        Parameters(mut p): Parameters<BackgroundParams>,
         peer: rmcp::Peer<RoleServer>,
-    ) -> Result<Json<WatchResult>, String> {
-        let (sandbox, job) = self.start_background(&p, &peer).await?;
-        self.watch_of(Some(&sandbox), &job.name).await.map(Json)
+    ) -> Result<Json<BackgroundStarted>, String> {
+        p.watch = Some(true);
+        self.background_started(&p, &peer).await.map(Json)
     }
 
     #[tool(description = "Not needed: jobs are supervised on each host. Changes nothing.")]
@@ -457,8 +458,8 @@ impl OutpostServer {
         );
         let job = job.map_err(|e| e.to_string())?;
         Ok(Json(WatchLogResult {
-            state: jobs::state_name(job.state).into(),
-            log_tail: tail.map_err(|e| e.to_string())?,
+            watch: watch_view(session.name(), &job),
+            log: tail.map_err(|e| e.to_string())?,
         }))
     }
 
