@@ -222,6 +222,25 @@ fn sync_both_ways_from_the_command_line() {
     );
     assert!(sshd.remote_dir().join("t/a.txt").exists());
 
+    // One remote file, into a local directory, the rest of it left alone.
+    let one = TempDir::new("cli-sync-one");
+    std::fs::write(one.path().join("keep"), "kept").unwrap();
+    let out = outpost(
+        &home,
+        &env,
+        &[
+            "sync",
+            &format!("{remote}/sub/b.txt"),
+            &one.path().display().to_string(),
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        std::fs::read_to_string(one.path().join("b.txt")).unwrap(),
+        "b\n"
+    );
+    assert!(one.path().join("keep").exists());
+
     let out = outpost(&home, &env, &["sync", &src_arg, "/tmp/elsewhere"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(

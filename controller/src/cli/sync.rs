@@ -46,12 +46,24 @@ pub(super) async fn sync(
         }
     };
     let session = fleet.get(Some(&name)).map_err(anyhow::Error::msg)?;
-    let remote = if remote.is_empty() { "~" } else { remote };
+    let mut remote = if remote.is_empty() { "~" } else { remote }.to_string();
+    let mut local = local.to_string();
+    let mut options = options;
     // A person typed the path: only a configured `local_roots` limits it.
     let roots = outpost::ops::localpath::configured_or(
         fleet.config.local_roots.as_deref(),
         outpost::ops::localpath::Roots::unrestricted,
     );
+    // One remote file: into a local directory, or to the path given.
+    if !push
+        && let Some(one) = outpost::ops::files::file_pull(&session, &remote, &local, &roots)
+            .await
+            .map_err(anyhow::Error::msg)?
+    {
+        remote = one.remote_dir;
+        local = one.local_dir;
+        options.only = Some(one.name);
+    }
     let intent = if push {
         outpost::ops::localpath::Intent::Read
     } else {
@@ -59,8 +71,7 @@ pub(super) async fn sync(
             create: !options.dry_run,
         }
     };
-    let local = roots.resolve(local, intent).map_err(anyhow::Error::msg)?;
-    let mut options = options;
+    let local = roots.resolve(&local, intent).map_err(anyhow::Error::msg)?;
     options.excludes.extend(local.secret_excludes);
     if let Some(file) = &options.exclude_file {
         let file = roots.resolve(
@@ -98,9 +109,9 @@ pub(super) async fn sync(
         })
     };
     let result = if push {
-        outpost::sync::push(&session, &local, remote, &options, progress).await
+        outpost::sync::push(&session, &local, &remote, &options, progress).await
     } else {
-        outpost::sync::pull(&session, remote, &local, &options, progress).await
+        outpost::sync::pull(&session, &remote, &local, &options, progress).await
     };
     ticker.abort();
     bar.finish_and_clear();

@@ -253,47 +253,61 @@ pub async fn sync_maybe_inline(
 pub async fn pull(
     fleet: &Fleet,
     roots: &Roots,
-    p: SyncRequest,
+    mut p: SyncRequest,
     progress: Arc<Progress>,
 ) -> Result<SyncReport, String> {
     let session = fleet.get(p.sandbox_name.as_deref())?;
-    let kind = sync::remote_kind(&session, &p.remote_path)
+    let one = file_pull(&session, &p.remote_path, &p.local_path, roots).await?;
+    if let Some(one) = &one {
+        p.local_path = one.local_dir.clone();
+        p.remote_path = one.remote_dir.clone();
+    }
+    let (local, mut options) = options(roots, &p, Direction::Pull)?;
+    options.only = one.map(|one| one.name);
+    let single_file = options.only.is_some();
+    let mut report = sync::pull(&session, &p.remote_path, &local, &options, progress)
         .await
         .map_err(|e| e.to_string())?;
-    if kind == sync::RemoteKind::Other {
-        return pull_file(roots, p, &session, progress).await;
-    }
-    let (local, options) = options(roots, &p, Direction::Pull)?;
-    sync::pull(&session, &p.remote_path, &local, &options, progress)
-        .await
-        .map_err(|e| e.to_string())
+    report.single_file = single_file;
+    Ok(report)
 }
 
-/// Pulls the one file `p.remote_path` names: into `local_path` when that is
-/// a directory (or ends in `/`), else to `local_path` itself, under its own
-/// name (see [`sync::file_target`]).
-async fn pull_file(
-    roots: &Roots,
-    mut p: SyncRequest,
+/// A pull of one file: where it is on the host and where it goes here.
+pub struct FilePull {
+    pub remote_dir: String,
+    /// The local directory, as given (still to be resolved against the roots).
+    pub local_dir: String,
+    pub name: String,
+}
+
+/// For a pull whose `remote` names one file (None for a directory): it goes
+/// into `local` when that is a directory (or ends in `/`), else to `local`
+/// itself, under its own name (see [`sync::file_target`]).
+pub async fn file_pull(
     session: &crate::session::Session,
-    progress: Arc<Progress>,
-) -> Result<SyncReport, String> {
-    let (remote_dir, name) = sync::file_target(&p.remote_path, false, "");
-    let local_is_dir = roots
-        .resolve(&p.local_path, Intent::Dest { create: false })
-        .is_ok_and(|l| l.path.is_dir());
-    let (local_dir, target) = sync::file_target(&p.local_path, local_is_dir, &name);
-    if target != name {
-        return Err(sync::renames(&name, &p.local_path).to_string());
-    }
-    p.local_path = local_dir;
-    let (local, mut options) = options(roots, &p, Direction::Pull)?;
-    options.only = Some(name);
-    let mut report = sync::pull(session, &remote_dir, &local, &options, progress)
+    remote: &str,
+    local: &str,
+    roots: &Roots,
+) -> Result<Option<FilePull>, String> {
+    let kind = sync::remote_kind(session, remote)
         .await
         .map_err(|e| e.to_string())?;
-    report.single_file = true;
-    Ok(report)
+    if kind != sync::RemoteKind::Other {
+        return Ok(None);
+    }
+    let (remote_dir, name) = sync::file_target(remote, false, "");
+    let local_is_dir = roots
+        .resolve(local, Intent::Dest { create: false })
+        .is_ok_and(|l| l.path.is_dir());
+    let (local_dir, target) = sync::file_target(local, local_is_dir, &name);
+    if target != name {
+        return Err(sync::renames(&name, local).to_string());
+    }
+    Ok(Some(FilePull {
+        remote_dir,
+        local_dir,
+        name,
+    }))
 }
 
 pub async fn list(fleet: &Fleet, p: ListRequest) -> Result<ListResult, String> {
