@@ -16,6 +16,7 @@ first failure.
 import asyncio
 import json
 import os
+import shlex
 import sys
 from datetime import timedelta
 
@@ -283,7 +284,8 @@ async def main():
             await both("cancel_background_watch", {"watch_id": sv["watch_id"]},
                        ours_args={"watch_id": ov["watch_id"]})
             await both("exec_bash", {"command": f"tmux kill-session -t {job2} || true"})
-            await both("exec_bash", {"command": f"rm -rf {remote} {remote}-bg-*"})
+            await both("exec_bash",
+                       {"command": f"rm -rf {shlex.quote(remote)} {shlex.quote(remote)}-bg-*"})
 
     if failures:
         print("\n".join(["", "differences:"] + failures))

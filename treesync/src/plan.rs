@@ -6,7 +6,7 @@
 //! otherwise.
 
 use std::borrow::Cow;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use outpost_protocol::{EntryKind, RelPath, TreeEntry};
 
@@ -29,11 +29,15 @@ pub struct FileChange {
     pub dst: Option<TreeEntry>,
 }
 
-/// A destination entry a plan takes away.
+/// A destination entry a plan takes away (one of `removes` or
+/// `replace_removes`), and how much goes with it.
 #[derive(Debug, Clone)]
 pub struct Removed {
     pub path: RelPath,
-    pub is_dir: bool,
+    /// Directories and other entries taken away: it and, for a directory,
+    /// everything inside.
+    pub dirs: u64,
+    pub files: u64,
     /// Its kind changes (else it is an extra).
     pub replaced: bool,
 }
@@ -54,8 +58,8 @@ pub struct Plan {
     pub attrs: Vec<TreeEntry>,
     /// Extras to remove (with delete_extras), deepest first.
     pub removes: Vec<RelPath>,
-    /// Every destination entry that goes away, entries inside a removed
-    /// directory included: extras and entries whose kind changes.
+    /// What goes away: each extra removed and each entry whose kind
+    /// changes, with what is inside it.
     pub removed: Vec<Removed>,
     /// Directory modes and mtimes, set last, deepest first: every created
     /// directory, every one whose mode or mtime differs, and every one whose
@@ -97,6 +101,7 @@ pub fn diff(src: &[TreeEntry], dst: &[TreeEntry], options: &DiffOptions) -> Resu
         touched: HashSet::new(),
         replaced: HashSet::new(),
         removed: HashSet::new(),
+        groups: HashMap::new(),
         src_dirs: Vec::new(),
         extras: 0,
         delete_extras: options.delete_extras,
@@ -171,6 +176,8 @@ struct Differ<'a> {
     replaced: HashSet<&'a [u8]>,
     /// Destination paths removed as extras.
     removed: HashSet<&'a [u8]>,
+    /// Index in `plan.removed` of each removed or replaced path.
+    groups: HashMap<&'a [u8], usize>,
     /// Source directories, and whether their attributes must be set anyway.
     src_dirs: Vec<(&'a TreeEntry, bool)>,
     /// Destination entries delete_extras removes, implied children included.
@@ -200,22 +207,46 @@ impl<'a> Differ<'a> {
         }
     }
 
-    fn count_removed(&mut self, t: &TreeEntry, replaced: bool) {
+    /// Starts the count of what goes with `t`.
+    fn count_removed(&mut self, t: &'a TreeEntry, replaced: bool) {
+        self.groups.insert(&t.path, self.plan.removed.len());
         self.plan.removed.push(Removed {
             path: t.path.clone(),
-            is_dir: matches!(t.kind, EntryKind::Dir),
+            dirs: 0,
+            files: 0,
             replaced,
         });
+        self.count_inside(t);
+    }
+
+    /// Counts `t` with the removed or replaced path it is in (or is).
+    fn count_inside(&mut self, t: &TreeEntry) {
+        let mut p: &[u8] = &t.path;
+        let group = loop {
+            if let Some(&i) = self.groups.get(p) {
+                break Some(i);
+            }
+            if p.is_empty() {
+                break None;
+            }
+            p = relpath::parent(p);
+        };
+        if let Some(group) = group.map(|i| &mut self.plan.removed[i]) {
+            match t.kind {
+                EntryKind::Dir => group.dirs += 1,
+                _ => group.files += 1,
+            }
+        }
     }
 
     fn extra(&mut self, t: &'a TreeEntry) {
         if under(&self.replaced, &t.path) {
-            self.count_removed(t, true);
+            self.count_inside(t);
             return;
         }
         if under(&self.removed, &t.path) {
             self.extras += 1;
-            self.count_removed(t, false);
+            self.count_inside(t);
             return;
         }
         if self.delete_extras {
@@ -458,8 +489,9 @@ mod tests {
         .unwrap();
         assert_eq!(names(&plan.removes), ["y", "x.d", "x"]);
         // What goes with them, inside removed directories too.
-        let dirs = plan.removed.iter().filter(|r| r.is_dir).count();
-        assert_eq!((dirs, plan.removed.len() - dirs), (3, 3));
+        let dirs: u64 = plan.removed.iter().map(|r| r.dirs).sum();
+        let files: u64 = plan.removed.iter().map(|r| r.files).sum();
+        assert_eq!((plan.removed.len(), dirs, files), (3, 3, 3));
         assert_eq!(plan.unchanged, 1);
     }
 

@@ -196,10 +196,12 @@ impl SshConfigFile {
                             // ssh2-config would keep a block's last value.
                             continue;
                         }
+                        // The value as ssh reads it: unquoted, no comment.
+                        let first = words(value).into_iter().next().unwrap_or_default();
                         if key == "hostname" {
-                            hostname = Some(expand_host_token(value, host));
+                            hostname = Some(expand_host_token(&first, host));
                         } else if key == "user" {
-                            login = Some(value.clone());
+                            login = Some(first);
                         }
                         set.push(key);
                         flat.push_str(line);
@@ -513,7 +515,7 @@ mod tests {
     fn match_host_sees_the_hostname_and_its_options_stay_in_its_block() {
         let (c, _home) = config(&[(
             "config",
-            "Host gpu\n  HostName gpu7.lab.example\nHost other\n  Port 2200\n\
+            "Host gpu\n  HostName \"gpu7.lab.example\" # the box\nHost other\n  Port 2200\n\
              Match host *.lab.example\n  User labuser\n  Port 2222\n\
              Match originalhost gpu !user root\n  IdentityFile ~/.ssh/lab\n\
              Host *\n  User fallback\n",

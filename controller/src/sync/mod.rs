@@ -74,7 +74,7 @@ pub async fn push(
     progress: Arc<Progress>,
 ) -> Result<SyncReport, SyncError> {
     if options.only.is_none()
-        && let Some((dir, name)) = single::local_file(local)
+        && let Some((dir, name)) = single::local_file(local)?
     {
         let conn = session.connection().await?;
         let is_dir = single::remote_kind(&conn, remote).await? == RemoteKind::Dir;

@@ -117,9 +117,8 @@ pub(super) fn spare_unseen(plan: &mut Plan, src_problems: &HashSet<RelPath>) {
 
 /// What the plan's deletes take away, by kind.
 pub(super) fn count_deleted(report: &mut SyncReport, plan: &Plan) {
-    let dirs = plan.removed.iter().filter(|r| r.is_dir).count() as u64;
-    report.deleted_dirs = dirs;
-    report.deleted_files = plan.removed.len() as u64 - dirs;
+    report.deleted_dirs = plan.removed.iter().map(|r| r.dirs).sum();
+    report.deleted_files = plan.removed.iter().map(|r| r.files).sum();
 }
 
 /// A root that exists but cannot be synced (not a directory, unreadable):

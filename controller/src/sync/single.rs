@@ -51,15 +51,27 @@ pub(super) async fn remote_kind(
     }
 }
 
-/// A local regular file's directory and name (a symlink is followed, as
-/// for a tree's root); None for a directory or nothing.
-pub(super) fn local_file(local: &Path) -> Option<(PathBuf, String)> {
-    let meta = std::fs::metadata(local).ok()?;
+/// A local regular file's directory and name; None for a directory (a
+/// symlink to one is a tree's root) or nothing. A symlink to a file is
+/// refused: the sync of its directory would send the link, not the file.
+pub(super) fn local_file(local: &Path) -> Result<Option<(PathBuf, String)>, SyncError> {
+    let Ok(meta) = std::fs::metadata(local) else {
+        return Ok(None);
+    };
     if !meta.is_file() {
-        return None;
+        return Ok(None);
     }
-    let name = local.file_name()?.to_str()?.to_string();
-    Some((local.parent()?.to_path_buf(), name))
+    if std::fs::symlink_metadata(local).is_ok_and(|m| m.file_type().is_symlink()) {
+        return Err(SyncError::Invalid(format!(
+            "{} is a symlink; give the path of the file it points to",
+            local.display()
+        )));
+    }
+    let (Some(dir), Some(name)) = (local.parent(), local.file_name().and_then(|n| n.to_str()))
+    else {
+        return Ok(None);
+    };
+    Ok(Some((dir.to_path_buf(), name.to_string())))
 }
 
 /// Fails unless `entries` (the source's, limited to the one name) hold the
@@ -78,7 +90,7 @@ pub(super) fn the_file_is_there(entries: &[TreeEntry], name: &str) -> Result<(),
 pub(super) fn replaces_nothing(plan: &Plan, name: &str) -> Result<(), SyncError> {
     if !plan.replace_removes.is_empty() {
         return Err(SyncError::Invalid(format!(
-            "the target holds a directory (or other non-file) named {name}; a single-file sync does not replace it"
+            "the target holds something other than a file named {name} (a directory or a symlink); a single-file sync does not replace it"
         )));
     }
     Ok(())

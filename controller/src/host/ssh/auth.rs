@@ -1,9 +1,9 @@
-//! Authentication, in order: the configured key file (with its passphrase),
-//! ssh-agent, `IdentityFile`s from `~/.ssh/config`, the default keys (only
-//! when neither a key file nor an `IdentityFile` is configured, as OpenSSH
-//! does), then the password. With `IdentitiesOnly yes` ssh-agent offers only
-//! the keys whose `.pub` sits beside an `IdentityFile`: a server that allows
-//! few attempts is not used up by the agent's other keys.
+//! Authentication, in order: the configured key file (with its passphrase)
+//! alone; without one, ssh-agent, then the `IdentityFile`s from
+//! `~/.ssh/config`, else the default keys (as OpenSSH does); then the
+//! password. With `IdentitiesOnly yes` ssh-agent offers only the keys whose
+//! `.pub` sits beside one of those files: a server that allows few attempts
+//! is not used up by the agent's other keys.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -16,9 +16,8 @@ use super::ConnectError;
 use super::hostkeys::Client;
 use crate::config::SshTarget;
 
-/// Tries, in order: the configured key file, ssh-agent, `~/.ssh/config`
-/// identities and the default keys (when no key file is configured), then the
-/// password. Stops at the first success.
+/// Tries the keys the module docs list, then the password; stops at the
+/// first success.
 pub(super) async fn authenticate(
     handle: &mut Handle<Client>,
     target: &SshTarget,
