@@ -77,9 +77,11 @@ enum Command {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
-    /// Sync a tree to or from a sandbox: `outpost sync LOCAL NAME:REMOTE` or
-    /// `outpost sync NAME:REMOTE LOCAL`. Delta and compressed; files land
-    /// atomically; modes, mtimes, symlinks and empty directories are kept.
+    /// Sync a tree (or one file) to or from a sandbox: `outpost sync LOCAL
+    /// NAME:REMOTE` or `outpost sync NAME:REMOTE LOCAL`. Delta and
+    /// compressed; files land atomically; modes, mtimes, symlinks and empty
+    /// directories are kept. One file goes into the target when that is a
+    /// directory (or ends in /), else to the target path, under its own name.
     /// Exits 23 when some paths had problems (the rest was synced).
     Sync {
         source: String,
