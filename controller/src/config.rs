@@ -28,6 +28,45 @@ use ssh_config::SshConfigFile;
 /// Name of the built-in sandbox that runs on the controller's own machine.
 pub const LOCAL_SANDBOX: &str = "local";
 
+/// Live isolated sandboxes one user may have on a host, unless the file says.
+pub const DEFAULT_MAX_SANDBOXES_PER_HOST: u32 = 8;
+
+/// Reads `name` as a sandbox name: a configured sandbox (`configured`
+/// says which names are), else `HOST/ID`, isolated sandbox ID made on the
+/// configured sandbox HOST. Returns the configured name and the id, if any;
+/// None when it is neither. The id is not checked here ([`check_sandbox_id`]).
+pub fn split_sandbox_name(
+    name: &str,
+    configured: impl Fn(&str) -> bool,
+) -> Option<(&str, Option<&str>)> {
+    if configured(name) {
+        return Some((name, None));
+    }
+    let (host, id) = name.rsplit_once('/')?;
+    configured(host).then_some((host, Some(id)))
+}
+
+/// Longest isolated sandbox id.
+pub const MAX_SANDBOX_ID_LEN: usize = 32;
+
+/// An isolated sandbox id: `^[a-z0-9][a-z0-9-]{0,31}$`.
+pub fn check_sandbox_id(id: &str) -> Result<(), String> {
+    let first = id
+        .bytes()
+        .next()
+        .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    let rest = id
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if first && rest && id.len() <= MAX_SANDBOX_ID_LEN {
+        Ok(())
+    } else {
+        Err(format!(
+            "bad sandbox id {id:?}: 1 to {MAX_SANDBOX_ID_LEN} of a-z, 0-9 and -, not starting with -"
+        ))
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Config {
     pub sandboxes: Vec<SandboxConfig>,
@@ -59,6 +98,9 @@ pub struct Config {
     /// wait for a tool call (`default`: any other client), overriding the
     /// built-in table; 0 means as long as it takes.
     pub client_budgets: Vec<(String, f64)>,
+    /// `max_sandboxes_per_host`: live isolated sandboxes this user may have
+    /// on one host (0: no cap).
+    pub max_sandboxes_per_host: u32,
     pub source: String,
 }
 
@@ -186,6 +228,7 @@ struct RawFile {
     policy: Option<RawPolicy>,
     #[serde(default)]
     client_budget_s: BTreeMap<String, f64>,
+    max_sandboxes_per_host: Option<u32>,
     #[serde(default)]
     sandbox: Vec<RawSandbox>,
 }
@@ -280,6 +323,7 @@ impl Config {
             expose_advanced_tools: false,
             policy: PolicyRules::default(),
             client_budgets: Vec::new(),
+            max_sandboxes_per_host: DEFAULT_MAX_SANDBOXES_PER_HOST,
             source: "embedded".into(),
         }
     }
@@ -467,6 +511,9 @@ impl Config {
             ),
             policy,
             client_budgets: client_budgets(&file.client_budget_s)?,
+            max_sandboxes_per_host: file
+                .max_sandboxes_per_host
+                .unwrap_or(DEFAULT_MAX_SANDBOXES_PER_HOST),
             sandboxes,
             known_hosts,
             home: outpost_home,
@@ -1200,5 +1247,50 @@ Host plain
         let cfg = Config::load_from(&[("HOME", "/h")]).unwrap();
         assert!(!cfg.expose_advanced_tools);
         assert_eq!(cfg.home, Path::new("/h/.outpost"));
+    }
+
+    #[test]
+    fn sandbox_names_are_hosts_or_host_slash_id() {
+        let configured = |n: &str| ["local", "gpu1", "lab/a"].contains(&n);
+        let split = |n| split_sandbox_name(n, configured);
+        assert_eq!(split("gpu1"), Some(("gpu1", None)));
+        assert_eq!(split("gpu1/sbx-3f2a"), Some(("gpu1", Some("sbx-3f2a"))));
+        // A configured name with a slash is that sandbox, not an id.
+        assert_eq!(split("lab/a"), Some(("lab/a", None)));
+        assert_eq!(split("lab/a/x"), Some(("lab/a", Some("x"))));
+        assert_eq!(split("gpu1/"), Some(("gpu1", Some(""))));
+        assert_eq!(split("nope/sbx-1"), None);
+        assert_eq!(split("nope"), None);
+        for good in ["a", "0", "sbx-3f2a", "a-", &"x".repeat(32)] {
+            assert_eq!(check_sandbox_id(good), Ok(()), "{good}");
+        }
+        for bad in ["", "-a", "A", "sbx_1", "a/b", "a.b", "é", &"x".repeat(33)] {
+            let err = check_sandbox_id(bad).unwrap_err();
+            assert!(err.contains("bad sandbox id"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn max_sandboxes_per_host_from_the_file() {
+        let dir = std::env::temp_dir().join(format!("outpost-maxsbx-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("c.toml");
+        let p = path.to_string_lossy().to_string();
+        let load = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            Config::load_from(&[("HOME", "/h"), ("OUTPOST_CONFIG", p.as_str())])
+        };
+        assert_eq!(
+            load("").unwrap().max_sandboxes_per_host,
+            DEFAULT_MAX_SANDBOXES_PER_HOST
+        );
+        assert_eq!(
+            load("max_sandboxes_per_host = 0\n")
+                .unwrap()
+                .max_sandboxes_per_host,
+            0
+        );
+        assert!(load("max_sandboxes_per_host = -1\n").is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -1,4 +1,6 @@
 //! The configured sandboxes, which one is active, and queries across all of them.
+//! Also the isolated sandboxes made on them, by name (`HOST/ID`, see
+//! [`Fleet::get`]).
 //!
 //! Hosts are queried concurrently, each under its own deadline, so a dead host
 //! costs its connect timeout once, in parallel, and never looks idle.
@@ -12,7 +14,7 @@ use anyhow::Result;
 use outpost_protocol::{ExecRequest, ExecResult, GpuLease, GpuLeaseRequest};
 use serde::Serialize;
 
-use crate::config::Config;
+use crate::config::{Config, check_sandbox_id, split_sandbox_name};
 use crate::host::HostContext;
 use crate::host::bootstrap::Artifacts;
 use crate::policy::Policy;
@@ -21,6 +23,9 @@ use crate::session::{CallError, Connection, Session, SessionState};
 
 pub struct Fleet {
     sessions: Vec<Arc<Session>>,
+    /// Isolated sandboxes named so far (`HOST/ID`), each kept so that what
+    /// hangs on its session (an event follower) stays one per name.
+    isolated: Mutex<HashMap<String, Arc<Session>>>,
     active: RwLock<String>,
     leases: Mutex<HashMap<String, HeldLease>>,
     pub config: Config,
@@ -97,6 +102,7 @@ impl Fleet {
         let active = sessions[0].name().to_string();
         Fleet {
             sessions,
+            isolated: Mutex::new(HashMap::new()),
             active: RwLock::new(active),
             leases: Mutex::new(HashMap::new()),
             config,
@@ -116,22 +122,42 @@ impl Fleet {
         self.active.read().unwrap().clone()
     }
 
-    /// The named session, or the active one.
+    /// The named session, or the active one: a configured sandbox, or an
+    /// isolated sandbox `HOST/ID` on one (a view of HOST's session, made on
+    /// first use; whether the sandbox exists is for its host to say).
     pub fn get(&self, name: Option<&str>) -> Result<Arc<Session>, String> {
         let name = match name {
             Some(n) if !n.is_empty() => n.to_string(),
             _ => self.active_name(),
         };
-        self.sessions
-            .iter()
-            .find(|s| s.name() == name)
-            .cloned()
-            .ok_or_else(|| {
-                format!(
-                    "unknown sandbox {name:?}; available: {}",
-                    self.names().join(", ")
-                )
-            })
+        let configured = |n: &str| self.sessions.iter().find(|s| s.name() == n);
+        match split_sandbox_name(&name, |n| configured(n).is_some()) {
+            Some((host, None)) => Ok(configured(host).expect("configured").clone()),
+            Some((host, Some(id))) => {
+                check_sandbox_id(id)?;
+                let host = configured(host).expect("configured");
+                let mut isolated = self.isolated.lock().unwrap();
+                Ok(isolated
+                    .entry(name.clone())
+                    .or_insert_with(|| Arc::new(Session::isolated(host.clone(), id)))
+                    .clone())
+            }
+            None => Err(format!(
+                "unknown sandbox {name:?}; available: {}",
+                self.names().join(", ")
+            )),
+        }
+    }
+
+    /// An isolated sandbox's host and id, from its name `HOST/ID`.
+    pub fn isolated(&self, name: &str) -> Result<(Arc<Session>, String), String> {
+        let session = self.get(Some(name))?;
+        match session.isolated_in() {
+            Some((host, id)) => Ok((host.clone(), id.to_string())),
+            None => Err(format!(
+                "{name} is a configured sandbox, not one create_sandbox made (those are named HOST/ID)"
+            )),
+        }
     }
 
     pub fn select(&self, name: &str) -> Result<(), String> {
@@ -179,13 +205,17 @@ impl Fleet {
         futures::future::join_all(rows).await
     }
 
-    /// Connects the named (or active) sandbox and reports whether it is alive.
+    /// Connects the named (or active) sandbox and reports whether it is alive
+    /// (an isolated one: whether its host answers inside it).
     pub async fn check(
         &self,
         name: Option<&str>,
     ) -> Result<(Arc<Session>, Option<CallError>), String> {
         let session = self.get(name)?;
-        let err = session.connection().await.err();
+        let err = match session.isolated_in() {
+            Some(_) => session.ping().await.err(),
+            None => session.connection().await.err(),
+        };
         Ok((session, err))
     }
 
@@ -202,6 +232,20 @@ impl Fleet {
     /// `req` active. Returns its name and resources, or why none fits.
     /// `answered` counts the sandboxes measured (or given up on) so far.
     pub async fn select_auto(
+        &self,
+        req: &Requirements,
+        deadline: Duration,
+        answered: &AtomicUsize,
+    ) -> Result<(String, Resources), String> {
+        let (name, resources) = self.idlest(req, deadline, answered).await?;
+        self.select(&name)?;
+        Ok((name, resources))
+    }
+
+    /// Measures every configured sandbox concurrently; the idlest one that
+    /// meets `req`, with its resources, or why none fits. `answered` counts
+    /// the sandboxes measured (or given up on) so far.
+    pub async fn idlest(
         &self,
         req: &Requirements,
         deadline: Duration,
@@ -231,10 +275,7 @@ impl Fleet {
                 },
             }
         }
-        let (name, resources) =
-            best.ok_or_else(|| format!("no sandbox fits: {}", rejected.join("; ")))?;
-        self.select(&name)?;
-        Ok((name, resources))
+        best.ok_or_else(|| format!("no sandbox fits: {}", rejected.join("; ")))
     }
 
     /// Runs `req` on each named sandbox concurrently.
@@ -253,13 +294,19 @@ impl Fleet {
         .await
     }
 
-    /// Reserves GPUs on the named (or active) sandbox.
+    /// Reserves GPUs on the named (or active) configured sandbox.
     pub async fn reserve_gpus(
         &self,
         name: Option<&str>,
         request: GpuLeaseRequest,
     ) -> Result<String, CallError> {
         let session = self.get(name).map_err(CallError::Connect)?;
+        if session.isolated_in().is_some() {
+            return Err(CallError::Connect(format!(
+                "{} is an isolated sandbox: its GPUs are leased when it is made (create_sandbox's gpus)",
+                session.name()
+            )));
+        }
         let (lease, conn) = session.lease(request).await?;
         let id = lease.lease_id.clone();
         self.leases.lock().unwrap().insert(

@@ -102,6 +102,9 @@ impl Rules {
 pub struct Policy {
     global: Rules,
     sandboxes: BTreeMap<String, Rules>,
+    /// Every configured sandbox: an isolated sandbox `HOST/ID` is under
+    /// the rules of HOST.
+    configured: Vec<String>,
     /// The config file the rules came from, for messages.
     source: String,
     /// How long a confirmation question waits.
@@ -113,6 +116,7 @@ impl Default for Policy {
         Policy {
             global: Rules::default(),
             sandboxes: BTreeMap::new(),
+            configured: Vec::new(),
             source: String::new(),
             confirm_timeout: DEFAULT_CONFIRM_TIMEOUT,
         }
@@ -263,6 +267,7 @@ impl Policy {
         Ok(Policy {
             global: Rules::compile(global, &Scope::Global)?,
             sandboxes,
+            configured: known_sandboxes.to_vec(),
             source: source.to_string(),
             confirm_timeout,
         })
@@ -274,10 +279,14 @@ impl Policy {
         empty(&self.global) && self.sandboxes.values().all(empty)
     }
 
-    /// The rules that apply on `sandbox`: the global ones, then its own.
+    /// The rules that apply on `sandbox`: the global ones, then its own
+    /// (for an isolated sandbox `HOST/ID`, those of HOST).
     fn rules<'a>(&'a self, sandbox: &str, pick: fn(&Rules) -> &Vec<Rule>) -> Vec<&'a Rule> {
         let mut rules: Vec<&Rule> = pick(&self.global).iter().collect();
-        if let Some(own) = self.sandboxes.get(sandbox) {
+        let host =
+            crate::config::split_sandbox_name(sandbox, |n| self.configured.iter().any(|c| c == n))
+                .map_or(sandbox, |(host, _)| host);
+        if let Some(own) = self.sandboxes.get(host) {
             rules.extend(pick(own).iter());
         }
         rules
@@ -460,6 +469,15 @@ mod tests {
             policy.check("local", "echo sudo"),
             Ok(Verdict::Confirm { .. })
         ));
+        // An isolated sandbox on a host is under that host's rules.
+        assert!(policy.check("gpu1/sbx-1", "reboot").is_err());
+        assert!(policy.check("local/sbx-1", "ls").is_err());
+        assert_eq!(policy.check("local/sbx-1", "echo hi"), Ok(Verdict::Allow));
+        let err = policy
+            .check("gpu1/sbx-1", "reboot")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("for sandbox gpu1/sbx-1"), "{err}");
 
         let err = format!("{:#}", load("[policy]\ndeny = ['(']\n").unwrap_err());
         assert!(err.contains("\"(\"") && err.contains("[policy]"), "{err}");

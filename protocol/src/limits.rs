@@ -23,3 +23,7 @@ pub const PROGRESS_LINE_LEN: usize = 200;
 
 /// Shortest interval between two [`crate::ExecProgress`] of one command.
 pub const MIN_PROGRESS_MS: u32 = 100;
+
+/// Shortest and longest TTL of a sandbox.
+pub const MIN_SANDBOX_TTL_MS: u64 = 1000;
+pub const MAX_SANDBOX_TTL_MS: u64 = 7 * 24 * 3600 * 1000;

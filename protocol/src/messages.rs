@@ -113,6 +113,21 @@ pub enum Request {
     /// head and tail (the job must have been started with `split_streams`;
     /// while it runs, the output so far). Answered by `JobCollected`.
     JobCollect(JobCollect),
+    /// Make an isolated, expiring sandbox on this host. Answered by `Sandbox`
+    /// once it can run commands.
+    SandboxCreate(SandboxSpec),
+    /// This user's sandboxes on this host, live and recently ended.
+    /// Answered by `Sandboxes`.
+    SandboxList,
+    /// Expire `ttl_ms` from now. Answered by `Sandbox`.
+    SandboxRenew { id: String, ttl_ms: u64 },
+    /// End every process of the sandbox and remove its files (unless it
+    /// keeps them). Answered by `Sandbox`.
+    SandboxDelete { id: String },
+    /// Run `request` inside sandbox `id`: commands and jobs start in its
+    /// isolation, file roots are confined to its directories (relative
+    /// roots are its work dir). Answered as `request` is.
+    InSandbox { id: String, request: Box<Request> },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -172,6 +187,9 @@ pub struct JobSpec {
     /// [`crate::limits::MAX_STDIN_LEN`]). None: /dev/null.
     #[serde(default, with = "serde_bytes")]
     pub stdin: Option<Vec<u8>>,
+    /// Run inside this sandbox (protocol 9).
+    #[serde(default)]
+    pub sandbox: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -497,6 +515,85 @@ pub struct ReadFiles {
     pub reads: Vec<ReadSpec>,
 }
 
+/// How strongly a sandbox is kept apart from the rest of the host.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Isolation {
+    /// Asked for: the strongest rung this host reaches.
+    #[default]
+    Auto,
+    /// bubblewrap: own mount, pid, ipc and uts namespaces (and network,
+    /// when off), read-only `/`, the real home hidden.
+    Bwrap,
+    /// Landlock (writes only to the sandbox, the home unreadable) plus a
+    /// seccomp filter on network sockets when the network is off.
+    Landlock,
+    /// Its own directories only: not isolated.
+    None,
+}
+
+/// Resource limits of a sandbox; None: no limit.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxLimits {
+    pub memory_mb: Option<u64>,
+    /// Thousandths of a CPU.
+    pub cpu_millis: Option<u32>,
+    pub pids: Option<u32>,
+    pub disk_mb: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxSpec {
+    /// None: the agent picks `sbx-` and 4 hex digits.
+    pub id: Option<String>,
+    pub ttl_ms: u64,
+    pub isolation: Isolation,
+    pub network: bool,
+    pub limits: SandboxLimits,
+    /// GPUs to lease for the sandbox's life.
+    pub gpus: u32,
+    /// Environment of every command run in it.
+    pub env: Vec<(String, String)>,
+    /// Leave its files on the host when it ends.
+    pub keep_files: bool,
+    /// Live sandboxes this user may have on the host, this one included
+    /// (0: no cap).
+    pub max_sandboxes: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SandboxState {
+    /// Being set up or running.
+    Running,
+    /// Its TTL passed.
+    Expired,
+    Deleted,
+    /// Could not be kept running (its isolation or supervisor failed).
+    Failed,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxInfo {
+    pub id: String,
+    pub state: SandboxState,
+    pub created_unix: u64,
+    pub expires_unix: u64,
+    /// What applies, never `Auto`.
+    pub isolation: Isolation,
+    pub network: bool,
+    pub limits: SandboxLimits,
+    /// How the limits are enforced: `cgroup v2`, `cgroup v1`, or
+    /// `rlimits+watchdog` (and what is not enforced).
+    pub enforcement: String,
+    /// Leased GPU indices.
+    pub gpus: Vec<u32>,
+    /// Where commands start, on the host and inside.
+    pub work_dir: String,
+    /// Files left on the host after the end.
+    pub kept_files: bool,
+    /// Why it ended, or what its isolation lacks.
+    pub note: Option<String>,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GpuLeaseRequest {
     pub count: u32,
@@ -610,6 +707,10 @@ pub enum Response {
         job: JobInfo,
         result: ExecResult,
     },
+    /// Answer to `SandboxCreate`, `SandboxRenew` and `SandboxDelete`.
+    Sandbox(SandboxInfo),
+    /// Answer to `SandboxList`, newest first.
+    Sandboxes(Vec<SandboxInfo>),
 }
 
 impl Response {

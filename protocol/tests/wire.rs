@@ -174,6 +174,7 @@ fn sample_messages() -> (Hello, Vec<ClientMessage>, Vec<AgentMessage>) {
                 timeout_ms: Some(90_000),
                 split_streams: true,
                 stdin: Some(b"yes\n".to_vec()),
+                sandbox: Some("sbx-3f2a".into()),
             }),
         },
         ClientMessage::Request {
@@ -235,6 +236,49 @@ fn sample_messages() -> (Hello, Vec<ClientMessage>, Vec<AgentMessage>) {
             },
         },
         ClientMessage::Cancel { id: 1 },
+        ClientMessage::Request {
+            id: 40,
+            body: Request::SandboxCreate(SandboxSpec {
+                id: Some("sbx-3f2a".into()),
+                ttl_ms: 3_600_000,
+                isolation: Isolation::Bwrap,
+                network: false,
+                limits: SandboxLimits {
+                    memory_mb: Some(512),
+                    cpu_millis: Some(1500),
+                    pids: Some(256),
+                    disk_mb: None,
+                },
+                gpus: 1,
+                env: vec![("K".into(), "v".into())],
+                keep_files: true,
+                max_sandboxes: 8,
+            }),
+        },
+        ClientMessage::Request {
+            id: 41,
+            body: Request::SandboxList,
+        },
+        ClientMessage::Request {
+            id: 42,
+            body: Request::SandboxRenew {
+                id: "sbx-3f2a".into(),
+                ttl_ms: 60_000,
+            },
+        },
+        ClientMessage::Request {
+            id: 43,
+            body: Request::SandboxDelete {
+                id: "sbx-3f2a".into(),
+            },
+        },
+        ClientMessage::Request {
+            id: 44,
+            body: Request::InSandbox {
+                id: "sbx-3f2a".into(),
+                request: Box::new(Request::Ping),
+            },
+        },
     ];
     let job = JobInfo {
         name: "train-1".into(),
@@ -468,8 +512,33 @@ fn sample_messages() -> (Hello, Vec<ClientMessage>, Vec<AgentMessage>) {
                 message: "no such directory: /nope".into(),
             }),
         },
+        AgentMessage::Response {
+            id: 40,
+            body: Response::Sandbox(sandbox_info()),
+        },
+        AgentMessage::Response {
+            id: 41,
+            body: Response::Sandboxes(vec![sandbox_info()]),
+        },
     ];
     (hello, client, agent)
+}
+
+fn sandbox_info() -> SandboxInfo {
+    SandboxInfo {
+        id: "sbx-3f2a".into(),
+        state: SandboxState::Expired,
+        created_unix: 1_700_000_000,
+        expires_unix: 1_700_003_600,
+        isolation: Isolation::Landlock,
+        network: true,
+        limits: SandboxLimits::default(),
+        enforcement: "rlimit: pids".into(),
+        gpus: vec![0],
+        work_dir: "/home/u/.outpost/sandboxes/sbx-3f2a/work".into(),
+        kept_files: false,
+        note: Some("expired".into()),
+    }
 }
 
 fn one_frame(bytes: &[u8]) -> Vec<u8> {

@@ -148,6 +148,10 @@ fn report() -> (String, bool) {
     jobs(&mut r);
 
     let _ = writeln!(r);
+    let _ = writeln!(r, "Sandboxes");
+    sandboxes(&mut r);
+
+    let _ = writeln!(r);
     let _ = writeln!(r, "GPUs");
     gpus(&mut r, &mut problems);
     leases(&mut r);
@@ -345,6 +349,46 @@ fn jobs(r: &mut String) {
             count(outpost_protocol::JobState::Lost)
         ),
     );
+}
+
+/// Which isolation rung this host reaches, the fix for a better one, and
+/// how limits would be enforced.
+fn sandboxes(r: &mut String) {
+    use crate::sandbox::{isolation, store};
+    let rungs = isolation::rungs();
+    let best = isolation::choose(outpost_protocol::Isolation::Auto)
+        .unwrap_or(outpost_protocol::Isolation::None);
+    field(
+        r,
+        "isolation",
+        match best {
+            outpost_protocol::Isolation::Bwrap => "bwrap (namespaces, the home hidden)",
+            outpost_protocol::Isolation::Landlock => "landlock + seccomp (no bwrap)",
+            _ => "none: a plain workspace, not isolated",
+        },
+    );
+    match &rungs.bwrap {
+        Ok(path) => sub(r, "bwrap", &format!("works ({})", path.display())),
+        Err(why) => {
+            sub(r, "bwrap", why);
+            sub(r, "fix", isolation::bwrap_fix(why));
+        }
+    }
+    match &rungs.landlock {
+        Ok(abi) => sub(r, "landlock", &format!("ABI {abi}")),
+        Err(why) => sub(r, "landlock", why),
+    }
+    let probe = crate::sandbox::limits_probe();
+    sub(r, "limits", &probe);
+    if let Some(root) = store::root_path() {
+        let all = store::all(&root);
+        let live = all.iter().filter(|d| d.end().is_none()).count();
+        field(
+            r,
+            "sandboxes",
+            &format!("{live} live, {} ended (kept a day)", all.len() - live),
+        );
+    }
 }
 
 fn sub(r: &mut String, name: &str, value: &str) {

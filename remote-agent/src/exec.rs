@@ -32,6 +32,7 @@ use tokio::sync::watch;
 use crate::capture::Capture;
 use crate::outbox::Outbox;
 use crate::proctree::{self, TOKEN_VAR};
+use crate::sandbox::Scope;
 use crate::{guard, paths};
 
 /// After the main process exits, how long leftover background processes may
@@ -54,7 +55,9 @@ enum Ending {
 /// A validated request, ready to spawn.
 struct Plan {
     command: String,
+    /// As the command sees it (inside its sandbox, if any).
     cwd: PathBuf,
+    sandbox: Option<Scope>,
     env: Vec<(String, String)>,
     stdin: Option<Vec<u8>>,
     timeout: Option<Duration>,
@@ -72,7 +75,7 @@ fn error(kind: ErrorKind, message: impl Into<String>) -> AgentError {
 
 /// Checks everything that can be checked before spawning, so that bad input
 /// gets a precise error instead of a confusing spawn failure.
-fn plan(req: ExecRequest) -> Result<Plan, AgentError> {
+fn plan(req: ExecRequest, sandbox: Option<Scope>) -> Result<Plan, AgentError> {
     let bad = |m: String| error(ErrorKind::BadRequest, m);
     if let Some(stdin) = &req.stdin
         && stdin.len() > MAX_STDIN_LEN
@@ -98,8 +101,14 @@ fn plan(req: ExecRequest) -> Result<Plan, AgentError> {
     if req.cwd.as_deref().is_some_and(|c| c.contains('\0')) {
         return Err(bad("cwd contains a NUL byte".into()));
     }
-    let cwd = paths::resolve_cwd(req.cwd.as_deref());
+    let cwd = match &sandbox {
+        Some(scope) => scope.cwd(req.cwd.as_deref()),
+        None => paths::resolve_cwd(req.cwd.as_deref()),
+    };
+    // Inside bwrap, a path such as /tmp is not the host's: `enter` checks it.
+    let checkable = sandbox.as_ref().is_none_or(|s| s.same_inside(&cwd));
     match std::fs::metadata(&cwd) {
+        _ if !checkable => {}
         Ok(m) if m.is_dir() => {}
         Ok(_) => {
             return Err(error(
@@ -117,6 +126,7 @@ fn plan(req: ExecRequest) -> Result<Plan, AgentError> {
     Ok(Plan {
         command: req.command,
         cwd,
+        sandbox,
         env: req.env,
         stdin: req.stdin,
         timeout: req.timeout_ms.map(Duration::from_millis),
@@ -169,12 +179,22 @@ fn new_token() -> String {
 
 fn spawn(plan: &Plan, token: &str) -> Result<Child, AgentError> {
     let shell = paths::shell();
-    let mut cmd = Command::new(shell);
-    cmd.arg("-c")
-        .arg(&plan.command)
-        .current_dir(&plan.cwd)
-        .envs(plan.env.iter().map(|(k, v)| (k, v)))
-        .env(TOKEN_VAR, token)
+    let mut cmd = match &plan.sandbox {
+        Some(scope) => Command::from(
+            scope
+                .command(shell, &plan.command, &plan.cwd, &plan.env)
+                .map_err(|e| error(ErrorKind::SpawnFailed, e))?,
+        ),
+        None => {
+            let mut cmd = Command::new(shell);
+            cmd.arg("-c")
+                .arg(&plan.command)
+                .current_dir(&plan.cwd)
+                .envs(plan.env.iter().map(|(k, v)| (k, v)));
+            cmd
+        }
+    };
+    cmd.env(TOKEN_VAR, token)
         .stdin(if plan.stdin.is_some() {
             Stdio::piped()
         } else {
@@ -405,9 +425,10 @@ pub async fn run(
     req: ExecRequest,
     outbox: &Outbox,
     mut cancel: watch::Receiver<bool>,
+    sandbox: Option<Scope>,
 ) -> Response {
     let started = Instant::now();
-    let plan = match plan(req) {
+    let plan = match plan(req, sandbox) {
         Ok(plan) => plan,
         Err(e) => return Response::Error(e),
     };
@@ -585,14 +606,17 @@ mod tests {
     fn bad_requests_are_rejected_before_spawn() {
         let mut r = req("true");
         r.stdin = Some(vec![0; MAX_STDIN_LEN + 1]);
-        assert_eq!(plan(r).err().unwrap().kind, ErrorKind::BadRequest);
+        assert_eq!(plan(r, None).err().unwrap().kind, ErrorKind::BadRequest);
         let mut r = req("true");
         r.env = vec![("A=B".into(), "x".into())];
-        assert_eq!(plan(r).err().unwrap().kind, ErrorKind::BadRequest);
-        assert_eq!(plan(req("a\0b")).err().unwrap().kind, ErrorKind::BadRequest);
+        assert_eq!(plan(r, None).err().unwrap().kind, ErrorKind::BadRequest);
+        assert_eq!(
+            plan(req("a\0b"), None).err().unwrap().kind,
+            ErrorKind::BadRequest
+        );
         let mut r = req("true");
         r.cwd = Some("/no/such/dir/xyz".into());
-        let e = plan(r).err().unwrap();
+        let e = plan(r, None).err().unwrap();
         assert_eq!(e.kind, ErrorKind::SpawnFailed);
         assert_eq!(e.message, "cwd not found: /no/such/dir/xyz");
     }
@@ -619,6 +643,9 @@ mod tests {
     fn output_limit_is_clamped() {
         let mut r = req("true");
         r.output_limit = u64::MAX;
-        assert_eq!(plan(r).ok().unwrap().limit as u64, MAX_EXEC_OUTPUT_LIMIT);
+        assert_eq!(
+            plan(r, None).ok().unwrap().limit as u64,
+            MAX_EXEC_OUTPUT_LIMIT
+        );
     }
 }

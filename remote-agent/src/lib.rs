@@ -32,6 +32,7 @@ mod metrics;
 mod outbox;
 mod paths;
 mod proctree;
+mod sandbox;
 pub mod serve;
 
 /// `outpost-agent diagnose`: prints a report about this host and the
@@ -49,6 +50,21 @@ pub fn daemon(started_by: Option<&str>) -> i32 {
 /// `outpost-agent shim <dir>`: supervises one background job.
 pub fn shim(dir: &std::path::Path, resume: bool) -> i32 {
     jobs::shim::run(dir, resume)
+}
+
+/// `outpost-agent keeper <dir> [--adopt]`: sets up and ends one sandbox.
+pub fn keeper(dir: &std::path::Path, adopt: bool) -> i32 {
+    sandbox::keeper::main(dir, adopt)
+}
+
+/// `outpost-agent enter <dir> <cwd> -- argv`: runs `argv` in a sandbox.
+pub fn enter(dir: &std::path::Path, cwd: &std::path::Path, argv: &[String]) -> i32 {
+    sandbox::enter::main(dir, cwd, argv)
+}
+
+/// `outpost-agent hold`: keeps a bwrap sandbox open.
+pub fn hold() -> i32 {
+    sandbox::keeper::hold()
 }
 
 /// `outpost-agent guard`: the watchdog `serve` starts with a pipe on stdin.

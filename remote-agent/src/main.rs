@@ -17,6 +17,10 @@ Commands:
   diagnose    Print a report about this host and the agent's state
   daemon      Start the per-user job daemon (serve does this on demand)
   shim <dir>  Supervise one background job (the daemon starts these)
+  keeper <dir>
+              Set up and end one sandbox (the daemon starts these)
+  enter <dir> <cwd> -- PROGRAM [ARGS...]
+              Run PROGRAM inside a sandbox
   --version   Print the version and build hash
   --help      Print this help
 ";
@@ -37,6 +41,14 @@ fn main() -> ExitCode {
         ["shim", dir, "--resume"] => outpost_agent::shim(Path::new(dir), true),
         // Not in the usage: only `serve` starts it, with a pipe on stdin.
         ["guard"] => outpost_agent::guard(),
+        ["keeper", dir] => outpost_agent::keeper(Path::new(dir), false),
+        ["keeper", dir, "--adopt"] => outpost_agent::keeper(Path::new(dir), true),
+        ["enter", dir, cwd, "--", argv @ ..] if !argv.is_empty() => {
+            let argv: Vec<String> = argv.iter().map(|a| a.to_string()).collect();
+            outpost_agent::enter(Path::new(dir), Path::new(cwd), &argv)
+        }
+        // Not in the usage: the command bwrap runs to hold a sandbox open.
+        ["hold"] => outpost_agent::hold(),
         ["--version" | "-V" | "version"] => {
             println!("{}", outpost_agent::version_line());
             0

@@ -114,7 +114,7 @@ pub fn all_pids() -> Vec<i32> {
 
 /// Whether the process's environment holds exactly `entry` (`NAME=value`).
 /// Processes of other users are unreadable and count as not holding it.
-fn environ_has(pid: i32, entry: &[u8]) -> bool {
+pub fn environ_has(pid: i32, entry: &[u8]) -> bool {
     match fs::read(format!("/proc/{pid}/environ")) {
         Ok(env) => env.split(|&b| b == 0).any(|e| e == entry),
         Err(_) => false,
@@ -127,6 +127,22 @@ fn environ_has(pid: i32, entry: &[u8]) -> bool {
 /// descendants alone name the tree.
 pub fn collect_tree(root: Option<i32>, token: &str) -> Vec<i32> {
     let entry = format!("{TOKEN_VAR}={token}").into_bytes();
+    let root_pid = root;
+    // Session and group ids of 0 belong to kernel threads; never match them.
+    let root = root.filter(|&r| r > 1);
+    collect(|s| {
+        root_pid == Some(s.pid)
+            || root.is_some_and(|r| s.pgrp == r || s.session == r)
+            || (!s.is_gone() && environ_has(s.pid, &entry))
+    })
+    .into_iter()
+    .map(|s| s.pid)
+    .collect()
+}
+
+/// Every live process that `matches` or descends from one that does, by
+/// pid, never including the caller or init.
+pub fn collect(matches: impl Fn(&Stat) -> bool) -> Vec<Stat> {
     let me = std::process::id() as i32;
     let stats: Vec<Stat> = all_pids().into_iter().filter_map(read_stat).collect();
 
@@ -135,16 +151,7 @@ pub fn collect_tree(root: Option<i32>, token: &str) -> Vec<i32> {
         children.entry(s.ppid).or_default().push(s.pid);
     }
     let mut found: HashSet<i32> = HashSet::new();
-    let mut queue: Vec<i32> = root.into_iter().collect();
-    // Session and group ids of 0 belong to kernel threads; never match them.
-    let root = root.filter(|&r| r > 1);
-    for s in &stats {
-        if root.is_some_and(|r| s.pid == r || s.pgrp == r || s.session == r)
-            || (!s.is_gone() && environ_has(s.pid, &entry))
-        {
-            queue.push(s.pid);
-        }
-    }
+    let mut queue: Vec<i32> = stats.iter().filter(|s| matches(s)).map(|s| s.pid).collect();
     while let Some(pid) = queue.pop() {
         if !found.insert(pid) {
             continue;
@@ -153,16 +160,11 @@ pub fn collect_tree(root: Option<i32>, token: &str) -> Vec<i32> {
             queue.extend(kids.iter().copied());
         }
     }
-    let live: HashSet<i32> = stats
-        .iter()
-        .filter(|s| !s.is_gone())
-        .map(|s| s.pid)
-        .collect();
-    let mut out: Vec<i32> = found
+    let mut out: Vec<Stat> = stats
         .into_iter()
-        .filter(|&p| p > 1 && p != me && live.contains(&p))
+        .filter(|s| !s.is_gone() && s.pid > 1 && s.pid != me && found.contains(&s.pid))
         .collect();
-    out.sort_unstable();
+    out.sort_unstable_by_key(|s| s.pid);
     out
 }
 

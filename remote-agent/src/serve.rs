@@ -29,7 +29,7 @@ use tokio::task::JoinSet;
 use crate::files::Appliers;
 use crate::metrics::Monitor;
 use crate::outbox::{self, Outbox};
-use crate::{cleanup, exec, files, gpu, guard, identity, jobs, leases};
+use crate::{cleanup, exec, files, gpu, guard, identity, jobs, leases, sandbox};
 
 /// How long shutdown waits for cancelled commands to report.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(2);
@@ -397,60 +397,146 @@ fn start_request(
     let shared = Arc::clone(shared);
     tasks.spawn(async move {
         let response = match body {
-            Request::Exec(req) => exec::run(id, req, &outbox, cancel).await,
-            Request::Ping => Response::Pong,
-            Request::Metrics => metrics(&shared).await,
-            Request::GpuLease(req) => {
-                let response = blocking(move || leases::lease(&req).map(Response::GpuLease)).await;
-                if let Response::GpuLease(lease) = &response {
-                    let mut leased = shared.leased.lock().unwrap_or_else(|p| p.into_inner());
-                    leased.push(lease.lease_id.clone());
+            Request::InSandbox {
+                id: sandbox,
+                request,
+            } if shared.options.own_process => {
+                let scope = tokio::task::spawn_blocking(move || sandbox::Scope::of(&sandbox)).await;
+                match scope {
+                    Ok(Ok(scope)) => {
+                        answer(id, *request, Some(scope), &shared, &outbox, cancel).await
+                    }
+                    Ok(Err(e)) => Response::Error(e),
+                    Err(_) => error(ErrorKind::Internal, "worker panicked"),
                 }
-                response
             }
-            Request::GpuRelease { lease_id } => {
-                blocking(move || leases::release(&lease_id).map(|()| Response::Released)).await
-            }
-            Request::Scan(req) => files::scan(id, req, &outbox, cancel).await,
-            Request::PutFiles(req) => files::put_files(req, &shared.appliers).await,
-            Request::PutPart(req) => files::put_part(req, &shared.appliers).await,
-            Request::ApplyMeta(req) => files::apply_meta(req, &shared.appliers).await,
-            Request::ReadFiles(req) => files::read_files(id, req, &outbox, cancel).await,
-            Request::Resume(req) => files::resume(req, &shared.appliers).await,
-            Request::JobStart(_)
-            | Request::JobStatus { .. }
-            | Request::JobList { .. }
-            | Request::JobCancel { .. }
-            | Request::JobWait(_)
-            | Request::JobRead(_)
-            | Request::JobCollect(_)
-            | Request::JobEvents { .. }
-                if !shared.options.own_process =>
-            {
-                no_jobs()
-            }
-            Request::JobStart(spec) => jobs::start(spec).await,
-            Request::JobStatus { name } => job_request(move || jobs::status(&name)).await,
-            Request::JobList { state, limit } => {
-                job_request(move || jobs::list(state, limit)).await
-            }
-            Request::JobCancel { name, grace_ms } => {
-                job_request(move || jobs::cancel(&name, grace_ms)).await
-            }
-            Request::JobWait(req) => job_request(move || jobs::wait(&req, &cancel)).await,
-            Request::JobRead(req) => job_request(move || jobs::read(&req)).await,
-            Request::JobCollect(req) => job_request(move || jobs::collect(&req)).await,
-            Request::JobEvents {
-                name,
-                after_seq,
-                limit,
-            } => job_request(move || jobs::events(name.as_deref(), after_seq, limit)).await,
+            body => answer(id, body, None, &shared, &outbox, cancel).await,
         };
         // Free the id before answering: the controller may reuse it as soon
         // as it sees the final response.
         shared.inflight().remove(&id);
         outbox.send(id, response).await;
     });
+}
+
+/// The answer to one request, inside `scope` when it is a sandbox's.
+async fn answer(
+    id: RequestId,
+    body: Request,
+    scope: Option<sandbox::Scope>,
+    shared: &Arc<Shared>,
+    outbox: &Outbox,
+    cancel: watch::Receiver<bool>,
+) -> Response {
+    // A sandbox's file requests name paths inside it.
+    let root = |raw: &mut String| -> Result<(), AgentError> {
+        if let Some(scope) = &scope {
+            *raw = scope.file_root(raw)?;
+        }
+        Ok(())
+    };
+    let outbox = outbox.clone();
+    match body {
+        Request::Exec(req) => exec::run(id, req, &outbox, cancel, scope).await,
+        Request::Ping => Response::Pong,
+        Request::Metrics => metrics(shared).await,
+        Request::GpuLease(_) | Request::GpuRelease { .. } if scope.is_some() => error(
+            ErrorKind::BadRequest,
+            "a sandbox's GPUs are leased when it is created (gpus)",
+        ),
+        Request::SandboxCreate(_)
+        | Request::SandboxList
+        | Request::SandboxRenew { .. }
+        | Request::SandboxDelete { .. }
+        | Request::InSandbox { .. }
+            if scope.is_some() =>
+        {
+            error(ErrorKind::BadRequest, "sandboxes do not nest")
+        }
+        Request::SandboxCreate(_)
+        | Request::SandboxList
+        | Request::SandboxRenew { .. }
+        | Request::SandboxDelete { .. }
+        | Request::InSandbox { .. }
+            if !shared.options.own_process =>
+        {
+            error(
+                ErrorKind::Unsupported,
+                "sandboxes need the outpost-agent executable; this agent runs inside another program",
+            )
+        }
+        Request::SandboxCreate(spec) => sandbox::create(spec).await,
+        Request::SandboxList => blocking(sandbox::list).await,
+        Request::SandboxRenew { id, ttl_ms } => blocking(move || sandbox::renew(&id, ttl_ms)).await,
+        Request::SandboxDelete { id } => blocking(move || sandbox::delete(&id)).await,
+        Request::InSandbox { .. } => error(ErrorKind::Internal, "unreachable: scoped above"),
+        Request::GpuLease(req) => {
+            let response = blocking(move || leases::lease(&req).map(Response::GpuLease)).await;
+            if let Response::GpuLease(lease) = &response {
+                let mut leased = shared.leased.lock().unwrap_or_else(|p| p.into_inner());
+                leased.push(lease.lease_id.clone());
+            }
+            response
+        }
+        Request::GpuRelease { lease_id } => {
+            blocking(move || leases::release(&lease_id).map(|()| Response::Released)).await
+        }
+        Request::Scan(mut req) => match root(&mut req.root) {
+            Ok(()) => files::scan(id, req, &outbox, cancel).await,
+            Err(e) => Response::Error(e),
+        },
+        Request::PutFiles(mut req) => match root(&mut req.root) {
+            Ok(()) => files::put_files(req, &shared.appliers).await,
+            Err(e) => Response::Error(e),
+        },
+        Request::PutPart(mut req) => match root(&mut req.root) {
+            Ok(()) => files::put_part(req, &shared.appliers).await,
+            Err(e) => Response::Error(e),
+        },
+        Request::ApplyMeta(mut req) => match root(&mut req.root) {
+            Ok(()) => files::apply_meta(req, &shared.appliers).await,
+            Err(e) => Response::Error(e),
+        },
+        Request::ReadFiles(mut req) => match root(&mut req.root) {
+            Ok(()) => files::read_files(id, req, &outbox, cancel).await,
+            Err(e) => Response::Error(e),
+        },
+        Request::Resume(mut req) => match root(&mut req.root) {
+            Ok(()) => files::resume(req, &shared.appliers).await,
+            Err(e) => Response::Error(e),
+        },
+        Request::JobStart(_)
+        | Request::JobStatus { .. }
+        | Request::JobList { .. }
+        | Request::JobCancel { .. }
+        | Request::JobWait(_)
+        | Request::JobRead(_)
+        | Request::JobCollect(_)
+        | Request::JobEvents { .. }
+            if !shared.options.own_process =>
+        {
+            no_jobs()
+        }
+        Request::JobStart(mut spec) => {
+            if let Some(scope) = &scope {
+                spec.sandbox = Some(scope.dirs.id.clone());
+            }
+            jobs::start(spec).await
+        }
+        Request::JobStatus { name } => job_request(move || jobs::status(&name)).await,
+        Request::JobList { state, limit } => job_request(move || jobs::list(state, limit)).await,
+        Request::JobCancel { name, grace_ms } => {
+            job_request(move || jobs::cancel(&name, grace_ms)).await
+        }
+        Request::JobWait(req) => job_request(move || jobs::wait(&req, &cancel)).await,
+        Request::JobRead(req) => job_request(move || jobs::read(&req)).await,
+        Request::JobCollect(req) => job_request(move || jobs::collect(&req)).await,
+        Request::JobEvents {
+            name,
+            after_seq,
+            limit,
+        } => job_request(move || jobs::events(name.as_deref(), after_seq, limit)).await,
+    }
 }
 
 async fn metrics(shared: &Arc<Shared>) -> Response {

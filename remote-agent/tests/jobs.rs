@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::{Agent, BIN, TempDir, procs_with};
+use common::{Agent, BIN, TempDir, json, kill, procs_with, procs_with_env};
 use outpost_protocol::{
     CapturedOutput, ErrorKind, ExecResult, JobCollect, JobEvent, JobInfo, JobLog, JobRead, JobSpec,
     JobState, JobWait, JobWaited, Request, Response, WaitReason, WatchSpec,
@@ -175,31 +175,6 @@ impl Drop for Host {
             let _ = std::fs::remove_dir_all(dir);
         }
     }
-}
-
-fn json(path: &std::path::Path) -> Option<serde_json::Value> {
-    serde_json::from_slice(&std::fs::read(path).ok()?).ok()
-}
-
-/// Signals a process, or a process group when `pid` is negative.
-fn kill(pid: i32, sig: i32) {
-    if pid.abs() > 1 {
-        // SAFETY: plain syscall.
-        unsafe {
-            libc::kill(pid, sig);
-        }
-    }
-}
-
-fn procs_with_env(entry: &str) -> Vec<i32> {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ"))
-                .is_ok_and(|env| env.split(|&b| b == 0).any(|e| e == entry.as_bytes()))
-        })
-        .collect()
 }
 
 fn alive(pid: i32) -> bool {

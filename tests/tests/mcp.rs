@@ -1079,8 +1079,10 @@ async fn mcp_drop_in_calls_and_the_tool_list() {
         "default tool list: {} tools, {size} characters",
         tools.len()
     );
+    // 14,000 since the isolated sandbox tools (create, get_sandbox_status,
+    // renew, delete: about 2,500 characters) joined the list.
     assert!(
-        size <= 12_000,
+        size <= 14_000,
         "the default tool list grew to {size} characters"
     );
     client.cancel().await.unwrap();

@@ -6,6 +6,7 @@ mod audit;
 mod exec;
 mod hosts;
 mod jobs;
+mod sandbox;
 mod sync;
 mod watch;
 
@@ -62,7 +63,8 @@ enum Command {
     /// when it is not a terminal and speaks within 1 s, is passed to the
     /// command (at most 1 MiB).
     Exec {
-        /// Sandbox name (default: the active one: the first configured, else `local`).
+        /// Sandbox name, or HOST/ID (default: the active one: the first
+        /// configured, else `local`).
         host: Option<String>,
         /// Working directory on the host.
         #[arg(long)]
@@ -78,7 +80,8 @@ enum Command {
         command: Vec<String>,
     },
     /// Sync a tree (or one file) to or from a sandbox: `outpost sync LOCAL
-    /// NAME:REMOTE` or `outpost sync NAME:REMOTE LOCAL`. Delta and
+    /// NAME:REMOTE` or `outpost sync NAME:REMOTE LOCAL` (NAME may be
+    /// HOST/ID; a relative REMOTE starts in its work dir). Delta and
     /// compressed; files land atomically; modes, mtimes, symlinks and empty
     /// directories are kept. One file goes into the target when that is a
     /// directory (or ends in /), else to the target path, under its own name.
@@ -135,6 +138,14 @@ enum Command {
         /// Sandboxes to follow (default: every SSH sandbox, or `local` when
         /// there is none).
         sandboxes: Vec<String>,
+    },
+    /// Isolated, expiring sandboxes made on a host, named HOST/ID (e.g.
+    /// gpu1/sbx-3f2a): `exec`, `sync` and `jobs` take that name as a
+    /// sandbox. The host's agent keeps each apart (bubblewrap, Landlock, or
+    /// only its own directories: `create` says which) and ends it at expiry.
+    Sandbox {
+        #[command(subcommand)]
+        action: SandboxAction,
     },
     /// Show the audit log of MCP tool calls ($OUTPOST_HOME/audit.jsonl): time,
     /// client, tool, sandbox, outcome, duration, command or arguments, error.
@@ -219,6 +230,68 @@ pub(super) enum JobsAction {
     },
 }
 
+#[derive(Subcommand)]
+pub(super) enum SandboxAction {
+    /// Make one on HOST (a configured sandbox, or `auto`: the idlest with
+    /// --gpus free); prints its name, then what applies.
+    Create {
+        host: String,
+        /// Its id (default: the host picks sbx-XXXX).
+        #[arg(long)]
+        id: Option<String>,
+        /// Life: seconds, or 90s, 30m, 1h, 2d; at most 7 days.
+        #[arg(long, default_value = "1h")]
+        ttl: String,
+        /// auto (the strongest the host has), bwrap, landlock or none.
+        #[arg(long, default_value = "auto")]
+        isolation: String,
+        /// No network inside.
+        #[arg(long)]
+        no_network: bool,
+        /// Memory cap, MiB.
+        #[arg(long, value_name = "N")]
+        memory_mb: Option<u64>,
+        /// CPUs, fractions allowed.
+        #[arg(long, value_name = "F")]
+        cpus: Option<f64>,
+        /// Most processes.
+        #[arg(long, value_name = "N")]
+        pids: Option<u32>,
+        /// Disk cap of its files, MiB.
+        #[arg(long, value_name = "N")]
+        disk_mb: Option<u64>,
+        /// GPUs leased for its whole life.
+        #[arg(long, value_name = "N", default_value_t = 0)]
+        gpus: u32,
+        /// Set for every command in it (repeatable).
+        #[arg(long, value_name = "K=V")]
+        env: Vec<String>,
+        /// Leave its files on the host when it ends.
+        #[arg(long)]
+        keep_files: bool,
+    },
+    /// NAME STATE EXPIRES ISOLATION WORK_DIR of each sandbox, live or
+    /// recently ended, on every host (asked in parallel).
+    List {
+        /// Only on this host.
+        host: Option<String>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make NAME expire TTL from now (seconds, or 90s, 30m, 1h, 2d).
+    Renew {
+        /// HOST/ID.
+        name: String,
+        ttl: String,
+    },
+    /// End NAME: kill its processes, remove its files (unless kept).
+    Delete {
+        /// HOST/ID.
+        name: String,
+    },
+}
+
 pub async fn run(cli: Cli) -> Result<ExitCode> {
     let config = Config::load()?;
     let fleet = Arc::new(Fleet::try_new(config)?);
@@ -258,6 +331,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Watch { sandboxes } => watch::watch(fleet, sandboxes).await,
         Command::Audit { tail, json } => audit::audit(&fleet, tail, json),
+        Command::Sandbox { action } => sandbox::sandbox_cli(&fleet, action).await,
         Command::Sync {
             source,
             target,

@@ -28,6 +28,16 @@ pub(super) async fn sync(
         (Some((name, remote)), None) => (false, name, remote, target),
         (Some(_), Some(_)) => anyhow::bail!("both sides are sandboxes; one must be a local path"),
         (None, None) => {
+            // `gpu1/Bad_Id:x` names a host and a bad sandbox id.
+            for arg in [source, target] {
+                if let Some((name, _)) = arg.split_once(':')
+                    && let Some((host, _)) = name.rsplit_once('/')
+                    && fleet.names().iter().any(|n| n == host)
+                    && let Err(e) = fleet.get(Some(name))
+                {
+                    anyhow::bail!("{e}");
+                }
+            }
             let sandboxes = fleet.names().join(", ");
             // `nope:/x` most likely meant a sandbox, unless it is a local path.
             let meant = [source, target].into_iter().find_map(|arg| {
@@ -46,7 +56,8 @@ pub(super) async fn sync(
         }
     };
     let session = fleet.get(Some(&name)).map_err(anyhow::Error::msg)?;
-    let mut remote = if remote.is_empty() { "~" } else { remote }.to_string();
+    // Relative: the home, or an isolated sandbox's work dir.
+    let mut remote = if remote.is_empty() { "." } else { remote }.to_string();
     let mut local = local.to_string();
     let mut options = options;
     // A person typed the path: only a configured `local_roots` limits it.

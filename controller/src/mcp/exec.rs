@@ -106,47 +106,13 @@ fn exec_request(p: &ExecParams, stream: bool) -> Result<ExecRequest, String> {
     })?;
     if let Some(env) = &p.env {
         for name in env.keys() {
-            check_env_name(name)?;
+            exec::check_env_name(name)?;
         }
         req.env
             .extend(env.iter().map(|(k, v)| (k.clone(), v.clone())));
     }
     req.stdin = p.stdin.as_ref().map(|s| s.clone().into_bytes());
     Ok(req)
-}
-
-/// Variables that make bash (or the loader) run code of their own before
-/// or around any command: a caller could run what the policy never saw.
-const CODE_VARIABLES: &[&str] = &[
-    "BASH_ENV",
-    "ENV",
-    "SHELLOPTS",
-    "BASHOPTS",
-    "PS4",
-    "PROMPT_COMMAND",
-    "LD_PRELOAD",
-    "LD_AUDIT",
-];
-
-/// An `env` name must be a plain shell identifier (so no `BASH_FUNC_x%%`
-/// function import) and none of [`CODE_VARIABLES`].
-fn check_env_name(name: &str) -> Result<(), String> {
-    let plain = name
-        .chars()
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-    if !plain {
-        return Err(format!(
-            "env name {name:?} is not a shell identifier ([A-Za-z_][A-Za-z0-9_]*)"
-        ));
-    }
-    if CODE_VARIABLES.contains(&name) {
-        return Err(format!(
-            "env {name} is refused: it makes the shell or loader run code the policy never sees"
-        ));
-    }
-    Ok(())
 }
 
 /// The text the policy checks: the command, preceded by the caller's

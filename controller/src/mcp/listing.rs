@@ -21,7 +21,9 @@
 //!   do are accepted but not listed, and `exec_bash_background`'s watch
 //!   settings are listed with the watch tools ([`unlisted`]);
 //! * every tool gets annotations, so clients can auto-approve the read-only
-//!   ones ([`hints`]).
+//!   ones ([`hints`]);
+//! * a tool that is only another name of a listed one is callable but not
+//!   listed ([`UNLISTED_TOOLS`]).
 //!
 //! Also [`unknown_argument`]: a call naming an argument its tool does not
 //! take is refused, so a typo never loses a setting silently.
@@ -60,6 +62,15 @@ pub(super) fn finish<S>(router: &mut ToolRouter<S>, advanced: bool) -> Unlisted 
         tool.annotations = Some(hints(&tool.name));
     }
     unlisted_by_tool
+}
+
+/// Tools that are callable but never listed: other names of listed tools,
+/// for agents that guess them.
+pub(super) const UNLISTED_TOOLS: &[&str] = &["close_sandbox"];
+
+/// Whether `tools/list` names `tool`.
+pub(super) fn is_listed(tool: &str) -> bool {
+    !UNLISTED_TOOLS.contains(&tool)
 }
 
 /// remote-sandbox-mcp's job parameters that are refused (hooks come from
@@ -356,6 +367,7 @@ fn hints(tool: &str) -> ToolAnnotations {
         // Read the state of sandboxes, jobs, transfers and files.
         "list_sandboxes"
         | "get_active_sandbox"
+        | "get_sandbox_status"
         | "check_background_task"
         | "list_background_tasks"
         | "wait_background_task"
@@ -385,10 +397,13 @@ fn hints(tool: &str) -> ToolAnnotations {
         | "sync_local_to_remote_background"
         | "sync_remote_to_local"
         | "write_remote_file" => base.destructive(true).idempotent(true).open_world(false),
-        "select_sandbox" | "release_gpus" => {
+        "select_sandbox" | "release_gpus" | "renew_sandbox" => {
             base.destructive(false).idempotent(true).open_world(false)
         }
-        "reserve_gpus" => base.destructive(false).open_world(false),
+        "reserve_gpus" | "create_sandbox" => base.destructive(false).open_world(false),
+        "delete_sandbox" | "close_sandbox" => {
+            base.destructive(true).idempotent(true).open_world(false)
+        }
         _ => base,
     }
 }

@@ -18,7 +18,8 @@
 //! client as MCP logging notifications.
 //!
 //! One file per area, each adding its own tool router to [`OutpostServer`]:
-//! `sandboxes.rs` (sandboxes and GPU leases), `exec.rs` (`exec_bash` and the
+//! `sandboxes.rs` (sandboxes and GPU leases), `isolated.rs` (isolated
+//! sandboxes made on a host, named `HOST/ID`), `exec.rs` (`exec_bash` and the
 //! policy check), `files.rs` (syncs and remote files), `jobs.rs` (background
 //! jobs), `watch.rs` (the advanced watch tools), `resources.rs`,
 //! `prompts.rs`, `linelimit.rs` (oversized messages on stdin) and `shape.rs`
@@ -32,6 +33,7 @@ mod files;
 mod hostkey;
 pub mod http;
 mod ids;
+mod isolated;
 mod jobs;
 pub mod linelimit;
 mod listing;
@@ -187,6 +189,7 @@ impl OutpostServer {
         let mut tool_router = Self::sandboxes_router();
         tool_router.merge(Self::exec_router());
         tool_router.merge(Self::gpu_router());
+        tool_router.merge(Self::isolated_router());
         tool_router.merge(Self::files_router());
         tool_router.merge(Self::jobs_router());
         if fleet.config.expose_advanced_tools {
@@ -258,11 +261,15 @@ impl OutpostServer {
     /// The named (or active) sandbox for a job tool, connected; its event
     /// follower starts with the first such call. The connection is made here,
     /// in the call, where an unknown host key can be put to the person, and
-    /// not first by the follower's own task.
+    /// not first by the follower's own task. An isolated sandbox's jobs are
+    /// its host's user's, whose events its host's follower reports.
     async fn job_session(&self, sandbox: Option<&str>) -> Result<Arc<Session>, String> {
         let session = self.fleet.get(sandbox)?;
         session.connection().await.map_err(|e| e.to_string())?;
-        self.watcher.follow(session.name());
+        let host = session
+            .isolated_in()
+            .map_or(session.name(), |(h, _)| h.name());
+        self.watcher.follow(host);
         Ok(session)
     }
 }
@@ -338,7 +345,13 @@ impl ServerHandler for OutpostServer {
         let cache_hints = context
             .protocol_version()
             .is_some_and(|v| v >= rmcp::model::ProtocolVersion::V_2026_07_28);
-        let mut result = rmcp::model::ListToolsResult::with_all_items(self.tool_router.list_all());
+        let listed = self
+            .tool_router
+            .list_all()
+            .into_iter()
+            .filter(|t| listing::is_listed(&t.name))
+            .collect();
+        let mut result = rmcp::model::ListToolsResult::with_all_items(listed);
         if cache_hints {
             result.ttl_ms = Some(0);
             result.cache_scope = Some(rmcp::model::CacheScope::Public);
@@ -574,6 +587,9 @@ mod tests {
             assert!(basic.contains(&tool.to_string()), "{tool} missing");
         }
         assert!(!basic.iter().any(|n| n.contains("watch")), "{basic:?}");
+        // Another name of delete_sandbox: routed, never listed.
+        assert!(basic.contains(&"close_sandbox".to_string()));
+        assert!(!listing::is_listed("close_sandbox") && listing::is_listed("delete_sandbox"));
         let all = names(true);
         assert_eq!(all.len(), basic.len() + 14, "{all:?}");
         for tool in [

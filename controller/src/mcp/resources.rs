@@ -14,7 +14,7 @@ impl OutpostServer {
         let value = if uri == LIST_URI {
             serde_json::to_value(ListResult {
                 active_sandbox: self.fleet.active_name(),
-                sandboxes: self.fleet.list(false, deadline).await,
+                sandboxes: crate::ops::sandboxes::hosts(&self.fleet, false, deadline).await,
             })
         } else if let Some(name) = uri
             .strip_prefix("sandbox://")

@@ -1,6 +1,7 @@
-//! The sandbox tools: list the sandboxes, make one the default (by name, or
-//! the idlest that fits), check the active one; and GPU leases (reserve,
-//! release) that `exec_bash` runs under.
+//! The sandbox tools: list the sandboxes (with the isolated ones live on
+//! each connected host), make one the default (by name, or the idlest that
+//! fits), check the active one; and GPU leases (reserve, release) that
+//! `exec_bash` runs under.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -13,9 +14,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::progress::{Progress, Report};
-use super::shape::SandboxStatusShape;
+use super::shape::HostRowShape;
 use super::{OutpostServer, RESOURCE_DEADLINE_EXTRA};
-use crate::fleet::SandboxStatus;
+use crate::ops::sandboxes::HostRow;
 use crate::resources::Requirements;
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -27,8 +28,8 @@ pub struct ListParams {
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct ListResult {
     pub active_sandbox: String,
-    #[schemars(with = "Vec<SandboxStatusShape>")]
-    pub sandboxes: Vec<SandboxStatus>,
+    #[schemars(with = "Vec<HostRowShape>")]
+    pub sandboxes: Vec<HostRow>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -103,14 +104,15 @@ pub struct StatusResult {
 #[tool_router(router = sandboxes_router, vis = "pub(super)")]
 impl OutpostServer {
     #[tool(
-        description = "Sandboxes and connections; check_resources adds CPU/memory/GPU use and idle_score (0 busy, 1 idle)."
+        description = "Sandboxes and connections (live isolated ones under their host); check_resources adds CPU/memory/GPU use and idle_score (0 busy, 1 idle)."
     )]
     async fn list_sandboxes(
         &self,
         Parameters(p): Parameters<ListParams>,
     ) -> Result<Json<ListResult>, String> {
         let deadline = self.fleet.config.connect_timeout + RESOURCE_DEADLINE_EXTRA;
-        let sandboxes = self.fleet.list(p.check_resources, deadline).await;
+        let sandboxes =
+            crate::ops::sandboxes::hosts(&self.fleet, p.check_resources, deadline).await;
         Ok(Json(ListResult {
             active_sandbox: self.fleet.active_name(),
             sandboxes,

@@ -262,3 +262,53 @@ pub struct FollowerShape {
     #[serde(skip_serializing_if = "Option::is_none")]
     last_error: Option<String>,
 }
+
+// Mirrors `crate::ops::sandboxes::SandboxView`.
+#[derive(JsonSchema)]
+#[schemars(rename = "Sandbox")]
+#[allow(dead_code)]
+pub struct SandboxShape {
+    sandbox_name: String,
+    state: String,
+    expires_at: String,
+    isolation: String,
+    network: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    limits: Option<LimitsShape>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    enforcement: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    gpus: Vec<u32>,
+    work_dir: String,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    kept_files: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    note: Option<String>,
+}
+
+// Mirrors `crate::ops::sandboxes::Limits`.
+#[derive(JsonSchema)]
+#[schemars(rename = "Limits")]
+#[allow(dead_code)]
+struct LimitsShape {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    memory_mb: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cpus: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pids: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    disk_mb: Option<u64>,
+}
+
+// Mirrors `crate::ops::sandboxes::HostRow`: a `SandboxStatus` and the
+// isolated sandboxes live on it.
+#[derive(JsonSchema)]
+#[schemars(rename = "SandboxStatus")]
+#[allow(dead_code)]
+pub struct HostRowShape {
+    #[serde(flatten)]
+    status: SandboxStatusShape,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sandboxes: Option<Vec<SandboxShape>>,
+}

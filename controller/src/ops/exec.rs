@@ -66,6 +66,40 @@ pub fn request(cmd: &Command<'_>) -> Result<ExecRequest, String> {
     })
 }
 
+/// Variables that make bash (or the loader) run code of their own before
+/// or around any command: a caller could run what the policy never saw.
+const CODE_VARIABLES: &[&str] = &[
+    "BASH_ENV",
+    "ENV",
+    "SHELLOPTS",
+    "BASHOPTS",
+    "PS4",
+    "PROMPT_COMMAND",
+    "LD_PRELOAD",
+    "LD_AUDIT",
+];
+
+/// An `env` name must be a plain shell identifier (so no `BASH_FUNC_x%%`
+/// function import) and none of [`CODE_VARIABLES`].
+pub fn check_env_name(name: &str) -> Result<(), String> {
+    let plain = name
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if !plain {
+        return Err(format!(
+            "env name {name:?} is not a shell identifier ([A-Za-z_][A-Za-z0-9_]*)"
+        ));
+    }
+    if CODE_VARIABLES.contains(&name) {
+        return Err(format!(
+            "env {name} is refused: it makes the shell or loader run code the policy never sees"
+        ));
+    }
+    Ok(())
+}
+
 /// The status a shell reports for `result`: 124 on timeout (as `timeout(1)`),
 /// 128+N when signal N killed it, else its exit code; -1 when there is none.
 pub fn shell_status(result: &ExecResult) -> i32 {
@@ -147,6 +181,8 @@ pub async fn run_within(
         timeout_ms: req.timeout_ms,
         split_streams: true,
         stdin: req.stdin.clone(),
+        // Set by the agent from the `InSandbox` a sandbox's request comes in.
+        sandbox: None,
     };
     let mut guard = CancelOnDrop(Some((Arc::clone(session), job.clone())));
     match jobs::start(session, spec).await {

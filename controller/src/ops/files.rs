@@ -37,7 +37,7 @@ pub struct SyncRequest {
 }
 
 pub struct ListRequest {
-    /// Default "." (the home).
+    /// Default "." (the home; an isolated sandbox's work dir).
     pub remote_path: Option<String>,
     pub recursive: bool,
     /// Default 200, at most 100000.
@@ -312,8 +312,10 @@ pub async fn file_pull(
 
 pub async fn list(fleet: &Fleet, p: ListRequest) -> Result<ListResult, String> {
     let session = fleet.get(p.sandbox_name.as_deref())?;
+    // Relative: the agent takes it from the home, or from an isolated
+    // sandbox's work dir.
     let root = match p.remote_path.as_deref() {
-        None | Some("") | Some(".") => "~".to_string(),
+        None | Some("") => ".".to_string(),
         Some(path) => path.to_string(),
     };
     let request = ScanRequest {

@@ -33,7 +33,7 @@ const WAIT_SLACK: Duration = Duration::from_secs(15);
 
 /// Sends `request` and returns its final answer, an agent error as
 /// [`CallError::Agent`].
-async fn ask(session: &Session, request: Request) -> Result<Response, CallError> {
+pub(super) async fn ask(session: &Session, request: Request) -> Result<Response, CallError> {
     let mut call = session.start(request).await?;
     loop {
         let response = call.next().await?;
@@ -46,7 +46,7 @@ async fn ask(session: &Session, request: Request) -> Result<Response, CallError>
     }
 }
 
-fn unexpected(what: &str, response: Response) -> CallError {
+pub(super) fn unexpected(what: &str, response: Response) -> CallError {
     // The variant is what matters; a payload may be a whole log.
     let mut shown = format!("{response:?}");
     if let Some((i, _)) = shown.char_indices().nth(120) {
@@ -127,6 +127,8 @@ pub fn job_spec(r: &StartRequest) -> Result<JobSpec, String> {
         timeout_ms: None,
         split_streams: false,
         stdin: None,
+        // Set by the agent from the `InSandbox` a sandbox's request comes in.
+        sandbox: None,
     })
 }
 

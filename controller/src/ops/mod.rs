@@ -10,6 +10,8 @@
 //! * [`files`]: syncs inline or in the background, remote listing, reading
 //!   and writing.
 //! * [`transfers`]: background syncs polled by task id.
+//! * [`sandboxes`]: isolated sandboxes on a host (create, status, renew,
+//!   delete, list), named `HOST/ID`.
 //! * [`localpath`]: the local paths the file tools may touch, inside their
 //!   roots.
 //! * [`audit`]: one JSON line per MCP tool call.
@@ -20,6 +22,7 @@ pub mod exec;
 pub mod files;
 pub mod jobs;
 pub mod localpath;
+pub mod sandboxes;
 pub mod transfers;
 
 /// Bytes for people: "512 B", "3.4 KiB", "12.0 MiB", "1.5 GiB".

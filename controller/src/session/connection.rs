@@ -173,8 +173,10 @@ impl Connection {
         });
     }
 
-    /// Sends `request`; the answer arrives through the returned [`Call`].
-    pub fn start(self: &Arc<Self>, request: Request) -> Result<Call, CallError> {
+    /// Sends `request` as it is; the answer arrives through the returned
+    /// [`Call`]. Only the session sends bare requests: everything else goes
+    /// through a [`super::ScopedConn`], which puts a sandbox's inside it.
+    pub(super) fn start(self: &Arc<Self>, request: Request) -> Result<Call, CallError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let frame = encode_frame(&ClientMessage::Request { id, body: request })
             .map_err(|e| CallError::Protocol(e.to_string()))?;

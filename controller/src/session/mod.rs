@@ -6,6 +6,10 @@
 //! connection to `Closed(reason)`: every call in flight fails at once with
 //! [`CallError::ConnectionLost`], and the next call connects afresh.
 //!
+//! The session of an isolated sandbox `HOST/ID` ([`Session::isolated`]) has
+//! no connection of its own: it is a view of HOST's session whose requests
+//! go out inside `InSandbox` ([`ScopedConn`]), all but GPU leases.
+//!
 //! Architecture invariant: a request is sent at most once. Connecting is retried
 //! by the next call; a request whose connection died is reported, never re-sent,
 //! so no command runs twice.
@@ -13,6 +17,7 @@
 mod connection;
 mod error;
 mod heartbeat;
+mod scoped;
 mod writer;
 
 use std::sync::{Arc, Mutex};
@@ -28,9 +33,24 @@ use crate::host::{self, HostContext};
 
 pub use connection::{Call, Connection};
 pub use error::CallError;
+pub use scoped::ScopedConn;
 
 pub struct Session {
     pub config: SandboxConfig,
+    place: Place,
+}
+
+/// Where a session's requests go.
+enum Place {
+    /// A configured sandbox: its own connection to its host's agent.
+    Host(HostLink),
+    /// An isolated sandbox made on a configured one: that one's connection,
+    /// every request inside the sandbox `id`.
+    Isolated { host: Arc<Session>, id: Arc<str> },
+}
+
+/// A configured sandbox's connection, made on demand.
+struct HostLink {
     ctx: Arc<HostContext>,
     /// Serializes connecting, so concurrent first calls share one connection.
     current: tokio::sync::Mutex<Option<Arc<Connection>>>,
@@ -49,9 +69,35 @@ impl Session {
     pub fn new(config: SandboxConfig, ctx: Arc<HostContext>) -> Session {
         Session {
             config,
-            ctx,
-            current: tokio::sync::Mutex::new(None),
-            last_error: Mutex::new(None),
+            place: Place::Host(HostLink {
+                ctx,
+                current: tokio::sync::Mutex::new(None),
+                last_error: Mutex::new(None),
+            }),
+        }
+    }
+
+    /// The isolated sandbox `id` on `host` (a configured sandbox), named
+    /// `HOST/ID`. Nothing is asked of the host: whether the sandbox exists
+    /// is its agent's answer to the first request.
+    ///
+    /// # Panics
+    ///
+    /// If `host` is itself an isolated sandbox.
+    pub fn isolated(host: Arc<Session>, id: &str) -> Session {
+        assert!(
+            host.isolated_in().is_none(),
+            "a sandbox is made on a configured host"
+        );
+        Session {
+            config: SandboxConfig {
+                name: format!("{}/{id}", host.name()),
+                target: host.config.target.clone(),
+            },
+            place: Place::Isolated {
+                host,
+                id: id.into(),
+            },
         }
     }
 
@@ -59,10 +105,39 @@ impl Session {
         &self.config.name
     }
 
-    /// Current state without connecting.
+    /// For an isolated sandbox, its host's session and its id.
+    pub fn isolated_in(&self) -> Option<(&Arc<Session>, &str)> {
+        match &self.place {
+            Place::Host(_) => None,
+            Place::Isolated { host, id } => Some((host, id)),
+        }
+    }
+
+    /// The connection state this session uses: its own, or its host's.
+    fn link(&self) -> &HostLink {
+        match &self.place {
+            Place::Host(link) => link,
+            Place::Isolated { host, .. } => match &host.place {
+                Place::Host(link) => link,
+                Place::Isolated { .. } => unreachable!("a sandbox is made on a host"),
+            },
+        }
+    }
+
+    /// The configured sandbox that owns the connection.
+    fn host_config(&self) -> &SandboxConfig {
+        match &self.place {
+            Place::Host(_) => &self.config,
+            Place::Isolated { host, .. } => &host.config,
+        }
+    }
+
+    /// Current state without connecting (an isolated sandbox's is its
+    /// host's connection's).
     pub fn state(&self) -> SessionState {
-        let last_error = self.last_error.lock().unwrap().clone();
-        match self.current.try_lock() {
+        let link = self.link();
+        let last_error = link.last_error.lock().unwrap().clone();
+        match link.current.try_lock() {
             Ok(guard) => match guard.as_ref() {
                 Some(conn) => match conn.closed_reason() {
                     None => SessionState::Connected,
@@ -78,31 +153,45 @@ impl Session {
         }
     }
 
-    /// The live connection, connecting first if there is none.
-    pub async fn connection(&self) -> Result<Arc<Connection>, CallError> {
-        let mut current = self.current.lock().await;
+    /// The live connection, connecting first if there is none, as this
+    /// sandbox sees it: an isolated sandbox's requests go inside it.
+    pub async fn connection(&self) -> Result<ScopedConn, CallError> {
+        let conn = self.bare_connection().await?;
+        let sandbox = match &self.place {
+            Place::Host(_) => None,
+            Place::Isolated { id, .. } => Some(Arc::clone(id)),
+        };
+        Ok(ScopedConn::new(conn, sandbox))
+    }
+
+    /// The host's live connection, connecting first if there is none;
+    /// requests sent on it run on the host, outside any sandbox.
+    async fn bare_connection(&self) -> Result<Arc<Connection>, CallError> {
+        let link = self.link();
+        let mut current = link.current.lock().await;
         if let Some(conn) = current.as_ref()
             && conn.closed_reason().is_none()
         {
             return Ok(conn.clone());
         }
         *current = None;
-        match self.connect().await {
+        match self.connect(&link.ctx).await {
             Ok(conn) => {
-                *self.last_error.lock().unwrap() = None;
+                *link.last_error.lock().unwrap() = None;
                 *current = Some(conn.clone());
                 Ok(conn)
             }
             Err(e) => {
-                *self.last_error.lock().unwrap() = Some(e.clone());
+                *link.last_error.lock().unwrap() = Some(e.clone());
                 Err(CallError::Connect(e))
             }
         }
     }
 
-    async fn connect(&self) -> Result<Arc<Connection>, String> {
+    async fn connect(&self, ctx: &HostContext) -> Result<Arc<Connection>, String> {
+        let config = self.host_config();
         let began = Instant::now();
-        let (host, started) = host::start(&self.config.target, &self.ctx).await?;
+        let (host, started) = host::start(&config.target, ctx).await?;
         let conn = Connection::open(
             started.link,
             started.reader,
@@ -113,7 +202,7 @@ impl Session {
             host,
         );
         tracing::info!(
-            sandbox = %self.config.name,
+            sandbox = %config.name,
             ms = began.elapsed().as_millis() as u64,
             uploaded = conn.uploaded,
             "connected"
@@ -121,10 +210,10 @@ impl Session {
         Ok(conn)
     }
 
-    /// Sends one request; the returned [`Call`] yields its responses.
+    /// Sends one request (inside the sandbox, for an isolated one); the
+    /// returned [`Call`] yields its responses.
     pub async fn start(&self, request: Request) -> Result<Call, CallError> {
-        let conn = self.connection().await?;
-        conn.start(request)
+        self.connection().await?.start(request)
     }
 
     /// Runs a command. `on_output` sees streamed chunks when `req.stream` is set.
@@ -176,6 +265,19 @@ impl Session {
         }
     }
 
+    /// Whether the agent answers (inside the sandbox, for an isolated one:
+    /// so also whether that sandbox still exists).
+    pub async fn ping(&self) -> Result<(), CallError> {
+        let mut call = self.start(Request::Ping).await?;
+        match call.next().await? {
+            Response::Pong => Ok(()),
+            Response::Error(e) => Err(CallError::Agent(e)),
+            other => Err(CallError::Protocol(format!(
+                "unexpected answer to a ping: {other:?}"
+            ))),
+        }
+    }
+
     pub async fn metrics(&self) -> Result<HostMetrics, CallError> {
         let mut call = self.start(Request::Metrics).await?;
         match call.next().await? {
@@ -187,13 +289,14 @@ impl Session {
         }
     }
 
-    /// Reserves GPUs on the host. The lease lives as long as the returned
+    /// Reserves GPUs on the host (an isolated sandbox's host: the agent
+    /// takes no lease inside one). The lease lives as long as the returned
     /// connection (the agent holding it) or until [`Session::release`].
     pub async fn lease(
         &self,
         request: GpuLeaseRequest,
     ) -> Result<(GpuLease, Arc<Connection>), CallError> {
-        let conn = self.connection().await?;
+        let conn = self.bare_connection().await?;
         let mut call = conn.start(Request::GpuLease(request))?;
         match call.next().await? {
             Response::GpuLease(lease) => Ok((lease, conn)),
@@ -204,12 +307,11 @@ impl Session {
         }
     }
 
+    /// Ends a lease [`Session::lease`] took, on the host.
     pub async fn release(&self, lease_id: &str) -> Result<(), CallError> {
-        let mut call = self
-            .start(Request::GpuRelease {
-                lease_id: lease_id.to_string(),
-            })
-            .await?;
+        let mut call = self.bare_connection().await?.start(Request::GpuRelease {
+            lease_id: lease_id.to_string(),
+        })?;
         match call.next().await? {
             Response::Released => Ok(()),
             Response::Error(e) => Err(CallError::Agent(e)),
@@ -219,9 +321,9 @@ impl Session {
         }
     }
 
-    /// The live connection if there is one, without connecting.
+    /// The host's live connection if there is one, without connecting.
     pub fn current(&self) -> Option<Arc<Connection>> {
-        let guard = self.current.try_lock().ok()?;
+        let guard = self.link().current.try_lock().ok()?;
         guard
             .as_ref()
             .filter(|c| c.closed_reason().is_none())
@@ -229,8 +331,12 @@ impl Session {
     }
 
     /// Drops the connection (the agent sees EOF and stops what it runs).
+    /// An isolated sandbox's is its host's, which it leaves alone.
     pub async fn disconnect(&self) {
-        if let Some(conn) = self.current.lock().await.take() {
+        let Place::Host(link) = &self.place else {
+            return;
+        };
+        if let Some(conn) = link.current.lock().await.take() {
             conn.close("disconnected by the controller".into());
         }
     }

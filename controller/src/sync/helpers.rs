@@ -100,6 +100,8 @@ pub(super) fn unexpected(what: &str, response: &Response) -> CallError {
         Response::Resumed { .. } => "Resumed",
         Response::ExecProgress(_) => "ExecProgress",
         Response::JobCollected { .. } => "JobCollected",
+        Response::Sandbox(_) => "Sandbox",
+        Response::Sandboxes(_) => "Sandboxes",
     };
     CallError::Protocol(format!("unexpected answer to {what}: {name}"))
 }

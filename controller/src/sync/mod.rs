@@ -130,7 +130,7 @@ pub async fn push(
     let changes = std::mem::take(&mut plan.files);
 
     let dest = Dest::Remote {
-        conn: Arc::clone(&conn),
+        conn: conn.clone(),
         root: remote.to_string(),
     };
     if !dst_summary.root_exists {

@@ -5,13 +5,12 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use outpost_protocol::{Request, Response};
 
 use super::limits::{MAX_IN_FLIGHT, MAX_IN_FLIGHT_BYTES};
-use crate::session::{Call, CallError, Connection};
+use crate::session::{Call, CallError, ScopedConn};
 
 pub(super) type Flight<T> = Pin<Box<dyn Future<Output = Landed<T>> + Send>>;
 
@@ -27,13 +26,13 @@ pub(super) struct Landed<T> {
 /// bytes. Answers wait in the connection's queue until collected, so nothing
 /// is lost while the sync is busy elsewhere.
 pub(super) struct Pipeline<T> {
-    pub(super) conn: Arc<Connection>,
+    pub(super) conn: ScopedConn,
     pub(super) flights: FuturesUnordered<Flight<T>>,
     bytes: u64,
 }
 
 impl<T: Send + 'static> Pipeline<T> {
-    pub(super) fn new(conn: Arc<Connection>) -> Pipeline<T> {
+    pub(super) fn new(conn: ScopedConn) -> Pipeline<T> {
         Pipeline {
             conn,
             flights: FuturesUnordered::new(),

@@ -25,7 +25,7 @@ use super::parts::{Part, Route, Staged, content_of, group_ranges, next_xfer, put
 use super::pipeline::{Landed, Pipeline};
 use super::run::Run;
 use super::types::{SyncError, SyncReport};
-use crate::session::{CallError, Connection};
+use crate::session::{CallError, ScopedConn};
 
 enum PullTag {
     /// A `ReadFiles` of whole inline files, in request order.
@@ -46,7 +46,7 @@ pub(super) struct PullFiles<'r> {
 
 impl<'r> PullFiles<'r> {
     pub(super) fn new(
-        conn: Arc<Connection>,
+        conn: ScopedConn,
         root: String,
         local: PathBuf,
         applier: Arc<Mutex<Applier>>,

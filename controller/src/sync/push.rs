@@ -27,7 +27,7 @@ use super::pipeline::{Landed, Pipeline, final_answer, final_of};
 use super::remote::abort_remote;
 use super::run::Run;
 use super::types::SyncError;
-use crate::session::{CallError, Connection};
+use crate::session::{CallError, ScopedConn};
 
 enum PushTag {
     /// A `PutFiles` of inline files: their paths and sizes.
@@ -130,12 +130,7 @@ pub(super) struct PushFiles<'r> {
 }
 
 impl<'r> PushFiles<'r> {
-    pub(super) fn new(
-        conn: Arc<Connection>,
-        root: String,
-        local: PathBuf,
-        run: &'r mut Run,
-    ) -> Self {
+    pub(super) fn new(conn: ScopedConn, root: String, local: PathBuf, run: &'r mut Run) -> Self {
         PushFiles {
             root,
             local,
@@ -448,7 +443,7 @@ impl<'r> PushFiles<'r> {
 
     async fn abort(&mut self, xfers: &[u64]) {
         // Not through `&self` across the await: the pipeline is not `Sync`.
-        let (conn, root) = (Arc::clone(&self.pipe.conn), self.root.clone());
+        let (conn, root) = (self.pipe.conn.clone(), self.root.clone());
         abort_remote(&conn, &root, xfers).await;
     }
 }

@@ -3,7 +3,6 @@
 //! sync asks of the host on its own (its scans, creating a push's missing
 //! root, dropping staged transfers).
 
-use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use outpost_protocol::{
@@ -17,7 +16,7 @@ use super::limits::REQUEST_BYTES;
 use super::parts::next_xfer;
 use super::pipeline::final_answer;
 use super::types::{Progress, SyncError};
-use crate::session::{CallError, Connection, Session};
+use crate::session::{CallError, ScopedConn, Session};
 
 /// Runs a remote scan and collects its entries.
 pub async fn scan_remote(
@@ -188,7 +187,7 @@ pub(super) fn scan_request(root: &str, spec: &FilterSpec) -> ScanRequest {
 }
 
 pub(super) async fn scan_on(
-    conn: &Arc<Connection>,
+    conn: &ScopedConn,
     request: ScanRequest,
 ) -> Result<(Vec<TreeEntry>, ScanSummary), CallError> {
     let mut call = conn.start(Request::Scan(request))?;
@@ -205,7 +204,7 @@ pub(super) async fn scan_on(
 
 /// The entry of `name` in the remote directory `parent`, if there is one.
 async fn stat_remote(
-    conn: &Arc<Connection>,
+    conn: &ScopedConn,
     parent: &str,
     name: &[u8],
 ) -> Result<Option<TreeEntry>, SyncError> {
@@ -243,7 +242,7 @@ pub(super) fn only(name: &[u8]) -> FilterSpec {
 /// Creates a push's missing remote root: a `Mkdir` of its name in its
 /// parent, which the agent creates with any missing ancestors.
 pub(super) async fn create_remote_root(
-    conn: &Arc<Connection>,
+    conn: &ScopedConn,
     root: &str,
     progress: &Progress,
 ) -> Result<(), SyncError> {
@@ -273,7 +272,7 @@ pub(super) async fn create_remote_root(
 
 /// Drops staged transfers on the host; best effort (the agent also drops
 /// them when the connection ends).
-pub(super) async fn abort_remote(conn: &Arc<Connection>, root: &str, xfers: &[u64]) {
+pub(super) async fn abort_remote(conn: &ScopedConn, root: &str, xfers: &[u64]) {
     if xfers.is_empty() {
         return;
     }
@@ -286,8 +285,9 @@ pub(super) async fn abort_remote(conn: &Arc<Connection>, root: &str, xfers: &[u6
     }
 }
 
-/// Splits a remote file path into the directory the agent resolves (`~` and
-/// relative paths are the home's business) and the file's name.
+/// Splits a remote file path into the directory the agent resolves and the
+/// file's name. A bare name's directory is `.`: the home on a host, the
+/// work dir in an isolated sandbox (the agent resolves relative paths so).
 pub(super) fn split_remote(path: &str) -> Result<(String, RelPath), SyncError> {
     let invalid = || SyncError::Invalid(format!("not a file path: {path:?}"));
     if path.is_empty() || path.ends_with('/') || path.contains('\0') {
@@ -296,7 +296,7 @@ pub(super) fn split_remote(path: &str) -> Result<(String, RelPath), SyncError> {
     let (parent, name) = match path.rfind('/') {
         Some(0) => ("/", &path[1..]),
         Some(i) => (&path[..i], &path[i + 1..]),
-        None => ("~", path),
+        None => (".", path),
     };
     if matches!(name, "." | ".." | "~") {
         return Err(invalid());

@@ -22,12 +22,12 @@ use super::parts::{Part, Staged, resume_plan, tiles};
 use super::pipeline::final_answer;
 use super::planning::count_deleted;
 use super::types::{Progress, SyncError, SyncReport};
-use crate::session::{CallError, Connection};
+use crate::session::{CallError, ScopedConn};
 
 /// Where a plan is applied.
 pub(super) enum Dest {
     /// Through the agent.
-    Remote { conn: Arc<Connection>, root: String },
+    Remote { conn: ScopedConn, root: String },
     /// Here.
     Local { applier: Arc<Mutex<Applier>> },
 }

@@ -6,14 +6,13 @@
 //! delta, the hash check, nothing partial at the final path.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use outpost_protocol::{FilterSpec, TreeEntry};
 use outpost_treesync::plan::Plan;
 
 use super::remote::{scan_on, scan_request};
 use super::types::SyncError;
-use crate::session::Connection;
+use crate::session::ScopedConn;
 
 /// What a path on the host is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,10 +24,7 @@ pub enum RemoteKind {
 }
 
 /// Looks at `path` on the host without listing what it holds.
-pub(super) async fn remote_kind(
-    conn: &Arc<Connection>,
-    path: &str,
-) -> Result<RemoteKind, SyncError> {
+pub(super) async fn remote_kind(conn: &ScopedConn, path: &str) -> Result<RemoteKind, SyncError> {
     let nothing = FilterSpec {
         excludes: vec!["*".into()],
         use_gitignore: false,

@@ -247,7 +247,7 @@ fn remote_paths_split_into_root_and_name() {
         ("/etc".into(), "hosts".into())
     );
     assert_eq!(split("/x").unwrap(), ("/".into(), "x".into()));
-    assert_eq!(split("notes.md").unwrap(), ("~".into(), "notes.md".into()));
+    assert_eq!(split("notes.md").unwrap(), (".".into(), "notes.md".into()));
     for bad in ["", "~", "/", "a/", "a/..", "."] {
         assert!(split_remote(bad).is_err(), "{bad:?} accepted");
     }

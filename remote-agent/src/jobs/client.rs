@@ -35,13 +35,19 @@ pub const STARTED_BY_FORK: &str = "double fork";
 
 /// Sends `JobStart` to the daemon, starting the daemon if none answers.
 pub async fn start_job(spec: JobSpec) -> Response {
-    match start_job_inner(spec).await {
+    ask_daemon(Request::JobStart(spec)).await
+}
+
+/// Sends one request (`JobStart` or `SandboxCreate`) to the daemon,
+/// starting the daemon if none answers.
+pub async fn ask_daemon(body: Request) -> Response {
+    match ask_daemon_inner(body).await {
         Ok(response) => response,
         Err(e) => Response::Error(e),
     }
 }
 
-async fn start_job_inner(spec: JobSpec) -> Result<Response, outpost_protocol::AgentError> {
+async fn ask_daemon_inner(body: Request) -> Result<Response, outpost_protocol::AgentError> {
     let state = paths::state_dir().ok_or_else(|| {
         error(
             ErrorKind::Internal,
@@ -55,11 +61,7 @@ async fn start_job_inner(spec: JobSpec) -> Result<Response, outpost_protocol::Ag
             format!("the job daemon failed: {e}"),
         )
     };
-    let frame = encode_frame(&ClientMessage::Request {
-        id: 1,
-        body: Request::JobStart(spec),
-    })
-    .map_err(|e| {
+    let frame = encode_frame(&ClientMessage::Request { id: 1, body }).map_err(|e| {
         error(
             ErrorKind::BadRequest,
             format!("cannot encode the request: {e}"),

@@ -23,7 +23,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -36,6 +36,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 
 use super::store::{self, ProcId, Record, ResumeRecord, Snapshot, error};
+use crate::sandbox::{self, Scope};
 use crate::{flock, paths, proctree};
 
 /// How long an idle daemon stays.
@@ -401,6 +402,8 @@ struct Daemon {
     pending: Mutex<HashMap<String, Instant>>,
     clients: AtomicUsize,
     last_activity: Mutex<Instant>,
+    /// Whether a sandbox was live at the last check: its keeper is watched.
+    sandboxes: AtomicBool,
 }
 
 impl Daemon {
@@ -411,6 +414,7 @@ impl Daemon {
             pending: Mutex::default(),
             clients: AtomicUsize::new(0),
             last_activity: Mutex::new(Instant::now()),
+            sandboxes: AtomicBool::new(false),
         }
     }
 
@@ -490,7 +494,10 @@ impl Daemon {
 
     fn idle(&self) -> bool {
         let last = *self.last_activity.lock().unwrap_or_else(|p| p.into_inner());
-        !self.busy() && self.clients.load(Ordering::SeqCst) == 0 && last.elapsed() >= IDLE_EXIT
+        !self.busy()
+            && !self.sandboxes.load(Ordering::SeqCst)
+            && self.clients.load(Ordering::SeqCst) == 0
+            && last.elapsed() >= IDLE_EXIT
     }
 
     fn accept(self: &Arc<Self>, stream: UnixStream) {
@@ -536,10 +543,22 @@ impl Daemon {
                 };
                 let body = match body {
                     Request::JobStart(spec) => self.start(spec).await,
+                    Request::SandboxCreate(spec) => {
+                        let created =
+                            tokio::task::spawn_blocking(move || sandbox::create_in_daemon(spec))
+                                .await;
+                        match created {
+                            Ok(Ok(info)) => Response::Sandbox(info),
+                            Ok(Err(e)) => Response::Error(e),
+                            Err(_) => {
+                                Response::Error(error(ErrorKind::Internal, "worker panicked"))
+                            }
+                        }
+                    }
                     Request::Ping => Response::Pong,
                     _ => Response::Error(error(
                         ErrorKind::Unsupported,
-                        "the job daemon only starts jobs",
+                        "the job daemon only starts jobs and sandboxes",
                     )),
                 };
                 let frame =
@@ -579,8 +598,9 @@ impl Daemon {
         }
     }
 
-    /// One look at every watched job.
+    /// One look at every watched job and live sandbox.
     fn check(&self) {
+        self.sandboxes.store(sandbox::supervise(), Ordering::SeqCst);
         let jobs: Vec<(String, Watched)> = self
             .watched()
             .iter()
@@ -856,21 +876,30 @@ fn create(
             "invalid job name {name:?}: use 1 to 64 of A-Z a-z 0-9 . _ -"
         )));
     }
-    let cwd = paths::resolve_cwd(spec.cwd.as_deref());
-    if !cwd.is_dir() {
+    // A sandbox's job starts inside it, and writes its log only there.
+    let scope = spec.sandbox.as_deref().map(Scope::of).transpose()?;
+    let cwd = match &scope {
+        Some(scope) => scope.cwd(spec.cwd.as_deref()),
+        None => paths::resolve_cwd(spec.cwd.as_deref()),
+    };
+    if scope.as_ref().is_none_or(|s| s.same_inside(&cwd)) && !cwd.is_dir() {
         return Err(error(
             ErrorKind::SpawnFailed,
             format!("cwd not found: {}", cwd.display()),
         ));
     }
-    let custom_log = spec.log_file.as_deref().map(|p| {
-        let home = paths::home_dir();
-        let path = paths::expand_tilde(p, home.as_deref());
-        match home {
-            Some(h) if path.is_relative() => h.join(path),
-            _ => path,
-        }
-    });
+    let custom_log = match (spec.log_file.as_deref(), &scope) {
+        (None, _) => None,
+        (Some(p), Some(scope)) => Some(PathBuf::from(scope.file_root(p)?)),
+        (Some(p), None) => Some({
+            let home = paths::home_dir();
+            let path = paths::expand_tilde(p, home.as_deref());
+            match home {
+                Some(h) if path.is_relative() => h.join(path),
+                _ => path,
+            }
+        }),
+    };
     if let Some(log) = &custom_log
         && let Some(parent) = log.parent()
     {
@@ -1032,9 +1061,13 @@ impl Signal {
     }
 }
 
-/// Whether any job in `root` needs a daemon: one running (to notice its
-/// loss), or lost and not yet reported or still to be resumed.
+/// Whether a daemon is needed: a live sandbox (its keeper is watched), or
+/// a job in `root` running (to notice its loss), or lost and not yet
+/// reported or still to be resumed.
 pub fn needed(root: &Path) -> bool {
+    if sandbox::any_live() {
+        return true;
+    }
     let Ok(entries) = fs::read_dir(root) else {
         return false;
     };

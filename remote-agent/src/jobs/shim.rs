@@ -33,6 +33,7 @@ use super::store::{self, ExitRecord, ProcId, Record};
 use crate::exec;
 use crate::paths;
 use crate::proctree::{self, TOKEN_VAR};
+use crate::sandbox::Scope;
 
 /// Runs the shim to the job's end; the process exit code.
 pub fn run(dir: &Path, resume: bool) -> i32 {
@@ -76,12 +77,23 @@ fn supervise(dir: &Path, resume: bool) -> Result<(), String> {
     // order a terminal would show, and a resumed run appends.
     let log = append_to(&record.log)?;
     let shell = paths::shell();
-    let mut cmd = Command::new(shell);
-    cmd.arg("-c")
-        .arg(&command)
-        .current_dir(&record.cwd)
-        .envs(record.spec.env.iter().map(|(k, v)| (k, v)))
-        .env(TOKEN_VAR, &record.token)
+    let mut cmd = match &record.spec.sandbox {
+        Some(id) => Scope::of(id).map_err(|e| e.message)?.command(
+            shell,
+            &command,
+            &record.cwd,
+            &record.spec.env,
+        )?,
+        None => {
+            let mut cmd = Command::new(shell);
+            cmd.arg("-c")
+                .arg(&command)
+                .current_dir(&record.cwd)
+                .envs(record.spec.env.iter().map(|(k, v)| (k, v)));
+            cmd
+        }
+    };
+    cmd.env(TOKEN_VAR, &record.token)
         .stdin(match File::open(dir.join(store::STDIN)) {
             Ok(given) => Stdio::from(given),
             Err(_) => Stdio::null(),

@@ -192,6 +192,32 @@ pub fn procs_with(marker: &str) -> Vec<i32> {
         .collect()
 }
 
+pub fn json(path: &std::path::Path) -> Option<serde_json::Value> {
+    serde_json::from_slice(&std::fs::read(path).ok()?).ok()
+}
+
+/// Signals a process, or a process group when `pid` is negative.
+pub fn kill(pid: i32, sig: i32) {
+    if pid.abs() > 1 {
+        // SAFETY: plain syscall.
+        unsafe {
+            libc::kill(pid, sig);
+        }
+    }
+}
+
+/// Live processes whose environment holds exactly `entry` (`NAME=value`).
+pub fn procs_with_env(entry: &str) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|&b| b == 0).any(|e| e == entry.as_bytes()))
+        })
+        .collect()
+}
+
 /// Spawns `cmd`, retrying while a concurrent fork in another test still holds
 /// the freshly copied executable open for writing (ETXTBSY).
 pub fn spawn_retrying(cmd: &mut Command) -> Child {

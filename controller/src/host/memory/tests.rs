@@ -286,6 +286,74 @@ async fn fleet_fans_out_and_measures() {
     assert_eq!((a.opened(), b.opened()), (1, 1));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_isolated_sandbox_is_a_view_of_its_hosts_connection() {
+    let host = MemoryHost::new();
+    let home = TempDir::new("isolated");
+    let config = Config::new(vec![host.sandbox("mem")], home.path().join("known_hosts"));
+    let fleet = Fleet::new(config);
+    let sbx = fleet.get(Some("mem/sbx-1")).unwrap();
+    assert_eq!(sbx.name(), "mem/sbx-1");
+    assert!(Arc::ptr_eq(&sbx, &fleet.get(Some("mem/sbx-1")).unwrap()));
+    let (on, id) = sbx.isolated_in().unwrap();
+    assert_eq!((on.name(), id), ("mem", "sbx-1"));
+    assert_eq!(fleet.isolated("mem/sbx-1").unwrap().1, "sbx-1");
+    let err = |name: &str| fleet.get(Some(name)).err().unwrap();
+    assert!(fleet.isolated("mem").err().unwrap().contains("HOST/ID"));
+    let err_bad = err("mem/Bad_Id");
+    assert!(err_bad.contains("bad sandbox id"), "{err_bad}");
+    let err = err("nope/sbx-1");
+    assert!(
+        err.contains("unknown sandbox") && err.contains("available: mem"),
+        "{err}"
+    );
+
+    // A command for the sandbox goes inside it: this in-process agent has
+    // no sandboxes, so it refuses it rather than running it on the host.
+    let result = sbx.exec(exec("echo on-the-host"), |_, _| {}).await;
+    assert!(matches!(&result, Err(CallError::Agent(_))), "{result:?}");
+    let conn = sbx.connection().await.unwrap();
+    assert_eq!(conn.sandbox(), Some("sbx-1"));
+    assert_eq!(
+        fleet
+            .get(Some("mem"))
+            .unwrap()
+            .connection()
+            .await
+            .unwrap()
+            .sandbox(),
+        None
+    );
+    // A sandbox's GPUs come with it; the fleet takes no lease for one.
+    let refused = fleet
+        .reserve_gpus(
+            Some("mem/sbx-1"),
+            outpost_protocol::GpuLeaseRequest {
+                count: 1,
+                min_free_mem_bytes: 0,
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(refused.to_string().contains("create_sandbox"), "{refused}");
+    // A session's GPU leases are its host's: sent as they are.
+    let lease = sbx
+        .lease(outpost_protocol::GpuLeaseRequest {
+            count: 1,
+            min_free_mem_bytes: 0,
+        })
+        .await;
+    if let Err(e) = &lease {
+        assert!(!e.to_string().contains("sandbox"), "{e}");
+    }
+    // One connection, the host's, which the sandbox's disconnect leaves be.
+    sbx.disconnect().await;
+    let on_host = fleet.get(Some("mem")).unwrap();
+    assert_eq!(on_host.state(), crate::session::SessionState::Connected);
+    on_host.exec(exec("true"), |_, _| {}).await.unwrap();
+    assert_eq!(host.opened(), 1);
+}
+
 /// Every path under `root` with what it is: file content and mode, link
 /// target, or directory.
 fn tree(root: &Path) -> Vec<(PathBuf, String)> {

@@ -1,0 +1,563 @@
+//! Isolated sandboxes: places on a host whose commands and files are kept
+//! apart from the rest of it (as far as the host allows: bubblewrap,
+//! Landlock, or only their own directories), with limits, and an expiry.
+//! The host's agent makes, lists, renews and deletes them and confines what
+//! runs in them; this module checks a front end's request, picks the host,
+//! and shapes the answers for both front ends.
+//!
+//! A sandbox is named `HOST/ID` (`gpu1/sbx-3f2a`), HOST a configured
+//! sandbox. Every other tool and command works in one through that name:
+//! [`Fleet::get`] gives its session, whose requests go inside it.
+
+use std::sync::atomic::AtomicUsize;
+use std::time::Duration;
+
+use outpost_protocol::limits::{MAX_SANDBOX_TTL_MS, MIN_SANDBOX_TTL_MS};
+use outpost_protocol::{
+    Isolation, Request, Response, SandboxInfo, SandboxLimits, SandboxSpec, SandboxState,
+};
+use serde::Serialize;
+
+use super::jobs::{ask, unexpected, utc_time};
+use crate::config::check_sandbox_id;
+use crate::fleet::{Fleet, SandboxStatus};
+use crate::resources::Requirements;
+use crate::session::Session;
+
+/// A sandbox's life when the caller does not say, in seconds.
+pub const DEFAULT_TTL_S: f64 = 3600.0;
+/// The shortest and longest life one request may give (renewing extends
+/// it again): the agent's bounds.
+pub const MIN_TTL_S: f64 = MIN_SANDBOX_TTL_MS as f64 / 1000.0;
+pub const MAX_TTL_S: f64 = MAX_SANDBOX_TTL_MS as f64 / 1000.0;
+/// The host "auto" asks for: the idlest configured one that fits.
+pub const AUTO: &str = "auto";
+/// How long a host may take to be measured for "auto", past connecting.
+const MEASURE_EXTRA: Duration = Duration::from_secs(5);
+
+/// A sandbox to make, as plain data from a front end.
+#[derive(Debug, Clone)]
+pub struct CreateRequest {
+    /// A configured sandbox, or [`AUTO`].
+    pub host: String,
+    /// None: the agent picks one (`sbx-` and 4 hex digits).
+    pub id: Option<String>,
+    pub ttl_s: f64,
+    /// `auto`, `bwrap`, `landlock` or `none`.
+    pub isolation: String,
+    pub network: bool,
+    pub limits: Limits,
+    pub gpus: u32,
+    /// Set for every command run in it.
+    pub env: Vec<(String, String)>,
+    /// Leave its files on the host when it ends.
+    pub keep_files: bool,
+}
+
+impl Default for CreateRequest {
+    fn default() -> Self {
+        CreateRequest {
+            host: AUTO.into(),
+            id: None,
+            ttl_s: DEFAULT_TTL_S,
+            isolation: "auto".into(),
+            network: true,
+            limits: Limits::default(),
+            gpus: 0,
+            env: Vec::new(),
+            keep_files: false,
+        }
+    }
+}
+
+/// Resource limits as callers write them; None: no limit.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Limits {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_mb: Option<u64>,
+    /// CPUs, fractions allowed (1.5).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pids: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk_mb: Option<u64>,
+}
+
+impl Limits {
+    pub fn is_empty(&self) -> bool {
+        *self == Limits::default()
+    }
+
+    /// The agent's limits, or what is wrong with these.
+    fn to_protocol(&self) -> Result<SandboxLimits, String> {
+        fn at_least_1<T: PartialOrd + From<u8> + Copy>(
+            name: &str,
+            v: Option<T>,
+        ) -> Result<Option<T>, String> {
+            match v {
+                Some(n) if n < T::from(1) => Err(format!("{name} must be at least 1")),
+                v => Ok(v),
+            }
+        }
+        let cpu_millis = match self.cpus {
+            None => None,
+            Some(c) if c.is_finite() && c >= 0.001 && c * 1000.0 <= f64::from(u32::MAX) => {
+                Some((c * 1000.0).round() as u32)
+            }
+            Some(c) => return Err(format!("cpus must be a positive number, got {c}")),
+        };
+        Ok(SandboxLimits {
+            memory_mb: at_least_1("memory_mb", self.memory_mb)?,
+            cpu_millis,
+            pids: at_least_1("pids", self.pids)?,
+            disk_mb: at_least_1("disk_mb", self.disk_mb)?,
+        })
+    }
+
+    fn of(limits: &SandboxLimits) -> Limits {
+        Limits {
+            memory_mb: limits.memory_mb,
+            cpus: limits.cpu_millis.map(|m| f64::from(m) / 1000.0),
+            pids: limits.pids,
+            disk_mb: limits.disk_mb,
+        }
+    }
+}
+
+/// A sandbox as both front ends show it.
+#[derive(Debug, Clone, Serialize)]
+pub struct SandboxView {
+    /// `HOST/ID`: the `sandbox_name` every other tool takes.
+    pub sandbox_name: String,
+    /// `running`, `expired`, `deleted` or `failed`.
+    pub state: &'static str,
+    /// UTC.
+    pub expires_at: String,
+    /// What applies: `bwrap`, `landlock` or `none`.
+    pub isolation: &'static str,
+    pub network: bool,
+    #[serde(skip_serializing_if = "Limits::is_empty")]
+    pub limits: Limits,
+    /// How the limits are enforced, and what is not.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub enforcement: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<u32>,
+    /// Where commands start and relative paths lead.
+    pub work_dir: String,
+    /// Its files stay on the host after it ends.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub kept_files: bool,
+    /// Why it ended, or what its isolation lacks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+impl SandboxView {
+    /// `info` of a sandbox on the configured sandbox `host`.
+    pub fn of(host: &str, info: SandboxInfo) -> SandboxView {
+        SandboxView {
+            sandbox_name: format!("{host}/{}", info.id),
+            state: state_name(info.state),
+            expires_at: utc_time(info.expires_unix),
+            isolation: isolation_name(info.isolation),
+            network: info.network,
+            limits: Limits::of(&info.limits),
+            enforcement: info.enforcement,
+            gpus: info.gpus,
+            work_dir: info.work_dir,
+            kept_files: info.kept_files,
+            note: info.note,
+        }
+    }
+
+    pub fn is_live(&self) -> bool {
+        self.state == state_name(SandboxState::Running)
+    }
+}
+
+/// One row of `list_sandboxes`: a configured sandbox and, when its host
+/// answered, the isolated sandboxes live on it.
+#[derive(Debug, Serialize)]
+pub struct HostRow {
+    #[serde(flatten)]
+    pub status: SandboxStatus,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sandboxes: Option<Vec<SandboxView>>,
+}
+
+pub fn state_name(state: SandboxState) -> &'static str {
+    match state {
+        SandboxState::Running => "running",
+        SandboxState::Expired => "expired",
+        SandboxState::Deleted => "deleted",
+        SandboxState::Failed => "failed",
+    }
+}
+
+pub fn isolation_name(isolation: Isolation) -> &'static str {
+    match isolation {
+        Isolation::Auto => "auto",
+        Isolation::Bwrap => "bwrap",
+        Isolation::Landlock => "landlock",
+        Isolation::None => "none",
+    }
+}
+
+pub fn parse_isolation(s: &str) -> Result<Isolation, String> {
+    match s {
+        "auto" => Ok(Isolation::Auto),
+        "bwrap" => Ok(Isolation::Bwrap),
+        "landlock" => Ok(Isolation::Landlock),
+        "none" => Ok(Isolation::None),
+        _ => Err(format!(
+            "isolation must be auto, bwrap, landlock or none, got {s:?}"
+        )),
+    }
+}
+
+/// `ttl_s` in milliseconds, checked to lie within [`MIN_TTL_S`] and
+/// [`MAX_TTL_S`].
+pub fn ttl_ms(ttl_s: f64) -> Result<u64, String> {
+    if !(MIN_TTL_S..=MAX_TTL_S).contains(&ttl_s) {
+        return Err(format!(
+            "ttl_s must be {MIN_TTL_S} to {MAX_TTL_S} seconds ({} days), got {ttl_s}; renew a sandbox to keep it longer",
+            MAX_TTL_S / 86_400.0
+        ));
+    }
+    Ok((ttl_s * 1000.0).round() as u64)
+}
+
+/// Seconds from a person's `90s`, `30m`, `1h`, `2d` or plain seconds.
+pub fn parse_ttl(text: &str) -> Result<f64, String> {
+    let text = text.trim();
+    let (number, unit) = match text.char_indices().last() {
+        Some((i, 's')) => (&text[..i], 1.0),
+        Some((i, 'm')) => (&text[..i], 60.0),
+        Some((i, 'h')) => (&text[..i], 3600.0),
+        Some((i, 'd')) => (&text[..i], 86_400.0),
+        _ => (text, 1.0),
+    };
+    match number.trim().parse::<f64>() {
+        Ok(n) if n.is_finite() => Ok(n * unit),
+        _ => Err(format!(
+            "bad duration {text:?}: give seconds, or a number and s, m, h or d (90s, 30m, 1h, 2d)"
+        )),
+    }
+}
+
+/// The agent's request for `r`, or what is wrong with it; at most
+/// `max_sandboxes` live on the host (0: no cap).
+pub fn spec(r: &CreateRequest, max_sandboxes: u32) -> Result<SandboxSpec, String> {
+    if let Some(id) = &r.id {
+        check_sandbox_id(id)?;
+    }
+    for (name, _) in &r.env {
+        super::exec::check_env_name(name)?;
+    }
+    Ok(SandboxSpec {
+        id: r.id.clone(),
+        ttl_ms: ttl_ms(r.ttl_s)?,
+        isolation: parse_isolation(&r.isolation)?,
+        network: r.network,
+        limits: r.limits.to_protocol()?,
+        gpus: r.gpus,
+        env: r.env.clone(),
+        keep_files: r.keep_files,
+        max_sandboxes,
+    })
+}
+
+/// Makes a sandbox on `r.host` (for [`AUTO`], the idlest configured host
+/// with `r.gpus` GPUs free; the active sandbox stays as it is).
+pub async fn create(fleet: &Fleet, r: CreateRequest) -> Result<SandboxView, String> {
+    let spec = spec(&r, fleet.config.max_sandboxes_per_host)?;
+    let host = if r.host == AUTO && fleet.get(Some(AUTO)).is_err() {
+        let need = Requirements {
+            min_gpus: (r.gpus > 0).then_some(r.gpus),
+            ..Requirements::default()
+        };
+        let deadline = fleet.config.connect_timeout + MEASURE_EXTRA;
+        let (name, _) = fleet.idlest(&need, deadline, &AtomicUsize::new(0)).await?;
+        fleet.get(Some(&name))?
+    } else {
+        fleet.get(Some(&r.host))?
+    };
+    if host.isolated_in().is_some() {
+        return Err(format!(
+            "sandboxes are made on a host ({} or auto), not in another sandbox",
+            fleet.names().join(", ")
+        ));
+    }
+    let answer = ask(&host, Request::SandboxCreate(spec)).await;
+    one(host.name(), answer, "creating a sandbox")
+}
+
+/// The sandbox named `name` (`HOST/ID`), live or recently ended.
+pub async fn status(fleet: &Fleet, name: &str) -> Result<SandboxView, String> {
+    let (host, id) = fleet.isolated(name)?;
+    let all = list_on(&host).await.map_err(|e| e.to_string())?;
+    all.into_iter()
+        .find(|s| s.sandbox_name == name)
+        .ok_or_else(|| format!("no sandbox {id} on {} (ended, or never made)", host.name()))
+}
+
+/// Gives `name` `ttl_s` more seconds from now.
+pub async fn renew(fleet: &Fleet, name: &str, ttl_s: f64) -> Result<SandboxView, String> {
+    let ttl_ms = ttl_ms(ttl_s)?;
+    let (host, id) = fleet.isolated(name)?;
+    let answer = ask(&host, Request::SandboxRenew { id, ttl_ms }).await;
+    one(host.name(), answer, "renewing a sandbox")
+}
+
+/// Ends every process of `name` and removes its files (unless it keeps
+/// them).
+pub async fn delete(fleet: &Fleet, name: &str) -> Result<SandboxView, String> {
+    let (host, id) = fleet.isolated(name)?;
+    let answer = ask(&host, Request::SandboxDelete { id }).await;
+    one(host.name(), answer, "deleting a sandbox")
+}
+
+/// This user's sandboxes on `host` (a configured sandbox), live and
+/// recently ended, newest first.
+pub async fn list_on(host: &Session) -> Result<Vec<SandboxView>, crate::session::CallError> {
+    match ask(host, Request::SandboxList).await? {
+        Response::Sandboxes(all) => Ok(all
+            .into_iter()
+            .map(|info| SandboxView::of(host.name(), info))
+            .collect()),
+        other => Err(unexpected("listing sandboxes", other)),
+    }
+}
+
+/// The sandboxes on each of `hosts` (configured sandboxes), asked
+/// concurrently, each within `deadline`: the host's answer or why there is
+/// none.
+pub async fn list(
+    fleet: &Fleet,
+    hosts: &[String],
+    deadline: Duration,
+) -> Vec<(String, Result<Vec<SandboxView>, String>)> {
+    futures::future::join_all(hosts.iter().map(|name| async move {
+        let listed = async {
+            let host = fleet.get(Some(name))?;
+            match tokio::time::timeout(deadline, list_on(&host)).await {
+                Ok(result) => result.map_err(|e| e.to_string()),
+                Err(_) => Err(format!("no answer within {:.0} s", deadline.as_secs_f64())),
+            }
+        };
+        (name.clone(), listed.await)
+    }))
+    .await
+}
+
+/// `list_sandboxes`' rows: every configured sandbox (see [`Fleet::list`]),
+/// and under each one connected, the isolated sandboxes live on it.
+pub async fn hosts(fleet: &Fleet, check_resources: bool, deadline: Duration) -> Vec<HostRow> {
+    let rows = fleet.list(check_resources, deadline).await;
+    let alive: Vec<String> = rows
+        .iter()
+        .filter(|r| r.connection_alive)
+        .map(|r| r.name.clone())
+        .collect();
+    let mut listed = list(fleet, &alive, deadline).await.into_iter();
+    rows.into_iter()
+        .map(|status| {
+            let sandboxes = if status.connection_alive {
+                match listed.next() {
+                    Some((_, Ok(all))) => Some(all.into_iter().filter(|s| s.is_live()).collect()),
+                    _ => None,
+                }
+            } else {
+                None
+            };
+            HostRow { status, sandboxes }
+        })
+        .collect()
+}
+
+/// The sandbox an agent's answer describes, on `host`.
+fn one(
+    host: &str,
+    answer: Result<Response, crate::session::CallError>,
+    what: &str,
+) -> Result<SandboxView, String> {
+    match answer.map_err(|e| e.to_string())? {
+        Response::Sandbox(info) => Ok(SandboxView::of(host, info)),
+        other => Err(unexpected(what, other).to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request() -> CreateRequest {
+        CreateRequest {
+            host: "local".into(),
+            ..CreateRequest::default()
+        }
+    }
+
+    #[test]
+    fn a_request_becomes_the_agents_spec() {
+        let r = CreateRequest {
+            id: Some("sbx-a1".into()),
+            ttl_s: 90.0,
+            isolation: "bwrap".into(),
+            network: false,
+            limits: Limits {
+                memory_mb: Some(512),
+                cpus: Some(1.5),
+                pids: Some(64),
+                disk_mb: None,
+            },
+            gpus: 1,
+            env: vec![("CFLAGS".into(), "-O2".into())],
+            keep_files: true,
+            ..request()
+        };
+        let spec = spec(&r, 8).unwrap();
+        assert_eq!(spec.id.as_deref(), Some("sbx-a1"));
+        assert_eq!(spec.ttl_ms, 90_000);
+        assert_eq!(spec.isolation, Isolation::Bwrap);
+        assert!(!spec.network && spec.keep_files);
+        assert_eq!(
+            spec.limits,
+            SandboxLimits {
+                memory_mb: Some(512),
+                cpu_millis: Some(1500),
+                pids: Some(64),
+                disk_mb: None
+            }
+        );
+        assert_eq!((spec.gpus, spec.max_sandboxes), (1, 8));
+        assert_eq!(spec.env, vec![("CFLAGS".into(), "-O2".into())]);
+        let defaults = super::spec(&request(), 0).unwrap();
+        assert_eq!(
+            (defaults.ttl_ms, defaults.isolation, defaults.network),
+            (3_600_000, Isolation::Auto, true)
+        );
+        assert_eq!(defaults.limits, SandboxLimits::default());
+    }
+
+    #[test]
+    fn ttls_lie_within_a_second_and_a_week() {
+        assert_eq!(ttl_ms(1.0), Ok(1000));
+        assert_eq!(ttl_ms(MAX_TTL_S), Ok(604_800_000));
+        for bad in [0.0, 0.5, -1.0, MAX_TTL_S + 1.0, f64::NAN, f64::INFINITY] {
+            let err = ttl_ms(bad).unwrap_err();
+            assert!(err.contains("ttl_s must be 1 to 604800"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn people_write_durations_with_units() {
+        assert_eq!(parse_ttl("90"), Ok(90.0));
+        assert_eq!(parse_ttl("90s"), Ok(90.0));
+        assert_eq!(parse_ttl("30m"), Ok(1800.0));
+        assert_eq!(parse_ttl("1.5h"), Ok(5400.0));
+        assert_eq!(parse_ttl("2d"), Ok(172_800.0));
+        for bad in ["", "h", "1w", "abc", "inf"] {
+            assert!(
+                parse_ttl(bad).unwrap_err().contains("bad duration"),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn bad_requests_say_what_is_wrong() {
+        let err = |r: CreateRequest| spec(&r, 8).unwrap_err();
+        let e = err(CreateRequest {
+            isolation: "docker".into(),
+            ..request()
+        });
+        assert!(e.contains("auto, bwrap, landlock or none"), "{e}");
+        for name in ["BASH_ENV", "LD_PRELOAD", "A-B", "1X", ""] {
+            let e = err(CreateRequest {
+                env: vec![(name.into(), "x".into())],
+                ..request()
+            });
+            assert!(e.contains("env"), "{name}: {e}");
+        }
+        let e = err(CreateRequest {
+            id: Some("Big_ID".into()),
+            ..request()
+        });
+        assert!(e.contains("bad sandbox id"), "{e}");
+        for (limits, field) in [
+            (
+                Limits {
+                    memory_mb: Some(0),
+                    ..Limits::default()
+                },
+                "memory_mb",
+            ),
+            (
+                Limits {
+                    cpus: Some(0.0),
+                    ..Limits::default()
+                },
+                "cpus",
+            ),
+            (
+                Limits {
+                    cpus: Some(f64::NAN),
+                    ..Limits::default()
+                },
+                "cpus",
+            ),
+            (
+                Limits {
+                    pids: Some(0),
+                    ..Limits::default()
+                },
+                "pids",
+            ),
+        ] {
+            let e = err(CreateRequest {
+                limits,
+                ..request()
+            });
+            assert!(e.contains(field), "{e}");
+        }
+    }
+
+    #[test]
+    fn views_are_compact() {
+        let info = SandboxInfo {
+            id: "sbx-3f2a".into(),
+            state: SandboxState::Running,
+            created_unix: 0,
+            expires_unix: 951_782_400,
+            isolation: Isolation::None,
+            network: true,
+            limits: SandboxLimits {
+                cpu_millis: Some(250),
+                ..SandboxLimits::default()
+            },
+            enforcement: "rlimits+watchdog".into(),
+            gpus: Vec::new(),
+            work_dir: "/w".into(),
+            kept_files: false,
+            note: None,
+        };
+        let view = SandboxView::of("gpu1", info);
+        assert!(view.is_live());
+        assert_eq!(
+            serde_json::to_value(&view).unwrap(),
+            serde_json::json!({
+                "sandbox_name": "gpu1/sbx-3f2a",
+                "state": "running",
+                "expires_at": "2000-02-29T00:00:00Z",
+                "isolation": "none",
+                "network": true,
+                "limits": {"cpus": 0.25},
+                "enforcement": "rlimits+watchdog",
+                "work_dir": "/w"
+            })
+        );
+    }
+}

@@ -1,0 +1,546 @@
+//! The isolation ladder: bubblewrap → Landlock + seccomp → a plain
+//! workspace. Which rung a host reaches is probed, never assumed, and a
+//! sandbox that asked for a rung gets it or an error, never a weaker one.
+//!
+//! bubblewrap is started once per sandbox (the *holder*, pid 1 of its own
+//! namespaces, by the keeper); each command then enters the holder's
+//! namespaces ([`enter_namespaces`]) instead of paying for a new bwrap.
+//! Landlock and seccomp are applied by `outpost-agent enter` to itself just
+//! before it becomes the command.
+
+use std::ffi::CString;
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use outpost_protocol::Isolation;
+
+use super::store::Dirs;
+use crate::paths;
+
+/// Where the agent binary is bound inside a bwrap sandbox, for the holder.
+pub const AGENT_INSIDE: &str = "/run/outpost-agent";
+
+/// What this host offers, probed once per process.
+#[derive(Debug, Clone)]
+pub struct Rungs {
+    /// The system bwrap, when its smoke test passed.
+    pub bwrap: Result<PathBuf, String>,
+    /// The Landlock ABI version, when the kernel has Landlock enabled.
+    pub landlock: Result<u32, String>,
+}
+
+/// The one-line fix that would let this host reach the bwrap rung.
+pub fn bwrap_fix(why: &str) -> &'static str {
+    if why.contains("not installed") {
+        "install bubblewrap (apt install bubblewrap / dnf install bubblewrap)"
+    } else if why.contains("uid map")
+        || why.contains("Permission denied")
+        || why.contains("RTM_NEWADDR")
+    {
+        "allow user namespaces for bwrap: load the bwrap-userns-restrict AppArmor profile (Ubuntu 24.04) or set kernel.apparmor_restrict_unprivileged_userns=0"
+    } else if why.contains("No space left") || why.contains("max_user_namespaces") {
+        "raise user.max_user_namespaces (sysctl)"
+    } else {
+        "run `bwrap --ro-bind / / --unshare-user --unshare-pid true` to see why bwrap fails"
+    }
+}
+
+pub fn rungs() -> &'static Rungs {
+    static RUNGS: OnceLock<Rungs> = OnceLock::new();
+    RUNGS.get_or_init(|| Rungs {
+        bwrap: probe_bwrap(),
+        landlock: landlock_abi(),
+    })
+}
+
+fn probe_bwrap() -> Result<PathBuf, String> {
+    // The system binary first: AppArmor profiles that allow bwrap user
+    // namespaces (Ubuntu) are attached to its path.
+    let bwrap = ["/usr/bin/bwrap", "/bin/bwrap"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+        .or_else(|| paths::which("bwrap"))
+        .ok_or_else(|| "bwrap is not installed".to_string())?;
+    let truth = ["/bin/true", "/usr/bin/true"]
+        .iter()
+        .find(|p| Path::new(p).exists())
+        .copied()
+        .unwrap_or("/bin/true");
+    let mut cmd = Command::new(&bwrap);
+    cmd.args([
+        "--unshare-user",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-net",
+        "--die-with-parent",
+        "--new-session",
+        "--ro-bind",
+        "/",
+        "/",
+        "--dev",
+        "/dev",
+        "--proc",
+        "/proc",
+        "--",
+        truth,
+    ])
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped());
+    let out = run_with_limit(cmd, Duration::from_secs(5))?;
+    if out.0 {
+        Ok(bwrap)
+    } else {
+        Err(format!("bwrap fails here: {}", out.1.trim()))
+    }
+}
+
+/// Runs `cmd` to its end within `limit`: (success, stderr).
+fn run_with_limit(mut cmd: Command, limit: Duration) -> Result<(bool, String), String> {
+    let mut child = cmd.spawn().map_err(|e| format!("cannot run bwrap: {e}"))?;
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => {
+                let mut err = String::new();
+                if let Some(mut e) = child.stderr.take() {
+                    let _ = std::io::Read::read_to_string(&mut e, &mut err);
+                }
+                return Ok((status.success(), err));
+            }
+            Ok(None) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err("bwrap did not finish its smoke test in 5 s".into());
+            }
+        }
+    }
+}
+
+fn landlock_abi() -> Result<u32, String> {
+    const LANDLOCK_CREATE_RULESET_VERSION: libc::c_uint = 1;
+    // SAFETY: the documented way to ask for the ABI version: no ruleset.
+    let abi = unsafe {
+        libc::syscall(
+            libc::SYS_landlock_create_ruleset,
+            std::ptr::null::<libc::c_void>(),
+            0usize,
+            LANDLOCK_CREATE_RULESET_VERSION,
+        )
+    };
+    if abi >= 1 {
+        Ok(abi as u32)
+    } else {
+        let e = std::io::Error::last_os_error();
+        Err(match e.raw_os_error() {
+            Some(libc::ENOSYS) => "the kernel has no Landlock (5.13 or later needed)".into(),
+            Some(libc::EOPNOTSUPP) => {
+                "Landlock is built in but not enabled (add landlock to the lsm= boot parameter)"
+                    .into()
+            }
+            _ => format!("Landlock is unavailable: {e}"),
+        })
+    }
+}
+
+/// The rung a sandbox gets, or why the one it asked for is out of reach.
+pub fn choose(asked: Isolation) -> Result<Isolation, String> {
+    let rungs = rungs();
+    match asked {
+        Isolation::Auto => Ok(if rungs.bwrap.is_ok() {
+            Isolation::Bwrap
+        } else if rungs.landlock.is_ok() {
+            Isolation::Landlock
+        } else {
+            Isolation::None
+        }),
+        Isolation::Bwrap => match &rungs.bwrap {
+            Ok(_) => Ok(Isolation::Bwrap),
+            Err(why) => Err(format!("isolation bwrap: {why}; fix: {}", bwrap_fix(why))),
+        },
+        Isolation::Landlock => match &rungs.landlock {
+            Ok(_) => Ok(Isolation::Landlock),
+            Err(why) => Err(format!("isolation landlock: {why}")),
+        },
+        Isolation::None => Ok(Isolation::None),
+    }
+}
+
+/// The holder's command line: a bubblewrap sandbox with a read-only `/`,
+/// the real home and the agent's state hidden under empty tmpfs, the
+/// sandbox's work and home dirs bound at their own paths, its tmp dir at
+/// `/tmp`, and `hold` (pid 2 inside) keeping it alive.
+pub fn bwrap_args(
+    dirs: &Dirs,
+    network: bool,
+    agent: &Path,
+    gpu_devices: &[PathBuf],
+    hidden: &[PathBuf],
+) -> Vec<String> {
+    let s = |p: &Path| p.to_string_lossy().into_owned();
+    let mut args: Vec<String> = [
+        "--unshare-user",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--die-with-parent",
+        "--new-session",
+        "--hostname",
+        "sandbox",
+    ]
+    .map(String::from)
+    .to_vec();
+    if !network {
+        args.push("--unshare-net".into());
+    }
+    args.extend(["--ro-bind", "/", "/", "--dev", "/dev"].map(String::from));
+    for dev in gpu_devices {
+        args.extend(["--dev-bind".into(), s(dev), s(dev)]);
+    }
+    args.extend(["--proc", "/proc", "--tmpfs", "/run"].map(String::from));
+    // Its tmp dir first: a home or state dir under /tmp is mounted over it.
+    args.extend(["--bind".into(), s(&dirs.tmp()), "/tmp".into()]);
+    for dir in hidden {
+        args.extend(["--tmpfs".into(), s(dir)]);
+    }
+    args.extend(["--bind".into(), s(&dirs.work()), s(&dirs.work())]);
+    args.extend(["--bind".into(), s(&dirs.home()), s(&dirs.home())]);
+    args.extend(["--ro-bind".into(), s(agent), AGENT_INSIDE.into()]);
+    args.extend(["--chdir".into(), s(&dirs.work())]);
+    args
+}
+
+/// What a sandbox must not see of the host: the home (`~/.ssh`, cloud
+/// credentials) and the agent's state dir (other sandboxes, job logs)
+/// wherever it is.
+pub fn hidden_paths() -> Vec<PathBuf> {
+    let mut hidden: Vec<PathBuf> = Vec::new();
+    if let Some(home) = paths::home_dir().filter(|h| h.is_dir() && h != Path::new("/")) {
+        hidden.push(home);
+    }
+    if let Some(state) = paths::state_dir()
+        && !hidden.iter().any(|h| state.starts_with(h))
+    {
+        hidden.push(state);
+    }
+    hidden
+}
+
+/// The namespaces of a running holder, opened before any is entered.
+pub struct Namespaces {
+    user: File,
+    others: Vec<(File, libc::c_int)>,
+    /// The mount namespace (also in `others`): bwrap always makes one, so
+    /// its owner is the user namespace bwrap made first.
+    mnt: File,
+    root: File,
+}
+
+impl Namespaces {
+    pub fn open(holder: i32) -> std::io::Result<Namespaces> {
+        use std::os::unix::fs::MetadataExt;
+        let ns = |name: &str| File::open(format!("/proc/{holder}/ns/{name}"));
+        let mut others = Vec::new();
+        for (name, flag) in [
+            ("ipc", libc::CLONE_NEWIPC),
+            ("uts", libc::CLONE_NEWUTS),
+            ("net", libc::CLONE_NEWNET),
+            ("pid", libc::CLONE_NEWPID),
+            ("mnt", libc::CLONE_NEWNS),
+        ] {
+            let theirs = ns(name)?;
+            // One the sandbox shares with the host (the network, when on)
+            // is not joined: it belongs to the host's user namespace, which
+            // grants nothing to a process in the sandbox's.
+            let ours = std::fs::metadata(format!("/proc/self/ns/{name}"))?;
+            if theirs.metadata()?.ino() != ours.ino() {
+                others.push((theirs, flag));
+            }
+        }
+        Ok(Namespaces {
+            user: ns("user")?,
+            others,
+            mnt: ns("mnt")?,
+            root: File::open(format!("/proc/{holder}/root"))?,
+        })
+    }
+
+    /// Joins them and takes the holder's root as `/`. The caller must be
+    /// single-threaded (a user namespace is only joined by one), and must
+    /// fork afterwards for the pid namespace to apply to its child.
+    pub fn enter(&self) -> std::io::Result<()> {
+        let set = |file: &File, flag| {
+            // SAFETY: plain syscall on an open namespace descriptor.
+            if unsafe { libc::setns(file.as_raw_fd(), flag) } == -1 {
+                let e = std::io::Error::last_os_error();
+                let name = match flag {
+                    libc::CLONE_NEWUSER => "user",
+                    libc::CLONE_NEWIPC => "ipc",
+                    libc::CLONE_NEWUTS => "uts",
+                    libc::CLONE_NEWNET => "net",
+                    libc::CLONE_NEWPID => "pid",
+                    _ => "mount",
+                };
+                Err(std::io::Error::new(
+                    e.kind(),
+                    format!("{name} namespace: {e}"),
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        // First the user namespace that owns the others: it grants the
+        // right to join them. Unprivileged bwrap nests a second one for
+        // the sandbox's own uid map; that one is joined last.
+        const NS_GET_USERNS: libc::c_ulong = 0xb701;
+        // SAFETY: ioctl on an open namespace descriptor; returns a new fd.
+        let owner = unsafe { libc::ioctl(self.mnt.as_raw_fd(), NS_GET_USERNS) };
+        let owner = if owner >= 0 {
+            // SAFETY: a descriptor the kernel just gave us.
+            Some(unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(owner) })
+        } else {
+            None
+        };
+        let inode = |f: &File| {
+            f.metadata()
+                .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+        };
+        let first = owner.as_ref().unwrap_or(&self.user);
+        set(first, libc::CLONE_NEWUSER)?;
+        for (file, flag) in &self.others {
+            set(file, *flag)?;
+        }
+        let dot = CString::new(".").expect("no NUL");
+        // SAFETY: plain syscalls; `root` is an open directory.
+        unsafe {
+            if libc::fchdir(self.root.as_raw_fd()) == -1 || libc::chroot(dot.as_ptr()) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        if inode(first)? != inode(&self.user)? {
+            set(&self.user, libc::CLONE_NEWUSER)?;
+        }
+        Ok(())
+    }
+}
+
+/// Drops every capability (the user namespace joined grants them all) and
+/// sets no-new-privileges, as bubblewrap does for its own command.
+pub fn drop_privileges() -> std::io::Result<()> {
+    let last_cap: libc::c_ulong = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(40);
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: libc::c_int,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    // SAFETY: prctl and capset with valid arguments; errors are reported.
+    unsafe {
+        for cap in 0..=last_cap {
+            // EINVAL for caps this kernel lacks: nothing to drop.
+            libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
+        }
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL,
+            0,
+            0,
+            0,
+        );
+        let header = Header {
+            version: 0x2008_0522, // _LINUX_CAPABILITY_VERSION_3
+            pid: 0,
+        };
+        let data = [Data {
+            effective: 0,
+            permitted: 0,
+            inheritable: 0,
+        }; 2];
+        if libc::syscall(libc::SYS_capset, &header, data.as_ptr()) == -1 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == -1 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Landlock for the calling process: everything readable and executable
+/// except the home and the agent's state dir (only the sandbox's own
+/// directories there), writes only to the sandbox's directories and the
+/// harmless devices; with `network` off, no TCP bind or connect, and a
+/// seccomp filter refusing IPv4 and IPv6 sockets altogether.
+pub fn apply_landlock(dirs: &Dirs, network: bool, hidden: &[PathBuf]) -> Result<(), String> {
+    use landlock::{
+        ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
+        RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
+    };
+    // Best effort up to ABI 9, which also guards connecting to named unix
+    // sockets (an ssh-agent's, say); older kernels get what they have.
+    let abi = ABI::V9;
+    let read = AccessFs::from_read(abi);
+    let all = AccessFs::from_all(abi);
+    let fail = |e: landlock::RulesetError| format!("landlock: {e}");
+    let mut ruleset = Ruleset::default()
+        .set_compatibility(CompatLevel::BestEffort)
+        .handle_access(all)
+        .map_err(fail)?
+        .scope(Scope::Signal | Scope::AbstractUnixSocket)
+        .map_err(fail)?;
+    if !network {
+        ruleset = ruleset
+            .handle_access(AccessNet::BindTcp | AccessNet::ConnectTcp)
+            .map_err(fail)?;
+    }
+    let mut created = ruleset.create().map_err(fail)?;
+    if hidden.is_empty() {
+        return Err("landlock: no record of what to hide".into());
+    }
+    for dir in readable_around(Path::new("/"), hidden) {
+        if let Ok(fd) = PathFd::new(&dir) {
+            created = created.add_rule(PathBeneath::new(fd, read)).map_err(fail)?;
+        }
+    }
+    for dir in [dirs.work(), dirs.home(), dirs.tmp()] {
+        let fd = PathFd::new(&dir).map_err(|e| format!("landlock: {}: {e}", dir.display()))?;
+        created = created.add_rule(PathBeneath::new(fd, all)).map_err(fail)?;
+    }
+    for dev in [
+        "/dev/null",
+        "/dev/zero",
+        "/dev/full",
+        "/dev/tty",
+        "/dev/pts",
+        "/dev/shm",
+    ] {
+        if let Ok(fd) = PathFd::new(dev) {
+            created = created
+                .add_rule(PathBeneath::new(fd, AccessFs::from_file(abi) | read))
+                .map_err(fail)?;
+        }
+    }
+    let status = created.restrict_self().map_err(fail)?;
+    if status.ruleset == RulesetStatus::NotEnforced {
+        return Err("landlock: not enforced by this kernel".into());
+    }
+    if !network {
+        deny_inet_sockets()?;
+    }
+    Ok(())
+}
+
+/// The entries of `dir` to grant read access to so that every path except
+/// those in `hidden` (and what lies below them) stays readable: a sibling of
+/// a hidden path is granted whole, an ancestor is descended into.
+fn readable_around(dir: &Path, hidden: &[PathBuf]) -> Vec<PathBuf> {
+    if !hidden.iter().any(|h| h.starts_with(dir) && h != dir) {
+        return vec![dir.to_path_buf()];
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if hidden.contains(&path) {
+            continue;
+        }
+        out.extend(readable_around(&path, hidden));
+    }
+    out
+}
+
+/// seccomp: `socket(AF_INET | AF_INET6, …)` fails with EACCES.
+fn deny_inet_sockets() -> Result<(), String> {
+    use seccompiler::{
+        BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+        SeccompRule, TargetArch,
+    };
+    let fail = |e: &dyn std::fmt::Display| format!("seccomp: {e}");
+    let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(|e| fail(&e))?;
+    let family = |f: libc::c_int| {
+        SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, f as u64)
+            .and_then(|c| SeccompRule::new(vec![c]))
+    };
+    let rules = vec![(
+        libc::SYS_socket,
+        vec![
+            family(libc::AF_INET).map_err(|e| fail(&e))?,
+            family(libc::AF_INET6).map_err(|e| fail(&e))?,
+        ],
+    )];
+    let filter = SeccompFilter::new(
+        rules.into_iter().collect(),
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EACCES as u32),
+        arch,
+    )
+    .map_err(|e| fail(&e))?;
+    let program: BpfProgram = filter
+        .try_into()
+        .map_err(|e: seccompiler::BackendError| fail(&e))?;
+    seccompiler::apply_filter(&program).map_err(|e| fail(&e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bwrap_exposes_only_the_leased_gpus_and_hides_the_home() {
+        let dirs = Dirs::new(Path::new("/s"), "sbx-1");
+        let args = bwrap_args(
+            &dirs,
+            false,
+            Path::new("/a/outpost-agent"),
+            &[
+                PathBuf::from("/dev/nvidiactl"),
+                PathBuf::from("/dev/nvidia1"),
+            ],
+            &[PathBuf::from("/home/u")],
+        );
+        let joined = args.join(" ");
+        assert!(joined.contains("--unshare-net"));
+        assert!(joined.contains("--dev /dev --dev-bind /dev/nvidiactl /dev/nvidiactl --dev-bind /dev/nvidia1 /dev/nvidia1"));
+        assert!(!joined.contains("nvidia0"));
+        // The home is hidden before the sandbox's own dirs are bound in it.
+        let tmpfs = joined.find("--tmpfs /home/u").unwrap();
+        let work = joined.find("--bind /s/sbx-1/work /s/sbx-1/work").unwrap();
+        assert!(tmpfs < work);
+        assert!(joined.contains("--bind /s/sbx-1/tmp /tmp"));
+        let open = bwrap_args(&dirs, true, Path::new("/a"), &[], &[]);
+        assert!(!open.iter().any(|a| a == "--unshare-net"));
+    }
+
+    #[test]
+    fn readable_around_skips_only_the_hidden_paths() {
+        let root = std::env::temp_dir().join(format!("outpost-ll-{}", std::process::id()));
+        for d in ["a/b/c", "a/d", "e"] {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+        }
+        let mut got = readable_around(&root, &[root.join("a/b")]);
+        got.sort();
+        assert_eq!(got, vec![root.join("a/d"), root.join("e")]);
+        assert_eq!(readable_around(&root, &[]), vec![root.clone()]);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+}

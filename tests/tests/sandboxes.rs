@@ -1,0 +1,465 @@
+//! Isolated sandboxes through MCP over stdio, on the `local` sandbox: made,
+//! used by the other tools under their `HOST/ID` name (exec, files, syncs,
+//! jobs), listed, renewed and deleted. Isolation "none", so it runs on any
+//! machine; what bubblewrap and Landlock confine is the agent's tests'
+//! business.
+
+mod common;
+
+use common::mcp_client::{call, start};
+use serde_json::json;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_isolated_sandbox_lifecycle() {
+    let (client, _home) = start(&[]).await;
+
+    // The alias is callable, never listed.
+    let tools = client.list_all_tools().await.unwrap();
+    let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
+    for want in [
+        "create_sandbox",
+        "get_sandbox_status",
+        "renew_sandbox",
+        "delete_sandbox",
+    ] {
+        assert!(names.contains(&want), "missing {want} in {names:?}");
+    }
+    assert!(!names.contains(&"close_sandbox"), "{names:?}");
+
+    // Bad requests say what is wrong, before anything is made.
+    for (args, wanted) in [
+        (json!({"host": "local", "ttl_s": 0}), "ttl_s"),
+        (json!({"host": "local", "ttl_s": 30 * 86400}), "7 days"),
+        (json!({"host": "local", "isolation": "docker"}), "isolation"),
+        (
+            json!({"host": "local", "env": {"LD_PRELOAD": "x"}}),
+            "LD_PRELOAD",
+        ),
+        (json!({"host": "local", "limits": {"cpus": 0}}), "cpus"),
+        (json!({"host": "nope"}), "unknown sandbox"),
+    ] {
+        let (err, r) = call(&client, "create_sandbox", args.clone()).await;
+        assert!(err, "{args}: {r}");
+        assert!(r.to_string().contains(wanted), "{args}: {r}");
+    }
+    for (name, wanted) in [
+        ("local/Bad_Id", "bad sandbox id"),
+        ("nope/sbx-1", "unknown sandbox"),
+        ("local", "HOST/ID"),
+    ] {
+        let (err, r) = call(&client, "get_sandbox_status", json!({"sandbox_name": name})).await;
+        assert!(err, "{name}: {r}");
+        assert!(r.to_string().contains(wanted), "{name}: {r}");
+    }
+
+    let (err, made) = call(
+        &client,
+        "create_sandbox",
+        json!({"host": "local", "ttl_s": 600, "isolation": "none",
+               "env": {"GREETING": "hi"}}),
+    )
+    .await;
+    assert!(!err, "{made}");
+    let name = made["sandbox_name"].as_str().unwrap().to_string();
+    let id = name.strip_prefix("local/").expect("named HOST/ID");
+    assert!(!id.is_empty() && !id.contains('/'), "{name}");
+    assert_eq!(made["state"], "running");
+    assert_eq!(made["isolation"], "none");
+    assert_eq!(made["network"], true);
+    assert!(
+        made["expires_at"].as_str().unwrap().ends_with('Z'),
+        "{made}"
+    );
+    let work_dir = made["work_dir"].as_str().unwrap().to_string();
+    assert!(work_dir.starts_with('/'), "{made}");
+
+    // Commands start in the work dir, with the sandbox's environment.
+    let (err, r) = call(
+        &client,
+        "exec_bash",
+        json!({"command": "pwd; echo $GREETING", "sandbox_name": name}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    assert_eq!(r["exit_code"], 0, "{r}");
+    assert_eq!(r["stdout"], format!("{work_dir}\nhi\n"));
+
+    // Relative remote paths are the work dir's.
+    let (err, r) = call(
+        &client,
+        "write_remote_file",
+        json!({"remote_path": "notes/hello.txt", "content": "inside\n", "sandbox_name": name}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    let (err, r) = call(
+        &client,
+        "read_remote_file",
+        json!({"remote_path": format!("{work_dir}/notes/hello.txt"), "sandbox_name": name}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    assert_eq!(r["content"], "inside\n");
+    let (err, r) = call(
+        &client,
+        "write_remote_file",
+        json!({"remote_path": "top.txt", "content": "top\n", "sandbox_name": name}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    let (_, r) = call(
+        &client,
+        "exec_bash",
+        json!({"command": "cat notes/hello.txt top.txt", "sandbox_name": name}),
+    )
+    .await;
+    assert_eq!(r["stdout"], "inside\ntop\n", "{r}");
+    let (err, r) = call(&client, "list_remote_files", json!({"sandbox_name": name})).await;
+    assert!(!err, "{r}");
+    let listed: Vec<&str> = r["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["path"].as_str())
+        .collect();
+    assert!(
+        listed.contains(&"notes") && listed.contains(&"top.txt"),
+        "{r}"
+    );
+
+    // A tree pushed in lands under the work dir.
+    let src = outpost_e2e::TempDir::new("sandbox-push");
+    std::fs::write(src.path().join("a.txt"), "pushed\n").unwrap();
+    let (err, r) = call(
+        &client,
+        "sync_local_to_remote",
+        json!({"local_path": src.path(), "remote_path": "proj", "sandbox_name": name}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    let (_, r) = call(
+        &client,
+        "exec_bash",
+        json!({"command": format!("cat {work_dir}/proj/a.txt"), "sandbox_name": name}),
+    )
+    .await;
+    assert_eq!(r["stdout"], "pushed\n", "{r}");
+
+    // A background job runs inside it too.
+    let (err, r) = call(
+        &client,
+        "exec_bash_background",
+        json!({"command": "pwd", "sandbox_name": name}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    let job = r["tmux_session"].as_str().unwrap().to_string();
+    let (err, r) = call(
+        &client,
+        "wait_background_task",
+        json!({"name": job, "timeout_s": 30, "sandbox_name": name}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    assert_eq!(r["reason"], "ended", "{r}");
+    assert!(r.to_string().contains(&work_dir), "{r}");
+
+    // Listed under its host, which is connected.
+    let (err, r) = call(&client, "list_sandboxes", json!({})).await;
+    assert!(!err, "{r}");
+    let local = r["sandboxes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|row| row["name"] == "local")
+        .unwrap()
+        .clone();
+    let live = local["sandboxes"]
+        .as_array()
+        .expect("an answering host lists its sandboxes");
+    assert!(
+        live.iter().any(|s| s["sandbox_name"] == name.as_str()),
+        "{r}"
+    );
+
+    let (err, r) = call(&client, "get_sandbox_status", json!({"sandbox_name": name})).await;
+    assert!(!err, "{r}");
+    assert_eq!(r["state"], "running");
+    assert_eq!(r["work_dir"], work_dir.as_str());
+
+    // Renewing moves the expiry.
+    let (err, r) = call(
+        &client,
+        "renew_sandbox",
+        json!({"sandbox_name": name, "ttl_s": 3600}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    assert_eq!(r["state"], "running");
+    let renewed = r["expires_at"].as_str().unwrap();
+    assert!(
+        renewed > made["expires_at"].as_str().unwrap(),
+        "{r} vs {made}"
+    );
+    let (err, r) = call(
+        &client,
+        "renew_sandbox",
+        json!({"sandbox_name": name, "ttl_s": 8 * 86400}),
+    )
+    .await;
+    assert!(err && r.to_string().contains("7 days"), "{r}");
+
+    // The active sandbox can be one.
+    let (err, r) = call(&client, "select_sandbox", json!({"sandbox_name": name})).await;
+    assert!(!err, "{r}");
+    let (_, r) = call(&client, "exec_bash", json!({"command": "pwd"})).await;
+    assert_eq!(r["stdout"], format!("{work_dir}\n"));
+    let (err, _) = call(&client, "select_sandbox", json!({"sandbox_name": "local"})).await;
+    assert!(!err);
+
+    // Deleted: its files are gone, and its name fails clearly.
+    let (err, r) = call(&client, "delete_sandbox", json!({"sandbox_name": name})).await;
+    assert!(!err, "{r}");
+    assert_eq!(r["state"], "deleted", "{r}");
+    assert!(
+        !std::path::Path::new(&work_dir).exists(),
+        "{work_dir} is left"
+    );
+    let (err, r) = call(
+        &client,
+        "exec_bash",
+        json!({"command": "echo still-here", "sandbox_name": name}),
+    )
+    .await;
+    assert!(err, "a deleted sandbox still runs commands: {r}");
+    let text = r.to_string();
+    assert!(!text.contains("still-here"), "{text}");
+    assert!(text.contains(id), "the error names the sandbox: {text}");
+    let (err, r) = call(&client, "get_sandbox_status", json!({"sandbox_name": name})).await;
+    if !err {
+        assert_eq!(r["state"], "deleted", "{r}");
+    }
+    let (_, r) = call(&client, "list_sandboxes", json!({})).await;
+    assert!(!r.to_string().contains(&name), "{r}");
+
+    // close_sandbox is delete_sandbox.
+    let (err, other) = call(
+        &client,
+        "create_sandbox",
+        json!({"host": "local", "isolation": "none", "ttl_s": 60}),
+    )
+    .await;
+    assert!(!err, "{other}");
+    let other = other["sandbox_name"].as_str().unwrap().to_string();
+    assert_ne!(other, name);
+    // Unlisted, so it has no advertised schema to check against.
+    let closed = client
+        .call_tool(
+            rmcp::model::CallToolRequestParams::new("close_sandbox")
+                .with_arguments(json!({"sandbox_name": other}).as_object().unwrap().clone()),
+        )
+        .await
+        .unwrap();
+    assert_ne!(closed.is_error, Some(true), "{closed:?}");
+    let r = closed.structured_content.expect("a structured result");
+    assert_eq!(r["state"], "deleted", "{r}");
+    client.cancel().await.unwrap();
+}
+
+/// Processes of this machine whose environment holds `entry`.
+fn procs_with_env(entry: &str) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|&b| b == 0).any(|e| e == entry.as_bytes()))
+        })
+        .collect()
+}
+
+fn bwrap_usable() -> bool {
+    std::process::Command::new("bwrap")
+        .args([
+            "--ro-bind",
+            "/",
+            "/",
+            "--unshare-user",
+            "--unshare-pid",
+            "true",
+        ])
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Over a real sshd, as the unprivileged test account: each rung contains
+/// what it promises (the login's keys, the network, writes outside) while
+/// exec, a background job, a sync and the file tools work inside; and a
+/// sandbox's TTL ends every process of it after the controller is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn isolated_sandboxes_over_ssh_contain_and_expire() {
+    if !bwrap_usable() {
+        eprintln!("skipped: bwrap cannot run here (scripts/setup-test-env installs it)");
+        return;
+    }
+    let sshd = outpost_e2e::Sshd::start();
+    let (env, _config) = common::mcp_client::isolated_env(&sshd);
+    let (client, _home) = start(&env).await;
+
+    // A secret in the login's home, and a listener outside every sandbox.
+    let secret = format!(".ssh/outpost-secret-{}", std::process::id());
+    let (err, r) = call(
+        &client,
+        "exec_bash",
+        json!({"command": format!("mkdir -p ~/.ssh && echo SECRET > ~/{secret} && echo $HOME"),
+               "sandbox_name": "box"}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    let home = r["stdout"].as_str().unwrap().trim().to_string();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || for _c in listener.incoming() {});
+    let connect = format!("exec 3<>/dev/tcp/127.0.0.1/{port} && echo CONNECTED");
+    let (_, r) = call(
+        &client,
+        "exec_bash",
+        json!({"command": connect, "sandbox_name": "box"}),
+    )
+    .await;
+    assert_eq!(r["stdout"], "CONNECTED\n", "the host itself connects: {r}");
+
+    for isolation in ["bwrap", "landlock", "none"] {
+        let (err, made) = call(
+            &client,
+            "create_sandbox",
+            json!({"host": "box", "isolation": isolation, "network": false, "ttl_s": 600}),
+        )
+        .await;
+        if err && isolation == "landlock" && made.to_string().contains("Landlock") {
+            eprintln!("landlock skipped: {made}");
+            continue;
+        }
+        assert!(!err, "{isolation}: {made}");
+        assert_eq!(made["isolation"], isolation, "{made}");
+        let name = made["sandbox_name"].as_str().unwrap().to_string();
+        let work_dir = made["work_dir"].as_str().unwrap().to_string();
+        let sh = |command: String| {
+            let client = &client;
+            let name = name.clone();
+            async move {
+                let (err, r) = call(
+                    client,
+                    "exec_bash",
+                    json!({"command": command, "sandbox_name": name}),
+                )
+                .await;
+                assert!(!err, "{r}");
+                r
+            }
+        };
+        let r = sh(format!("cat {home}/{secret}")).await;
+        if isolation == "none" {
+            // Reported as not isolated, and it is not.
+            assert!(
+                made["note"].as_str().unwrap().contains("not isolated"),
+                "{made}"
+            );
+            assert_eq!(r["stdout"], "SECRET\n");
+        } else {
+            assert_ne!(r["exit_code"], 0, "{isolation}: {r}");
+            assert!(!r["stdout"].as_str().unwrap().contains("SECRET"));
+            let r = sh(connect.clone()).await;
+            assert_ne!(r["exit_code"], 0, "{isolation} reached the network: {r}");
+            let r = sh(format!(
+                "echo x > {home}/planted-{isolation}; echo x > /usr/planted"
+            ))
+            .await;
+            assert_ne!(r["exit_code"], 0, "{r}");
+            let r = call(
+                &client,
+                "exec_bash",
+                json!({"command": format!("ls {home}/planted-{isolation}"), "sandbox_name": "box"}),
+            )
+            .await
+            .1;
+            assert_ne!(r["exit_code"], 0, "{isolation} wrote into the home: {r}");
+        }
+        // Everything works inside.
+        let r = sh("pwd; echo made > here.txt".into()).await;
+        assert_eq!(r["stdout"], format!("{work_dir}\n"), "{r}");
+        let (err, r) = call(
+            &client,
+            "read_remote_file",
+            json!({"remote_path": "here.txt", "sandbox_name": name}),
+        )
+        .await;
+        assert!(!err && r["content"] == "made\n", "{r}");
+        let (err, r) = call(
+            &client,
+            "read_remote_file",
+            json!({"remote_path": format!("{home}/{secret}"), "sandbox_name": name}),
+        )
+        .await;
+        assert!(err, "a file tool read outside the sandbox: {r}");
+        let src = outpost_e2e::TempDir::new("sandbox-ssh-push");
+        std::fs::write(src.path().join("in.txt"), "pushed\n").unwrap();
+        let (err, r) = call(
+            &client,
+            "sync_local_to_remote",
+            json!({"local_path": src.path(), "remote_path": "tree", "sandbox_name": name}),
+        )
+        .await;
+        assert!(!err, "{r}");
+        let (err, r) = call(
+            &client,
+            "exec_bash_background",
+            json!({"command": "cat tree/in.txt", "sandbox_name": name}),
+        )
+        .await;
+        assert!(!err, "{r}");
+        let job = r["tmux_session"].as_str().unwrap().to_string();
+        let (_, r) = call(
+            &client,
+            "wait_background_task",
+            json!({"name": job, "timeout_s": 30, "sandbox_name": name}),
+        )
+        .await;
+        assert!(r.to_string().contains("pushed"), "{r}");
+        let (err, r) = call(&client, "delete_sandbox", json!({"sandbox_name": name})).await;
+        assert!(!err && r["state"] == "deleted", "{r}");
+    }
+
+    // TTL: the controller goes away; the host ends the sandbox on time.
+    let (err, made) = call(
+        &client,
+        "create_sandbox",
+        json!({"host": "box", "isolation": "bwrap", "ttl_s": 3}),
+    )
+    .await;
+    assert!(!err, "{made}");
+    let created = std::time::Instant::now();
+    let name = made["sandbox_name"].as_str().unwrap().to_string();
+    let id = name.rsplit('/').next().unwrap().to_string();
+    let (err, r) = call(
+        &client,
+        "exec_bash",
+        json!({"command": "nohup setsid sleep 1000 >/dev/null 2>&1 & nohup sleep 1000 >/dev/null 2>&1 &",
+               "sandbox_name": name}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    let marker = format!("OUTPOST_SANDBOX={id}");
+    assert!(procs_with_env(&marker).len() >= 2);
+    client.cancel().await.unwrap();
+    let gone = outpost_e2e::wait_until(std::time::Duration::from_secs(8), || {
+        procs_with_env(&marker).is_empty()
+    });
+    assert!(gone, "processes outlived the sandbox");
+    assert!(
+        created.elapsed() < std::time::Duration::from_secs(5),
+        "{:?}",
+        created.elapsed()
+    );
+    let _ = std::fs::remove_file(format!("{home}/{secret}"));
+}
