@@ -127,6 +127,45 @@ async fn mcp_isolated_sandbox_lifecycle() {
         "{r}"
     );
 
+    // Binary content travels as base64 both ways.
+    let bytes: Vec<u8> = (0u8..=255).chain([0, 0, 0xff]).collect();
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(&bytes);
+    let (err, r) = call(
+        &client,
+        "write_remote_file",
+        json!({"remote_path": "blob.bin", "content": b64, "base64": true, "sandbox_name": name}),
+    )
+    .await;
+    assert!(!err && r["size"] == bytes.len(), "{r}");
+    assert_eq!(
+        std::fs::read(format!("{work_dir}/blob.bin")).unwrap(),
+        bytes
+    );
+    let (_, r) = call(
+        &client,
+        "read_remote_file",
+        json!({"remote_path": "blob.bin", "sandbox_name": name}),
+    )
+    .await;
+    assert_eq!(r["binary"], true, "{r}");
+    assert!(r.get("content").is_none() && r.get("content_base64").is_none());
+    let (_, r) = call(
+        &client,
+        "read_remote_file",
+        json!({"remote_path": "blob.bin", "base64": true, "sandbox_name": name}),
+    )
+    .await;
+    assert_eq!(r["content_base64"], b64.as_str(), "{r}");
+    let (err, r) = call(
+        &client,
+        "write_remote_file",
+        json!({"remote_path": "bad.bin", "content": "not base64!", "base64": true, "sandbox_name": name}),
+    )
+    .await;
+    assert!(err && r.to_string().contains("base64"), "{r}");
+    assert!(!std::path::Path::new(&format!("{work_dir}/bad.bin")).exists());
+
     // A tree pushed in lands under the work dir.
     let src = outpost_e2e::TempDir::new("sandbox-push");
     std::fs::write(src.path().join("a.txt"), "pushed\n").unwrap();
@@ -462,4 +501,72 @@ async fn isolated_sandboxes_over_ssh_contain_and_expire() {
         created.elapsed()
     );
     let _ = std::fs::remove_file(format!("{home}/{secret}"));
+}
+
+/// OpenSandbox's several-files tools (advanced): all checked before the
+/// first is written; binary files come back as base64, a missing one as
+/// an error in its place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upload_and_download_several_files() {
+    use base64::Engine as _;
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    let (client, _home) = start(&[("REMOTE_SANDBOX_EXPOSE_ADVANCED_TOOLS", "1".into())]).await;
+    let (err, made) = call(
+        &client,
+        "create_sandbox",
+        json!({"host": "local", "isolation": "none", "ttl_s": 120}),
+    )
+    .await;
+    assert!(!err, "{made}");
+    let name = made["sandbox_name"].as_str().unwrap().to_string();
+    let work_dir = made["work_dir"].as_str().unwrap().to_string();
+
+    let (err, r) = call(
+        &client,
+        "upload_files",
+        json!({"sandbox_name": name, "files": [
+            {"remote_path": "a.txt", "content": "alpha\n"},
+            {"remote_path": "bad.bin", "content": "%%%", "base64": true},
+        ]}),
+    )
+    .await;
+    assert!(err && r.to_string().contains("files[1]"), "{r}");
+    assert!(!std::path::Path::new(&format!("{work_dir}/a.txt")).exists());
+
+    let png = [0x89u8, b'P', b'N', b'G', 0, 1, 2, 0xff];
+    let (err, r) = call(
+        &client,
+        "upload_files",
+        json!({"sandbox_name": name, "files": [
+            {"remote_path": "a.txt", "content": "alpha\n"},
+            {"remote_path": "img/p.png", "content": b64(&png), "base64": true},
+            {"remote_path": "run.sh", "content": "echo hi\n", "mode": "755"},
+        ]}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    assert_eq!(r["files"], 3);
+    assert_eq!(r["bytes"], 6 + png.len() + 8);
+
+    let (err, r) = call(
+        &client,
+        "download_files",
+        json!({"sandbox_name": name, "remote_paths": ["a.txt", "img/p.png", "nope", "run.sh"]}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    let files = r["files"].as_array().unwrap();
+    assert_eq!(files[0]["content"], "alpha\n");
+    assert_eq!(files[1]["content_base64"], b64(&png).as_str());
+    assert!(files[2]["error"].is_string(), "{r}");
+    assert_eq!(files[3]["content"], "echo hi\n");
+    let (_, r) = call(
+        &client,
+        "exec_bash",
+        json!({"command": "./run.sh", "sandbox_name": name}),
+    )
+    .await;
+    assert_eq!(r["stdout"], "hi\n", "{r}");
+    call(&client, "delete_sandbox", json!({"sandbox_name": name})).await;
+    client.cancel().await.unwrap();
 }

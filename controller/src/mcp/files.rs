@@ -18,7 +18,8 @@ use super::OutpostServer;
 use super::ids::Id;
 use super::progress::{Progress, Report};
 use super::shape::{
-    BackgroundSyncShape, FileListShape, ReadShape, Shaped, TransferStatusShape, WriteShape,
+    BackgroundSyncShape, DownloadShape, FileListShape, ReadShape, Shaped, TransferStatusShape,
+    UploadShape, WriteShape,
 };
 use super::sync_view::{PullReport, PushAnswer, TransferAnswer};
 use crate::ops::files::{self, ListRequest, ReadRequest, SyncRequest, WriteRequest};
@@ -155,6 +156,9 @@ pub struct ReadParams {
     /// Byte offset.
     pub offset: Option<u64>,
     pub sandbox_name: Option<String>,
+    /// Bytes as content_base64.
+    #[serde(default)]
+    pub base64: bool,
 }
 
 impl From<ReadParams> for ReadRequest {
@@ -164,6 +168,7 @@ impl From<ReadParams> for ReadRequest {
             max_bytes: p.max_bytes,
             offset: p.offset,
             sandbox_name: p.sandbox_name,
+            base64: p.base64,
         }
     }
 }
@@ -172,6 +177,9 @@ impl From<ReadParams> for ReadRequest {
 pub struct WriteParams {
     pub remote_path: String,
     pub content: String,
+    /// content is base64.
+    #[serde(default)]
+    pub base64: bool,
     #[schemars(extend("default" = "644"))]
     pub mode: Option<String>,
     #[schemars(extend("default" = true))]
@@ -184,11 +192,37 @@ impl From<WriteParams> for WriteRequest {
         WriteRequest {
             remote_path: p.remote_path,
             content: p.content,
+            base64: p.base64,
             mode: p.mode,
             create_parents: p.create_parents,
             sandbox_name: p.sandbox_name,
         }
     }
+}
+
+/// One file of `upload_files`.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct UploadFileParams {
+    pub remote_path: String,
+    pub content: String,
+    #[serde(default)]
+    pub base64: bool,
+    pub mode: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct UploadParams {
+    pub files: Vec<UploadFileParams>,
+    pub sandbox_name: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct DownloadParams {
+    pub remote_paths: Vec<String>,
+    /// Per file.
+    #[schemars(extend("default" = 200000))]
+    pub max_bytes: Option<u64>,
+    pub sandbox_name: Option<String>,
 }
 
 /// A progress notification from a sync's live counters: bytes done of
@@ -316,7 +350,7 @@ impl OutpostServer {
             .map(|r| Json(Shaped::new(r)))
     }
 
-    #[tool(description = "Read a sandbox file (binary ones are not dumped).")]
+    #[tool(description = "Read a sandbox file (binary: base64=true).")]
     async fn read_remote_file(
         &self,
         Parameters(p): Parameters<ReadParams>,
@@ -332,6 +366,41 @@ impl OutpostServer {
         Parameters(p): Parameters<WriteParams>,
     ) -> Result<Json<Shaped<files::WriteResult, WriteShape>>, String> {
         files::write(&self.fleet, p.into())
+            .await
+            .map(|r| Json(Shaped::new(r)))
+    }
+}
+
+// OpenSandbox's names for several files at once: listed with the advanced
+// tools (write_remote_file and read_remote_file do one, binary included).
+#[tool_router(router = bulk_files_router, vis = "pub(super)")]
+impl OutpostServer {
+    #[tool(description = "Write several sandbox files, each atomically.")]
+    async fn upload_files(
+        &self,
+        Parameters(p): Parameters<UploadParams>,
+    ) -> Result<Json<Shaped<files::UploadResult, UploadShape>>, String> {
+        let list = p
+            .files
+            .into_iter()
+            .map(|f| files::UploadFile {
+                remote_path: f.remote_path,
+                content: f.content,
+                base64: f.base64,
+                mode: f.mode,
+            })
+            .collect();
+        files::upload(&self.fleet, list, p.sandbox_name)
+            .await
+            .map(|r| Json(Shaped::new(r)))
+    }
+
+    #[tool(description = "Read several sandbox files; binary ones as base64.")]
+    async fn download_files(
+        &self,
+        Parameters(p): Parameters<DownloadParams>,
+    ) -> Result<Json<Shaped<files::DownloadResult, DownloadShape>>, String> {
+        files::download(&self.fleet, p.remote_paths, p.max_bytes, p.sandbox_name)
             .await
             .map(|r| Json(Shaped::new(r)))
     }

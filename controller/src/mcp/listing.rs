@@ -374,6 +374,7 @@ fn hints(tool: &str) -> ToolAnnotations {
         | "read_background_log"
         | "list_remote_files"
         | "read_remote_file"
+        | "download_files"
         | "check_file_transfer_task"
         | "list_background_watches"
         | "get_background_watch"
@@ -396,7 +397,8 @@ fn hints(tool: &str) -> ToolAnnotations {
         | "sync_local_to_remote"
         | "sync_local_to_remote_background"
         | "sync_remote_to_local"
-        | "write_remote_file" => base.destructive(true).idempotent(true).open_world(false),
+        | "write_remote_file"
+        | "upload_files" => base.destructive(true).idempotent(true).open_world(false),
         "select_sandbox" | "release_gpus" | "renew_sandbox" => {
             base.destructive(false).idempotent(true).open_world(false)
         }

@@ -196,6 +196,7 @@ impl OutpostServer {
             tool_router.merge(Self::watch_router());
             tool_router.merge(Self::job_log_router());
             tool_router.merge(Self::background_push_router());
+            tool_router.merge(Self::bulk_files_router());
         }
         let unlisted = listing::finish(&mut tool_router, fleet.config.expose_advanced_tools);
         let audit = crate::ops::audit::AuditLog::new(&fleet.config.home);
@@ -591,9 +592,11 @@ mod tests {
         assert!(basic.contains(&"close_sandbox".to_string()));
         assert!(!listing::is_listed("close_sandbox") && listing::is_listed("delete_sandbox"));
         let all = names(true);
-        assert_eq!(all.len(), basic.len() + 14, "{all:?}");
+        assert_eq!(all.len(), basic.len() + 16, "{all:?}");
         for tool in [
             "read_background_log",
+            "upload_files",
+            "download_files",
             "sync_local_to_remote_background",
             "get_watchdog_status",
             "exec_bash_background_watch",

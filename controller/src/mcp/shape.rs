@@ -209,8 +209,39 @@ pub struct ReadShape {
     /// The text; absent for binary files.
     #[serde(skip_serializing_if = "Option::is_none")]
     content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content_base64: Option<String>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     binary: bool,
+}
+
+// Mirrors `crate::ops::files::UploadResult`.
+#[derive(JsonSchema)]
+#[schemars(rename = "UploadResult")]
+#[allow(dead_code)]
+pub struct UploadShape {
+    files: usize,
+    bytes: u64,
+}
+
+// Mirrors `crate::ops::files::DownloadResult`.
+#[derive(JsonSchema)]
+#[schemars(rename = "DownloadResult")]
+#[allow(dead_code)]
+pub struct DownloadShape {
+    files: Vec<DownloadedShape>,
+}
+
+// Mirrors `crate::ops::files::Downloaded`: a read's fields, or `error`.
+#[derive(JsonSchema)]
+#[schemars(rename = "Downloaded")]
+#[allow(dead_code)]
+pub struct DownloadedShape {
+    size: Option<u64>,
+    truncated: Option<bool>,
+    content: Option<String>,
+    content_base64: Option<String>,
+    error: Option<String>,
 }
 
 // Mirrors `crate::ops::files::WriteResult`.

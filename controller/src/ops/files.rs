@@ -6,6 +6,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
 use outpost_protocol::{EntryKind, FilterSpec, ScanRequest};
 use outpost_treesync::relpath;
 use serde::Serialize;
@@ -70,15 +72,20 @@ pub struct ReadRequest {
     /// Default 0.
     pub offset: Option<u64>,
     pub sandbox_name: Option<String>,
+    /// The bytes as base64 (`content_base64`), whatever they are.
+    pub base64: bool,
 }
 
 #[derive(Debug, Serialize)]
 pub struct ReadResult {
     pub size: u64,
     pub truncated: bool,
-    /// The text; absent for binary files.
+    /// The text; absent for binary files and with `base64`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// The bytes read, with `base64`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content_base64: Option<String>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub binary: bool,
 }
@@ -86,6 +93,8 @@ pub struct ReadResult {
 pub struct WriteRequest {
     pub remote_path: String,
     pub content: String,
+    /// `content` is base64 (binary data).
+    pub base64: bool,
     /// Octal permission string, e.g. "755". Default "644".
     pub mode: Option<String>,
     /// Default true.
@@ -364,13 +373,36 @@ pub async fn read(fleet: &Fleet, p: ReadRequest) -> Result<ReadResult, String> {
         .await
         .map_err(|e| e.to_string())?;
     let truncated = offset + (bytes.len() as u64) < size;
-    let binary = looks_binary(&bytes, truncated);
-    Ok(ReadResult {
-        size,
-        truncated,
-        content: (!binary).then(|| String::from_utf8_lossy(&bytes).into_owned()),
-        binary,
-    })
+    let encoding = if p.base64 {
+        Encoding::Base64
+    } else {
+        Encoding::Text
+    };
+    Ok(ReadResult::of(&bytes, size, truncated, encoding))
+}
+
+/// How read bytes are given back.
+#[derive(Clone, Copy, PartialEq)]
+enum Encoding {
+    /// Text, or nothing but `binary: true` for bytes that are not.
+    Text,
+    Base64,
+    /// Text, or base64 for bytes that are not.
+    Auto,
+}
+
+impl ReadResult {
+    fn of(bytes: &[u8], size: u64, truncated: bool, encoding: Encoding) -> ReadResult {
+        let binary = looks_binary(bytes, truncated);
+        let base64 = encoding == Encoding::Base64 || (binary && encoding == Encoding::Auto);
+        ReadResult {
+            size,
+            truncated,
+            content: (!base64 && !binary).then(|| String::from_utf8_lossy(bytes).into_owned()),
+            content_base64: base64.then(|| BASE64.encode(bytes)),
+            binary: binary && !base64,
+        }
+    }
 }
 
 /// NUL bytes, or invalid UTF-8 other than a sequence cut at the end of a
@@ -393,13 +425,7 @@ const MAX_LIST_ENTRIES: u64 = 100_000;
 pub const MAX_WRITE_BYTES: usize = 8 << 20;
 
 pub async fn write(fleet: &Fleet, p: WriteRequest) -> Result<WriteResult, String> {
-    if p.content.len() > MAX_WRITE_BYTES {
-        return Err(format!(
-            "content is {} bytes; write_remote_file takes at most {} MiB: write the file locally and use sync_local_to_remote",
-            p.content.len(),
-            MAX_WRITE_BYTES >> 20
-        ));
-    }
+    let content = write_content(&p.content, p.base64)?;
     let session = fleet.get(p.sandbox_name.as_deref())?;
     let mode = match p.mode.as_deref() {
         None => 0o644,
@@ -411,7 +437,7 @@ pub async fn write(fleet: &Fleet, p: WriteRequest) -> Result<WriteResult, String
     sync::write_remote(
         &session,
         &p.remote_path,
-        p.content.as_bytes(),
+        &content,
         mode,
         p.create_parents.unwrap_or(true),
     )
@@ -419,7 +445,144 @@ pub async fn write(fleet: &Fleet, p: WriteRequest) -> Result<WriteResult, String
     .map_err(|e| e.to_string())?;
     Ok(WriteResult {
         status: "written".into(),
-        size: p.content.len() as u64,
+        size: content.len() as u64,
+    })
+}
+
+/// The bytes a write carries: the text, or decoded base64; at most
+/// [`MAX_WRITE_BYTES`].
+fn write_content(content: &str, base64: bool) -> Result<std::borrow::Cow<'_, [u8]>, String> {
+    let bytes: std::borrow::Cow<'_, [u8]> = if base64 {
+        // Whitespace (line breaks every 76 characters) is common in base64.
+        let compact: String = content.split_ascii_whitespace().collect();
+        BASE64
+            .decode(compact.as_bytes())
+            .map_err(|e| {
+                format!("content is not valid base64 ({e}); or pass text with base64 false")
+            })?
+            .into()
+    } else {
+        content.as_bytes().into()
+    };
+    if bytes.len() > MAX_WRITE_BYTES {
+        return Err(format!(
+            "content is {} bytes; one write takes at most {} MiB: write the file locally and use sync_local_to_remote",
+            bytes.len(),
+            MAX_WRITE_BYTES >> 20
+        ));
+    }
+    Ok(bytes)
+}
+
+/// One file of an [`upload`].
+pub struct UploadFile {
+    pub remote_path: String,
+    pub content: String,
+    pub base64: bool,
+    pub mode: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct UploadResult {
+    pub files: usize,
+    pub bytes: u64,
+}
+
+/// Writes several files, each atomically, in order; stops at the first
+/// that fails, saying which and how many were written before it. All are
+/// checked (size, base64, mode) before the first is written.
+pub async fn upload(
+    fleet: &Fleet,
+    files: Vec<UploadFile>,
+    sandbox_name: Option<String>,
+) -> Result<UploadResult, String> {
+    if files.is_empty() {
+        return Err("files is empty".into());
+    }
+    for (i, f) in files.iter().enumerate() {
+        write_content(&f.content, f.base64).map_err(|e| format!("files[{i}]: {e}"))?;
+    }
+    let mut bytes = 0;
+    let count = files.len();
+    for (i, f) in files.into_iter().enumerate() {
+        let written = write(
+            fleet,
+            WriteRequest {
+                remote_path: f.remote_path,
+                content: f.content,
+                base64: f.base64,
+                mode: f.mode,
+                create_parents: Some(true),
+                sandbox_name: sandbox_name.clone(),
+            },
+        )
+        .await
+        .map_err(|e| format!("files[{i}]: {e} ({i} of {count} written before it)"))?;
+        bytes += written.size;
+    }
+    Ok(UploadResult {
+        files: count,
+        bytes,
+    })
+}
+
+/// One file of a [`download`]: what [`read`] gives with binary bytes as
+/// base64, or why it could not be read.
+#[derive(Debug, Serialize)]
+pub struct Downloaded {
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub read: Option<ReadResult>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DownloadResult {
+    /// In the order asked.
+    pub files: Vec<Downloaded>,
+}
+
+/// Most files one download reads.
+pub const MAX_DOWNLOAD_FILES: usize = 100;
+
+/// Reads several files (each up to `max_bytes`, default 200000)
+/// concurrently: text as text, anything else as base64.
+pub async fn download(
+    fleet: &Fleet,
+    remote_paths: Vec<String>,
+    max_bytes: Option<u64>,
+    sandbox_name: Option<String>,
+) -> Result<DownloadResult, String> {
+    if remote_paths.is_empty() || remote_paths.len() > MAX_DOWNLOAD_FILES {
+        return Err(format!(
+            "remote_paths must name 1 to {MAX_DOWNLOAD_FILES} files, got {}",
+            remote_paths.len()
+        ));
+    }
+    let session = fleet.get(sandbox_name.as_deref())?;
+    let max = max_bytes.unwrap_or(200_000);
+    let reads = remote_paths.iter().map(|path| {
+        let session = &session;
+        async move {
+            match sync::read_remote(session, path, 0, max).await {
+                Ok((bytes, size)) => Downloaded {
+                    read: Some(ReadResult::of(
+                        &bytes,
+                        size,
+                        (bytes.len() as u64) < size,
+                        Encoding::Auto,
+                    )),
+                    error: None,
+                },
+                Err(e) => Downloaded {
+                    read: None,
+                    error: Some(e.to_string()),
+                },
+            }
+        }
+    });
+    Ok(DownloadResult {
+        files: futures::future::join_all(reads).await,
     })
 }
 
