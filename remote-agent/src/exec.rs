@@ -88,6 +88,9 @@ fn plan(req: ExecRequest, sandbox: Option<Scope>) -> Result<Plan, AgentError> {
     if req.command.contains('\0') {
         return Err(bad("command contains a NUL byte".into()));
     }
+    if sandbox.is_some() {
+        crate::sandbox::check_env(&req.env)?;
+    }
     for (name, value) in &req.env {
         if name.is_empty() || name.contains(['=', '\0']) {
             return Err(bad(format!("invalid environment variable name {name:?}")));
@@ -102,7 +105,7 @@ fn plan(req: ExecRequest, sandbox: Option<Scope>) -> Result<Plan, AgentError> {
         return Err(bad("cwd contains a NUL byte".into()));
     }
     let cwd = match &sandbox {
-        Some(scope) => scope.cwd(req.cwd.as_deref()),
+        Some(scope) => scope.cwd(req.cwd.as_deref())?,
         None => paths::resolve_cwd(req.cwd.as_deref()),
     };
     // Inside bwrap, a path such as /tmp is not the host's: `enter` checks it.

@@ -125,6 +125,10 @@ pub fn resolve_root(raw: &str) -> Result<PathBuf, AgentError> {
 /// cache per root, shared by every connection (saves are atomic renames, so
 /// concurrent scans at worst lose one another's additions).
 fn cache_path(root: &Path) -> Option<PathBuf> {
+    // A sandbox's root opened for one connection: its name does not last.
+    if root.starts_with("/proc/self/fd") {
+        return None;
+    }
     let hex = blake3::hash(root.as_os_str().as_bytes()).to_hex();
     let name = format!("scan-{}", &hex[..16]);
     Some(paths::state_dir()?.join("cache").join(name))

@@ -18,8 +18,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use outpost_protocol::{
-    AgentError, ClientMessage, DecodeEvent, ErrorKind, FrameDecoder, ProtocolError, Request,
-    RequestId, Response, decode, encode_frame,
+    AgentError, ClientMessage, DecodeEvent, ErrorKind, FrameDecoder, PathProblem, ProtocolError,
+    Request, RequestId, Response, ScanSummary, decode, encode_frame,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::signal::unix::{SignalKind, signal};
@@ -127,6 +127,8 @@ struct Shared {
     appliers: Arc<Appliers>,
     /// GPU leases taken through this connection.
     leased: Mutex<Vec<String>>,
+    /// Sandbox roots opened by file requests on this connection.
+    confined: sandbox::ConfinedRoots,
     options: ServeOptions,
 }
 
@@ -185,6 +187,7 @@ where
         monitor: Arc::default(),
         appliers: Arc::default(),
         leased: Mutex::default(),
+        confined: sandbox::ConfinedRoots::default(),
         options,
     });
     let mut tasks = JoinSet::new();
@@ -345,8 +348,9 @@ fn parse(payload: &[u8]) -> Result<Inbound, ProtocolError> {
     }
 }
 
-/// Variants of [`Request`] and [`ClientMessage`] this agent knows.
-const KNOWN_REQUESTS: u64 = 17;
+/// Variants of [`Request`] and [`ClientMessage`] this agent knows (a test
+/// checks it against the last variant).
+const KNOWN_REQUESTS: u64 = 24;
 const KNOWN_CLIENT_MESSAGES: u64 = 2;
 
 fn read_varint(data: &mut &[u8]) -> Option<u64> {
@@ -428,12 +432,17 @@ async fn answer(
     outbox: &Outbox,
     cancel: watch::Receiver<bool>,
 ) -> Response {
-    // A sandbox's file requests name paths inside it.
-    let root = |raw: &mut String| -> Result<(), AgentError> {
+    // A sandbox's file requests name paths inside it, opened there without
+    // following a symlink; the engine gets the directory checked. Ok(false):
+    // a root to read does not exist.
+    let root = |raw: &mut String, create: bool| -> Result<bool, AgentError> {
         if let Some(scope) = &scope {
-            *raw = scope.file_root(raw)?;
+            match shared.confined.resolve(scope, raw, create)? {
+                Some(opened) => *raw = opened,
+                None => return Ok(false),
+            }
         }
-        Ok(())
+        Ok(true)
     };
     let outbox = outbox.clone();
     match body {
@@ -481,28 +490,51 @@ async fn answer(
         Request::GpuRelease { lease_id } => {
             blocking(move || leases::release(&lease_id).map(|()| Response::Released)).await
         }
-        Request::Scan(mut req) => match root(&mut req.root) {
-            Ok(()) => files::scan(id, req, &outbox, cancel).await,
+        Request::Scan(mut req) => match root(&mut req.root, false) {
+            Ok(true) => files::scan(id, req, &outbox, cancel).await,
+            Ok(false) => Response::ScanDone(ScanSummary::default()),
+            // What a scan says of a file given as its root (one file is
+            // synced as its directory, limited to its name).
+            Err(_) if scope.as_ref().is_some_and(|s| s.is_plain_file(&req.root)) => {
+                Response::ScanDone(ScanSummary {
+                    root_exists: true,
+                    problems: vec![PathProblem {
+                        path: Vec::new(),
+                        message: "not a directory".into(),
+                    }],
+                    ..ScanSummary::default()
+                })
+            }
             Err(e) => Response::Error(e),
         },
-        Request::PutFiles(mut req) => match root(&mut req.root) {
-            Ok(()) => files::put_files(req, &shared.appliers).await,
+        Request::PutFiles(mut req) => match root(&mut req.root, true) {
+            Ok(_) => files::put_files(req, &shared.appliers).await,
             Err(e) => Response::Error(e),
         },
-        Request::PutPart(mut req) => match root(&mut req.root) {
-            Ok(()) => files::put_part(req, &shared.appliers).await,
+        Request::PutPart(mut req) => match root(&mut req.root, true) {
+            Ok(_) => files::put_part(req, &shared.appliers).await,
             Err(e) => Response::Error(e),
         },
-        Request::ApplyMeta(mut req) => match root(&mut req.root) {
-            Ok(()) => files::apply_meta(req, &shared.appliers).await,
+        Request::ApplyMeta(mut req) => match root(&mut req.root, true) {
+            Ok(_) => files::apply_meta(req, &shared.appliers).await,
             Err(e) => Response::Error(e),
         },
-        Request::ReadFiles(mut req) => match root(&mut req.root) {
-            Ok(()) => files::read_files(id, req, &outbox, cancel).await,
+        Request::ReadFiles(mut req) => match root(&mut req.root, false) {
+            Ok(true) => files::read_files(id, req, &outbox, cancel).await,
+            Ok(false) => Response::ReadDone {
+                problems: req
+                    .reads
+                    .into_iter()
+                    .map(|r| PathProblem {
+                        path: r.path,
+                        message: "does not exist".into(),
+                    })
+                    .collect(),
+            },
             Err(e) => Response::Error(e),
         },
-        Request::Resume(mut req) => match root(&mut req.root) {
-            Ok(()) => files::resume(req, &shared.appliers).await,
+        Request::Resume(mut req) => match root(&mut req.root, true) {
+            Ok(_) => files::resume(req, &shared.appliers).await,
             Err(e) => Response::Error(e),
         },
         Request::JobStart(_)
@@ -602,6 +634,20 @@ mod tests {
         // Request { id: 300, body: <variant 40> }
         let payload = [0u8, 0xac, 0x02, 40];
         assert!(matches!(parse(&payload), Ok(Inbound::Unsupported(300))));
+    }
+
+    #[test]
+    fn the_last_request_variant_is_known() {
+        // Request { id: 1, body: InSandbox { .. } }, the last variant.
+        let payload = postcard_payload(&ClientMessage::Request {
+            id: 1,
+            body: Request::InSandbox {
+                id: "s".into(),
+                request: Box::new(Request::Ping),
+            },
+        });
+        assert_eq!(u64::from(payload[2]), KNOWN_REQUESTS - 1);
+        assert!(matches!(parse(&payload), Ok(Inbound::Message(_))));
     }
 
     #[test]

@@ -298,6 +298,7 @@ fn bwrap_sandbox_contains_and_works() {
     assert!(log.contains("sandbox"), "job's hostname: {log:?}");
 
     files_are_confined(&mut host, &info);
+    environment_reaches_only_the_command(&mut host, &id);
 
     // Delete: processes end, files go.
     host.sh(&id, "sleep 1000 >/dev/null 2>&1 &");
@@ -313,6 +314,62 @@ fn bwrap_sandbox_contains_and_works() {
         panic!("ran in a deleted sandbox");
     };
     assert!(e.message.contains("was deleted"), "{}", e.message);
+}
+
+/// `enter` runs on the host before it isolates anything: what the caller
+/// sets for the command (a loader path, say) must not reach it, and
+/// nothing may unmark the command.
+fn environment_reaches_only_the_command(host: &mut Host, id: &str) {
+    let mut req = exec("sleep 3 & echo $LD_LIBRARY_PATH; wait");
+    req.env = vec![("LD_LIBRARY_PATH".into(), "/nowhere".into())];
+    host.next_id += 1;
+    let call = host.next_id;
+    host.agent.request(
+        call,
+        Request::InSandbox {
+            id: id.into(),
+            request: Box::new(Request::Exec(req)),
+        },
+    );
+    let marker = format!("OUTPOST_SANDBOX={id}");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let environ = |p: &i32| std::fs::read(format!("/proc/{p}/environ")).unwrap_or_default();
+    let cmdline = |p: &i32| std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+    let mut enter = None;
+    while enter.is_none() && Instant::now() < deadline {
+        enter = procs_with_env(&marker)
+            .into_iter()
+            .find(|p| cmdline(p).windows(7).any(|w| w == b"\0enter\0"));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let enter = enter.expect("the enter process");
+    let vars: Vec<Vec<u8>> = environ(&enter)
+        .split(|&b| b == 0)
+        .map(<[u8]>::to_vec)
+        .collect();
+    assert!(
+        !vars.iter().any(|v| v.starts_with(b"LD_LIBRARY_PATH=")),
+        "enter itself got the loader path"
+    );
+    let Response::ExecDone(r) = host.agent.last(call, Duration::from_secs(30)) else {
+        panic!("no result");
+    };
+    assert_eq!(out(&r), "/nowhere\n", "the command lost its variable");
+    let mut req = exec("true");
+    req.env = vec![("OUTPOST_SANDBOX".into(), "other".into())];
+    let Response::Error(e) = host.inside(id, Request::Exec(req)) else {
+        panic!("the marker was overridden");
+    };
+    assert!(e.message.contains("OUTPOST_"), "{}", e.message);
+    let spec = JobSpec {
+        command: "true".into(),
+        log_file: Some("job.log".into()),
+        ..JobSpec::default()
+    };
+    let Response::Error(e) = host.inside(id, Request::JobStart(spec)) else {
+        panic!("a sandbox job wrote its log where the sandbox chose");
+    };
+    assert!(e.message.contains("log_file"), "{}", e.message);
 }
 
 fn files_are_confined(host: &mut Host, info: &SandboxInfo) {
@@ -368,6 +425,36 @@ fn landlock_rung_contains_and_works() {
     assert_eq!(info.isolation, Isolation::Landlock);
     assert!(info.note.is_some());
     contained(&mut host, &info);
+    // No named unix sockets where Landlock cannot fence them (ABI < 9);
+    // socketpair still works.
+    let r = host.sh(
+        &info.id,
+        "python3 -c 'import socket; socket.socketpair(); print(\"pair\"); socket.socket(socket.AF_UNIX)'",
+    );
+    assert!(out(&r).contains("pair"), "{}", err(&r));
+    let abi: u32 = Command::new(BIN)
+        .arg("diagnose")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("landlock:")?
+                .trim()
+                .strip_prefix("ABI ")?
+                .parse()
+                .ok()
+        })
+        .unwrap_or(0);
+    if abi < 9 {
+        assert_ne!(
+            r.exit_code,
+            Some(0),
+            "a unix socket on ABI {abi}: {}",
+            out(&r)
+        );
+    }
     // Its tmp dir is its TMPDIR; the host's /tmp is read-only to it.
     let r = host.sh(
         &info.id,
@@ -447,13 +534,24 @@ fn ttl_ends_every_process_without_controller_or_daemon() {
         }
         // Every process is gone within a second of the expiry.
         let deadline = Instant::now() + Duration::from_secs(8);
-        while sleeping() > 0 && Instant::now() < deadline {
+        while !procs_with_env(&marker).is_empty() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
         }
         let gone = started.elapsed();
+        let left: Vec<String> = procs_with_env(&marker)
+            .into_iter()
+            .map(|p| {
+                let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+                let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+                format!(
+                    "{p} {} [{stat}]",
+                    String::from_utf8_lossy(&cmd).replace('\0', " ")
+                )
+            })
+            .collect();
         assert!(
-            procs_with_env(&marker).is_empty(),
-            "{isolation:?}: processes outlived it"
+            left.is_empty(),
+            "{isolation:?}: processes outlived it: {left:?}"
         );
         assert!(
             gone < Duration::from_secs(4),
@@ -612,6 +710,14 @@ fn limits_hold(mut host: Host) {
     assert!(forked < 40, "{forked} processes forked past a limit of 40");
     // Still usable afterwards.
     assert_eq!(out(&host.sh(&id, "echo fine")), "fine\n");
+    if isolation == Isolation::Bwrap {
+        // Files in its own tmpfs count as memory too.
+        let r = host.sh(
+            &id,
+            "head -c 200M /dev/zero > /dev/shm/fill && sleep 3 && echo kept",
+        );
+        assert!(!out(&r).contains("kept"), "{r:?}");
+    }
 }
 
 #[test]

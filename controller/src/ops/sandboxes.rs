@@ -290,8 +290,27 @@ pub async fn create(fleet: &Fleet, r: CreateRequest) -> Result<SandboxView, Stri
             fleet.names().join(", ")
         ));
     }
+    // HOST/ID must name this sandbox and nothing configured.
+    let configured = |id: &str| fleet.names().contains(&format!("{}/{id}", host.name()));
+    if let Some(id) = &spec.id
+        && configured(id)
+    {
+        return Err(format!(
+            "{}/{id} is a configured sandbox's name; pick another id",
+            host.name()
+        ));
+    }
     let answer = ask(&host, Request::SandboxCreate(spec)).await;
-    one(host.name(), answer, "creating a sandbox")
+    let view = one(host.name(), answer, "creating a sandbox")?;
+    let id = view.sandbox_name.rsplit('/').next().unwrap_or_default();
+    if configured(id) {
+        let _ = ask(&host, Request::SandboxDelete { id: id.to_string() }).await;
+        return Err(format!(
+            "{} was drawn, a configured sandbox's name; deleted: create again",
+            view.sandbox_name
+        ));
+    }
+    Ok(view)
 }
 
 /// The sandbox named `name` (`HOST/ID`), live or recently ended.

@@ -35,19 +35,23 @@ pub const STARTED_BY_FORK: &str = "double fork";
 
 /// Sends `JobStart` to the daemon, starting the daemon if none answers.
 pub async fn start_job(spec: JobSpec) -> Response {
-    ask_daemon(Request::JobStart(spec)).await
+    ask_daemon(Request::JobStart(spec), ANSWER_WAIT).await
 }
 
 /// Sends one request (`JobStart` or `SandboxCreate`) to the daemon,
-/// starting the daemon if none answers.
-pub async fn ask_daemon(body: Request) -> Response {
-    match ask_daemon_inner(body).await {
+/// starting the daemon if none answers, and waits up to `wait` for the
+/// answer.
+pub async fn ask_daemon(body: Request, wait: Duration) -> Response {
+    match ask_daemon_inner(body, wait).await {
         Ok(response) => response,
         Err(e) => Response::Error(e),
     }
 }
 
-async fn ask_daemon_inner(body: Request) -> Result<Response, outpost_protocol::AgentError> {
+async fn ask_daemon_inner(
+    body: Request,
+    wait: Duration,
+) -> Result<Response, outpost_protocol::AgentError> {
     let state = paths::state_dir().ok_or_else(|| {
         error(
             ErrorKind::Internal,
@@ -68,7 +72,7 @@ async fn ask_daemon_inner(body: Request) -> Result<Response, outpost_protocol::A
         )
     })?;
     stream.write_all(&frame).await.map_err(unavailable)?;
-    let answer = tokio::time::timeout(ANSWER_WAIT, async {
+    let answer = tokio::time::timeout(wait, async {
         let mut decoder = FrameDecoder::framed();
         let mut buf = vec![0u8; 16 * 1024];
         loop {
@@ -92,10 +96,7 @@ async fn ask_daemon_inner(body: Request) -> Result<Response, outpost_protocol::A
         Ok(Err(e)) => Err(unavailable(e)),
         Err(_) => Err(error(
             ErrorKind::Unavailable,
-            format!(
-                "the job daemon did not answer in {} s",
-                ANSWER_WAIT.as_secs()
-            ),
+            format!("the job daemon did not answer in {} s", wait.as_secs()),
         )),
     }
 }

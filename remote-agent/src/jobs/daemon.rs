@@ -878,8 +878,11 @@ fn create(
     }
     // A sandbox's job starts inside it, and writes its log only there.
     let scope = spec.sandbox.as_deref().map(Scope::of).transpose()?;
+    if scope.is_some() {
+        sandbox::check_env(&spec.env)?;
+    }
     let cwd = match &scope {
-        Some(scope) => scope.cwd(spec.cwd.as_deref()),
+        Some(scope) => scope.cwd(spec.cwd.as_deref())?,
         None => paths::resolve_cwd(spec.cwd.as_deref()),
     };
     if scope.as_ref().is_none_or(|s| s.same_inside(&cwd)) && !cwd.is_dir() {
@@ -890,7 +893,14 @@ fn create(
     }
     let custom_log = match (spec.log_file.as_deref(), &scope) {
         (None, _) => None,
-        (Some(p), Some(scope)) => Some(PathBuf::from(scope.file_root(p)?)),
+        // The shim writes it from outside the sandbox: a path the sandbox
+        // controls (a symlink planted there) must never be its target.
+        (Some(_), Some(_)) => {
+            return Err(bad(
+                "log_file is not available in a sandbox: its log is read with read_background_log"
+                    .into(),
+            ));
+        }
         (Some(p), None) => Some({
             let home = paths::home_dir();
             let path = paths::expand_tilde(p, home.as_deref());

@@ -16,9 +16,12 @@ use std::sync::atomic::{AtomicI32, Ordering};
 
 use outpost_protocol::Isolation;
 
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
+
 use super::isolation::{self, Namespaces};
 use super::limits;
-use super::store::Dirs;
+use super::store::{self, Dirs};
 
 const FAILED: i32 = 125;
 
@@ -52,7 +55,7 @@ fn run(dir: &Path, cwd: &Path, argv: &[String]) -> Result<i32, String> {
         id: id.to_string(),
         dir: dir.to_path_buf(),
     };
-    if dirs.end().is_some() {
+    if dirs.ending() {
         return Err(format!("sandbox {id} has ended"));
     }
     let setup = dirs
@@ -63,7 +66,7 @@ fn run(dir: &Path, cwd: &Path, argv: &[String]) -> Result<i32, String> {
         .ok_or_else(|| format!("cannot read sandbox {id}"))?;
     limits::join(&setup.cgroups).map_err(|e| format!("cannot join the sandbox's cgroup: {e}"))?;
     let mut command = Command::new(program);
-    command.args(args);
+    command.args(args).env_clear().envs(command_env(id));
     match setup.isolation {
         Isolation::Bwrap => {
             let holder = setup
@@ -95,6 +98,35 @@ fn run(dir: &Path, cwd: &Path, argv: &[String]) -> Result<i32, String> {
         }
         _ => Err(become_command(&mut command, cwd, None, false)),
     }
+}
+
+/// The command's environment: what this process was given (the exec's
+/// token), then the carried entries in order, then the sandbox's marker,
+/// which nothing overrides.
+fn command_env(id: &str) -> Vec<(OsString, OsString)> {
+    let mut env: Vec<(OsString, OsString)> = Vec::new();
+    let mut carried: Vec<(usize, OsString)> = Vec::new();
+    for (k, v) in std::env::vars_os() {
+        let name = k.to_string_lossy();
+        if let Some(n) = name.strip_prefix(store::CARRIED_VAR) {
+            if let Ok(n) = n.parse() {
+                carried.push((n, v));
+            }
+        } else if name != store::MARKER_VAR && name != "PATH" {
+            env.push((k, v));
+        }
+    }
+    carried.sort_by_key(|(n, _)| *n);
+    for (_, entry) in carried {
+        let bytes = entry.as_bytes();
+        if let Some(eq) = bytes.iter().position(|&b| b == b'=') {
+            let (k, v) = (&bytes[..eq], &bytes[eq + 1..]);
+            env.retain(|(name, _)| name.as_bytes() != k);
+            env.push((OsStr::from_bytes(k).into(), OsStr::from_bytes(v).into()));
+        }
+    }
+    env.push((store::MARKER_VAR.into(), id.into()));
+    env
 }
 
 /// Execs the command (returning only why it could not). `in_userns`: the

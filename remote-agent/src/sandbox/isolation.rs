@@ -442,11 +442,14 @@ pub fn apply_landlock(dirs: &Dirs, network: bool, hidden: &[PathBuf]) -> Result<
     if status.ruleset == RulesetStatus::NotEnforced {
         return Err("landlock: not enforced by this kernel".into());
     }
-    if !network {
-        deny_inet_sockets()?;
-    }
-    Ok(())
+    let kernel_abi = rungs().landlock.clone().unwrap_or(0);
+    socket_filter(network, kernel_abi >= LANDLOCK_UNIX_ABI)
 }
+
+/// The Landlock ABI that fences connecting to named unix sockets.
+pub const LANDLOCK_UNIX_ABI: u32 = 9;
+/// The Landlock ABI that scopes signals and abstract unix sockets.
+pub const LANDLOCK_SCOPE_ABI: u32 = 6;
 
 /// The entries of `dir` to grant read access to so that every path except
 /// those in `hidden` (and what lies below them) stays readable: a sibling of
@@ -469,8 +472,12 @@ fn readable_around(dir: &Path, hidden: &[PathBuf]) -> Vec<PathBuf> {
     out
 }
 
-/// seccomp: `socket(AF_INET | AF_INET6, …)` fails with EACCES.
-fn deny_inet_sockets() -> Result<(), String> {
+/// seccomp, what Landlock cannot do here: with the network off,
+/// `socket(AF_INET | AF_INET6, …)` and io_uring (which makes sockets past
+/// the `socket` call) fail; without `unix` (a kernel whose Landlock cannot
+/// fence named unix sockets: the user's D-Bus or an SSH agent would be an
+/// open door), `socket(AF_UNIX, …)` fails too (`socketpair` still works).
+fn socket_filter(network: bool, unix: bool) -> Result<(), String> {
     use seccompiler::{
         BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
         SeccompRule, TargetArch,
@@ -481,13 +488,27 @@ fn deny_inet_sockets() -> Result<(), String> {
         SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, f as u64)
             .and_then(|c| SeccompRule::new(vec![c]))
     };
-    let rules = vec![(
+    let mut families = Vec::new();
+    if !network {
+        families.extend([libc::AF_INET, libc::AF_INET6]);
+    }
+    if !unix {
+        families.push(libc::AF_UNIX);
+    }
+    if families.is_empty() {
+        return Ok(());
+    }
+    let mut rules = vec![(
         libc::SYS_socket,
-        vec![
-            family(libc::AF_INET).map_err(|e| fail(&e))?,
-            family(libc::AF_INET6).map_err(|e| fail(&e))?,
-        ],
+        families
+            .into_iter()
+            .map(|f| family(f).map_err(|e| fail(&e)))
+            .collect::<Result<Vec<_>, _>>()?,
     )];
+    if !network {
+        // An empty rule list matches the call whatever its arguments.
+        rules.push((libc::SYS_io_uring_setup, Vec::new()));
+    }
     let filter = SeccompFilter::new(
         rules.into_iter().collect(),
         SeccompAction::Allow,

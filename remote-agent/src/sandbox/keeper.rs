@@ -161,7 +161,12 @@ impl Keeper {
 
     fn set_up(&mut self, again: bool) -> Result<(), String> {
         let spec = self.spec().ok_or("no record")?.clone();
-        let isolation = isolation::choose(spec.isolation)?;
+        // Set up again, it gets the rung it had, or ends: never a weaker one.
+        let asked = match self.dirs.setup() {
+            Some(before) if again => before.isolation,
+            _ => spec.isolation,
+        };
+        let isolation = isolation::choose(asked)?;
         let made = limits::make(&self.dirs.id, &spec.limits, isolation);
         let mut setup = Setup {
             isolation,
@@ -209,14 +214,16 @@ impl Keeper {
             }
             Isolation::Landlock => {
                 notes.push("landlock: the host's processes and mounts stay visible".into());
-                if isolation::rungs()
-                    .landlock
-                    .as_ref()
-                    .is_ok_and(|abi| *abi < 9)
-                {
+                let abi = isolation::rungs().landlock.clone().unwrap_or(0);
+                if abi < isolation::LANDLOCK_UNIX_ABI {
                     notes.push(
-                        "this kernel's Landlock (ABI < 9) leaves this user's unix sockets reachable"
+                        "no unix sockets but socketpair (this kernel's Landlock cannot fence named ones)"
                             .into(),
+                    );
+                }
+                if abi < isolation::LANDLOCK_SCOPE_ABI {
+                    notes.push(
+                        "its processes can signal this user's others (Landlock ABI < 6)".into(),
                     );
                 }
                 if spec.gpus > 0 {
@@ -226,6 +233,12 @@ impl Keeper {
             _ => {
                 notes.push("not isolated: its own directories only".into());
             }
+        }
+        if isolation != Isolation::Bwrap && setup.cgroups.is_empty() {
+            notes.push(
+                "no cgroup for this user: a process that clears its environment and detaches can outlive it"
+                    .into(),
+            );
         }
         setup.note = (!notes.is_empty()).then(|| notes.join("; "));
         write_json(&self.dirs.meta().join(store::SETUP), &setup, true).map_err(|e| {
@@ -345,7 +358,20 @@ impl Keeper {
 
     fn run(&mut self) {
         let mut last_memory = Instant::now();
-        let mut last_disk = Instant::now();
+        // Measured on a thread of its own: a huge tree must not hold up
+        // the expiry.
+        let disk_used = self.setup.watch_disk_mb.map(|_| {
+            let used = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+            let dirs = [self.dirs.work(), self.dirs.home(), self.dirs.tmp()];
+            let writer = used.clone();
+            std::thread::spawn(move || {
+                loop {
+                    writer.store(limits::disk_usage(&dirs), Ordering::Relaxed);
+                    std::thread::sleep(DISK_EVERY);
+                }
+            });
+            used
+        });
         loop {
             std::thread::sleep(TICK);
             let stop = STOP.load(Ordering::SeqCst);
@@ -356,9 +382,16 @@ impl Keeper {
                 );
                 return;
             }
-            if let Some(state) = self.due() {
-                self.teardown(state, None);
-                return;
+            if self.due().is_some() {
+                // Decided under the lock a renew takes: a renew that landed
+                // first counts, one that comes later finds it ending.
+                let lock = super::lifecycle_lock(&self.dirs).ok();
+                if let Some(state) = self.due() {
+                    self.mark_ending();
+                    drop(lock);
+                    self.teardown(state, None);
+                    return;
+                }
             }
             if let Some(child) = &mut self.holder
                 && let Ok(Some(status)) = child.try_wait()
@@ -393,12 +426,8 @@ impl Keeper {
                 last_memory = Instant::now();
                 self.watch_memory(mb);
             }
-            if let Some(mb) = self.setup.watch_disk_mb
-                && last_disk.elapsed() >= DISK_EVERY
-            {
-                last_disk = Instant::now();
-                let used =
-                    limits::disk_usage(&[self.dirs.work(), self.dirs.home(), self.dirs.tmp()]);
+            if let (Some(mb), Some(used)) = (self.setup.watch_disk_mb, &disk_used) {
+                let used = used.swap(0, Ordering::Relaxed);
                 if used > mb << 20 {
                     self.note(format!(
                         "disk limit: its processes were stopped at {} MB > {mb} MB",
@@ -418,7 +447,16 @@ impl Keeper {
             .iter()
             .map(|s| (s.pid, limits::rss_bytes(s.pid)))
             .collect();
-        let total: u64 = sizes.iter().map(|(_, b)| b).sum();
+        // Files in its own tmpfs mounts are memory too.
+        let tmpfs = match &self.setup.holder {
+            Some(holder) => {
+                let mut mounts = vec![PathBuf::from("/run"), PathBuf::from("/dev")];
+                mounts.extend(self.setup.hidden.iter().cloned());
+                limits::tmpfs_bytes(holder.pid, &mounts)
+            }
+            None => 0,
+        };
+        let total: u64 = sizes.iter().map(|(_, b)| b).sum::<u64>() + tmpfs;
         if total <= mb << 20 {
             return;
         }
@@ -439,9 +477,16 @@ impl Keeper {
         let _ = write_json(&self.dirs.meta().join(store::SETUP), &self.setup, false);
     }
 
+    /// From now on nothing new starts in it (`enter` and scoped requests
+    /// check) and a renew is refused.
+    fn mark_ending(&self) {
+        let _ = write_atomic(&self.dirs.meta().join(store::ENDING), b"", true);
+    }
+
     /// Ends the sandbox: every process, its cgroups, its lease, its files
     /// (unless kept); then the record of how it ended.
     fn teardown(&mut self, state: SandboxState, note: Option<String>) {
+        self.mark_ending();
         kill_members(&self.dirs.id, &self.setup);
         if let Some(mut child) = self.holder.take() {
             let _ = child.kill();
@@ -455,6 +500,8 @@ impl Keeper {
                 let _ = fs::remove_dir_all(dir);
             }
         }
+        // Whatever started while the files went.
+        kill_members(&self.dirs.id, &self.setup);
         let end = End {
             state,
             ended_unix: now_unix(),

@@ -28,8 +28,13 @@ pub struct Made {
 /// falls back to what the agent can do without them.
 pub fn make(id: &str, limits: &SandboxLimits, isolation: Isolation) -> Made {
     let name = format!("outpost-{id}");
-    let wants_cgroup =
-        limits.memory_mb.is_some() || limits.cpu_millis.is_some() || limits.pids.is_some();
+    // As root a cgroup is always made, limits or not: it also holds every
+    // process of the sandbox for its end. Another user's processes could
+    // not be moved into one it made (cgroup delegation asks for a common
+    // delegated ancestor that an SSH session does not have), so there the
+    // fallbacks apply.
+    // SAFETY: geteuid cannot fail.
+    let wants_cgroup = unsafe { libc::geteuid() } == 0;
     let mut made = Made {
         cgroups: Vec::new(),
         enforcement: String::new(),
@@ -236,6 +241,8 @@ fn make_v1(name: &str, limits: &SandboxLimits) -> Option<Vec<PathBuf>> {
     }) && limits
         .pids
         .is_none_or(|p| add("pids", &[("pids.max", p.to_string())]));
+    // No pids limit: the pids hierarchy still holds the processes.
+    let ok = ok && (limits.pids.is_some() || add("pids", &[]));
     if ok {
         // Swap counted too where the kernel accounts it, so a hog cannot
         // page out past its limit.
@@ -261,15 +268,18 @@ pub fn probe() -> String {
         disk_mb: None,
     };
     let name = format!("outpost-probe-{}", std::process::id());
-    if let Some(dir) = make_v2(&name, &limits) {
-        remove(&[dir]);
-        return "cgroup v2 (memory, cpus, pids)".into();
+    // SAFETY: geteuid cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        if let Some(dir) = make_v2(&name, &limits) {
+            remove(&[dir]);
+            return "cgroup v2 (memory, cpus, pids)".into();
+        }
+        if let Some(dirs) = make_v1(&name, &limits) {
+            remove(&dirs);
+            return "cgroup v1 (memory, cpus, pids)".into();
+        }
     }
-    if let Some(dirs) = make_v1(&name, &limits) {
-        remove(&dirs);
-        return "cgroup v1 (memory, cpus, pids)".into();
-    }
-    "no cgroup for this user: pids by rlimit under bwrap, memory and disk by the keeper's watchdog, cpus not enforced; fix: a systemd user session with cgroup v2 delegation (the default with systemd ≥ 244), or run as root".into()
+    "no cgroup (made only as root): pids by rlimit under bwrap, memory and disk by the keeper's watchdog, cpus not enforced".into()
 }
 
 /// Puts this process into the sandbox's cgroups.
@@ -327,6 +337,28 @@ pub fn rss_bytes(pid: i32) -> u64 {
         .unwrap_or(0);
     // SAFETY: sysconf cannot fail for _SC_PAGESIZE.
     pages * unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64
+}
+
+/// Bytes the tmpfs mounts at `mounts` hold inside a bwrap sandbox whose
+/// first process is `holder` (seen through its root): memory that no
+/// process's RSS shows.
+pub fn tmpfs_bytes(holder: i32, mounts: &[PathBuf]) -> u64 {
+    use std::os::unix::ffi::OsStrExt;
+    mounts
+        .iter()
+        .filter_map(|m| {
+            let inside = format!("/proc/{holder}/root{}", m.display());
+            let c = std::ffi::CString::new(Path::new(&inside).as_os_str().as_bytes()).ok()?;
+            // SAFETY: statvfs fills the zeroed struct; `c` is NUL-terminated.
+            unsafe {
+                let mut st: libc::statvfs = std::mem::zeroed();
+                if libc::statvfs(c.as_ptr(), &mut st) != 0 {
+                    return None;
+                }
+                Some((st.f_blocks - st.f_bfree) as u64 * st.f_frsize as u64)
+            }
+        })
+        .sum()
 }
 
 /// Bytes used under `dirs`, counting each inode once, without following

@@ -54,7 +54,10 @@ fn now_ms() -> u64 {
 
 /// `SandboxCreate` from `serve`: the daemon creates it.
 pub async fn create(spec: SandboxSpec) -> Response {
-    crate::jobs::client::ask_daemon(Request::SandboxCreate(spec)).await
+    // Long enough for one create queued behind another, each taking up
+    // to its setup wait: the caller learns the name of what it made.
+    let wait = SETUP_WAIT * 2 + Duration::from_secs(10);
+    crate::jobs::client::ask_daemon(Request::SandboxCreate(spec), wait).await
 }
 
 fn validate(spec: &SandboxSpec, root: &Path) -> Result<(), AgentError> {
@@ -73,11 +76,7 @@ fn validate(spec: &SandboxSpec, root: &Path) -> Result<(), AgentError> {
             "invalid sandbox id {id:?}: 1 to 32 of a-z 0-9 -, not starting with -"
         )));
     }
-    for (name, value) in &spec.env {
-        if name.is_empty() || name.contains(['=', '\0']) || value.contains('\0') {
-            return Err(bad(format!("invalid environment variable {name:?}")));
-        }
-    }
+    check_env(&spec.env)?;
     let host = limits::host_size(root);
     let l = &spec.limits;
     let checks: [(&str, Option<u64>, u64, &str); 4] = [
@@ -104,6 +103,26 @@ fn validate(spec: &SandboxSpec, root: &Path) -> Result<(), AgentError> {
     }
     if spec.gpus > 64 {
         return Err(bad(format!("{} GPUs is more than any host has", spec.gpus)));
+    }
+    Ok(())
+}
+
+/// Environment variables a sandbox's command may be given: no `OUTPOST_`
+/// names, which would unmark it or smuggle entries past `enter`.
+pub fn check_env(env: &[(String, String)]) -> Result<(), AgentError> {
+    for (name, value) in env {
+        if name.is_empty() || name.contains(['=', '\0']) || value.contains('\0') {
+            return Err(error(
+                ErrorKind::BadRequest,
+                format!("invalid environment variable {name:?}"),
+            ));
+        }
+        if name.starts_with("OUTPOST_") {
+            return Err(error(
+                ErrorKind::BadRequest,
+                format!("{name}: OUTPOST_ variables are the sandbox's own"),
+            ));
+        }
     }
     Ok(())
 }
@@ -250,14 +269,20 @@ pub(crate) fn agent_exe() -> Result<PathBuf, String> {
         .ok_or_else(|| "cannot find the agent binary".to_string())
 }
 
-/// Forgets sandboxes that ended more than a day ago.
+/// Forgets sandboxes that ended more than a day ago: their records, and
+/// their dirs unless they keep their files (those stay, unlisted).
 fn prune(root: &Path) {
     let now = now_unix();
     for dirs in store::all(root) {
-        if dirs
-            .end()
-            .is_some_and(|e| now.saturating_sub(e.ended_unix) > ENDED_KEPT)
-        {
+        let Some(end) = dirs.end() else {
+            continue;
+        };
+        if now.saturating_sub(end.ended_unix) <= ENDED_KEPT {
+            continue;
+        }
+        if end.kept_files {
+            let _ = fs::remove_dir_all(dirs.meta());
+        } else {
             let _ = fs::remove_dir_all(&dirs.dir);
         }
     }
@@ -277,8 +302,21 @@ pub fn supervise() -> bool {
         }
         any = true;
         let keeper_alive = dirs.keeper().is_some_and(|k| k.alive());
-        // A dir still being made has no setup and a keeper on its way.
-        if !keeper_alive && dirs.meta().join(store::SETUP).is_file() {
+        let set_up = dirs.meta().join(store::SETUP).is_file();
+        // A dir still being made has no setup and a keeper on its way; one
+        // whose keeper died before setting it up is ended.
+        let stale = dirs
+            .record()
+            .is_none_or(|r| now_unix().saturating_sub(r.created_unix) > 2 * SETUP_WAIT.as_secs());
+        if !keeper_alive && !set_up && stale {
+            eprintln!(
+                "outpost-agent daemon: sandbox {} was never set up; ending it",
+                dirs.id
+            );
+            keeper::end_here(&dirs, SandboxState::Failed);
+            continue;
+        }
+        if !keeper_alive && set_up {
             eprintln!(
                 "outpost-agent daemon: sandbox {}'s keeper is gone; starting another",
                 dirs.id
@@ -320,12 +358,26 @@ pub fn renew(id: &str, ttl_ms: u64) -> Result<Response, AgentError> {
         ));
     }
     let dirs = Dirs::find(id)?;
+    // The keeper decides to end under the same lock: a renew lands before
+    // that decision (and counts) or finds the sandbox ending.
+    let lock = lifecycle_lock(&dirs)?;
     ended_error(&dirs)?;
     dirs.set_expires_ms(now_ms() + ttl_ms)
         .map_err(|e| error(ErrorKind::Internal, format!("cannot renew {id}: {e}")))?;
-    // The keeper may have ended it just before the new expiry landed.
-    ended_error(&dirs)?;
+    drop(lock);
     info(&dirs)
+}
+
+/// Holds the sandbox's lifecycle lock (see [`store::LIFECYCLE_LOCK`]).
+pub(crate) fn lifecycle_lock(dirs: &Dirs) -> Result<fs::File, AgentError> {
+    let failed = |e: String| error(ErrorKind::Internal, format!("sandbox {}: {e}", dirs.id));
+    let file = crate::flock::open_private(&dirs.meta().join(store::LIFECYCLE_LOCK))
+        .map_err(|e| failed(e.to_string()))?;
+    match crate::flock::lock_within(&file, Duration::from_secs(5)) {
+        Ok(true) => Ok(file),
+        Ok(false) => Err(failed("its lifecycle lock is held".into())),
+        Err(e) => Err(failed(e.to_string())),
+    }
 }
 
 fn info(dirs: &Dirs) -> Result<Response, AgentError> {
@@ -339,6 +391,10 @@ fn info(dirs: &Dirs) -> Result<Response, AgentError> {
 
 fn ended_error(dirs: &Dirs) -> Result<(), AgentError> {
     match dirs.end() {
+        None if dirs.meta().join(store::ENDING).exists() => Err(error(
+            ErrorKind::BadRequest,
+            format!("sandbox {} is ending", dirs.id),
+        )),
         None => Ok(()),
         Some(end) => Err(error(
             ErrorKind::BadRequest,
@@ -374,6 +430,56 @@ pub fn delete(id: &str) -> Result<Response, AgentError> {
     info(&dirs)
 }
 
+/// The sandbox roots one connection's file requests opened, kept open for
+/// its life: a root keeps one name (`/proc/self/fd/N`, the directory
+/// checked, whatever is renamed or linked later) for the appliers and
+/// caches that key on it, as long as it is the same directory.
+#[derive(Default)]
+pub struct ConfinedRoots {
+    open: Mutex<std::collections::HashMap<PathBuf, std::os::fd::OwnedFd>>,
+    /// Replaced ones stay open, so their numbers never name another file
+    /// while an applier may still hold them.
+    retired: Mutex<Vec<std::os::fd::OwnedFd>>,
+}
+
+impl ConfinedRoots {
+    /// `raw` inside `scope`, as a root the file engine may open as given
+    /// (see [`Scope::open_root`]). None: it does not exist.
+    pub fn resolve(
+        &self,
+        scope: &Scope,
+        raw: &str,
+        create: bool,
+    ) -> Result<Option<String>, AgentError> {
+        use std::os::fd::AsRawFd;
+        let Some((path, fd)) = scope.open_root(raw, create)? else {
+            return Ok(None);
+        };
+        let identity = |fd: &std::os::fd::OwnedFd| {
+            let meta = fs::File::from(fd.try_clone().ok()?).metadata().ok()?;
+            use std::os::unix::fs::MetadataExt;
+            Some((meta.dev(), meta.ino()))
+        };
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let number = match open.get(&path) {
+            Some(old) if identity(old).is_some() && identity(old) == identity(&fd) => {
+                old.as_raw_fd()
+            }
+            _ => {
+                let number = fd.as_raw_fd();
+                if let Some(old) = open.insert(path, fd) {
+                    self.retired
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(old);
+                }
+                number
+            }
+        };
+        Ok(Some(format!("/proc/self/fd/{number}")))
+    }
+}
+
 /// A live sandbox, as a scoped request sees it.
 #[derive(Debug, Clone)]
 pub struct Scope {
@@ -406,8 +512,8 @@ impl Scope {
     /// Where a command starts: none or a relative path is in the work dir,
     /// `~` the sandbox's home; an absolute path is taken as the sandbox
     /// sees it.
-    pub fn cwd(&self, raw: Option<&str>) -> PathBuf {
-        match raw {
+    pub fn cwd(&self, raw: Option<&str>) -> Result<PathBuf, AgentError> {
+        let path = match raw {
             None | Some("") => self.dirs.work(),
             Some("~") => self.dirs.home(),
             Some(raw) => match raw.strip_prefix("~/") {
@@ -415,12 +521,45 @@ impl Scope {
                 None if Path::new(raw).is_absolute() => PathBuf::from(raw),
                 None => self.dirs.work().join(raw),
             },
+        };
+        // Taken lexically as the sandbox's path; `..` could leave it.
+        if path
+            .components()
+            .any(|c| c == std::path::Component::ParentDir)
+        {
+            return Err(error(
+                ErrorKind::BadRequest,
+                "cwd: `..` is not allowed in a sandbox",
+            ));
         }
+        Ok(path)
     }
 
-    /// A file request's root, confined to the sandbox ([`store::confine`]).
-    pub fn file_root(&self, raw: &str) -> Result<String, AgentError> {
-        store::confine(&self.dirs, raw).map(|p| p.to_string_lossy().into_owned())
+    /// Whether `raw` names a regular file of the sandbox (not a link).
+    pub fn is_plain_file(&self, raw: &str) -> bool {
+        store::confine(&self.dirs, raw)
+            .is_ok_and(|p| fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_file()))
+    }
+
+    /// A file request's root, opened inside the sandbox without following
+    /// a symlink ([`store::open_beneath`]), made when `create`: its path
+    /// and the descriptor naming it. None: it does not exist.
+    pub fn open_root(
+        &self,
+        raw: &str,
+        create: bool,
+    ) -> Result<Option<(PathBuf, std::os::fd::OwnedFd)>, AgentError> {
+        let path = store::confine(&self.dirs, raw)?;
+        let base = [self.dirs.work(), self.dirs.home(), self.dirs.tmp()]
+            .into_iter()
+            .find(|b| path.starts_with(b))
+            .ok_or_else(|| {
+                error(
+                    ErrorKind::BadRequest,
+                    format!("{raw:?} is outside the sandbox"),
+                )
+            })?;
+        Ok(store::open_beneath(&base, &path, create)?.map(|fd| (path, fd)))
     }
 
     /// Whether a path the sandbox sees is the same path on the host (not so
@@ -452,31 +591,39 @@ impl Scope {
             .arg(command)
             // The enter process itself starts where the host can see.
             .current_dir(self.dirs.work())
-            .env_clear();
+            .env_clear()
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .env(store::MARKER_VAR, &self.dirs.id);
+        // Everything the command gets travels under loader-inert names;
+        // later entries win, as `env` would have it.
+        let mut carried: Vec<(OsString, OsString)> = Vec::new();
         for name in [
             "PATH", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "USER", "LOGNAME", "TZ",
         ] {
             if let Some(value) = std::env::var_os(name) {
-                cmd.env(name, value);
+                carried.push((name.into(), value));
             }
-        }
-        if std::env::var_os("PATH").is_none() {
-            cmd.env("PATH", "/usr/local/bin:/usr/bin:/bin");
         }
         let tmp: OsString = if self.setup.isolation == Isolation::Bwrap {
             "/tmp".into()
         } else {
             self.dirs.tmp().into()
         };
-        cmd.env("HOME", self.dirs.home())
-            .env("TMPDIR", tmp)
-            .env("SHELL", shell)
-            .env(store::MARKER_VAR, &self.dirs.id);
+        carried.push(("HOME".into(), self.dirs.home().into()));
+        carried.push(("TMPDIR".into(), tmp));
+        carried.push(("SHELL".into(), shell.into()));
         if let Some(devices) = &self.setup.cuda_visible_devices {
-            cmd.env("CUDA_VISIBLE_DEVICES", devices);
+            carried.push(("CUDA_VISIBLE_DEVICES".into(), devices.into()));
         }
-        cmd.envs(self.spec.env.iter().map(|(k, v)| (k, v)));
-        cmd.envs(env.iter().map(|(k, v)| (k, v)));
+        for (k, v) in self.spec.env.iter().chain(env) {
+            carried.push((k.into(), v.into()));
+        }
+        for (i, (k, v)) in carried.into_iter().enumerate() {
+            let mut entry = k;
+            entry.push("=");
+            entry.push(v);
+            cmd.env(format!("{}{i}", store::CARRIED_VAR), entry);
+        }
         Ok(cmd)
     }
 }

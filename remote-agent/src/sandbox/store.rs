@@ -24,6 +24,16 @@ pub const KEEPER: &str = "keeper.json";
 pub const KEEPER_LOCK: &str = "keeper.lock";
 pub const DELETE: &str = "delete";
 pub const END: &str = "end.json";
+/// Written by the keeper, under [`LIFECYCLE_LOCK`], before it ends the
+/// sandbox: from then on nothing new starts in it and a renew is refused.
+pub const ENDING: &str = "ending";
+/// Serialises the keeper's decision to end with a renew.
+pub const LIFECYCLE_LOCK: &str = "lifecycle.lock";
+/// Environment variables of a command, carried to `enter` under names no
+/// dynamic loader reads (`OUTPOST_ENV_<n>=NAME=value`): `enter` itself runs
+/// on the host, so `LD_LIBRARY_PATH` and the like must reach only the
+/// command it becomes.
+pub const CARRIED_VAR: &str = "OUTPOST_ENV_";
 /// Why the keeper could not set the sandbox up.
 pub const SETUP_ERROR: &str = "setup-error";
 
@@ -188,6 +198,11 @@ impl Dirs {
         read_json(&self.meta().join(KEEPER))
     }
 
+    /// Ended, or being ended.
+    pub fn ending(&self) -> bool {
+        self.meta().join(ENDING).exists() || self.meta().join(END).exists()
+    }
+
     /// Unix milliseconds at which it expires.
     pub fn expires_ms(&self) -> Option<u64> {
         fs::read_to_string(self.meta().join(EXPIRES))
@@ -302,6 +317,81 @@ pub fn confine(dirs: &Dirs, raw: &str) -> Result<PathBuf, AgentError> {
     Ok(path)
 }
 
+/// Opens `path` (inside `base`, as [`confine`] gave it) one component at a
+/// time from `base` without following symlinks, making missing directories
+/// when `create`. None: it does not exist. The descriptor names the very
+/// directory checked, so a link swapped in afterwards redirects nothing.
+pub fn open_beneath(
+    base: &Path,
+    path: &Path,
+    create: bool,
+) -> Result<Option<std::os::fd::OwnedFd>, AgentError> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::ffi::OsStrExt;
+    let bad = |m: String| error(ErrorKind::BadRequest, m);
+    let rest = path
+        .strip_prefix(base)
+        .map_err(|_| bad(format!("{} is outside {}", path.display(), base.display())))?;
+    let flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    let c = |p: &[u8]| std::ffi::CString::new(p).map_err(|_| bad("a NUL byte in the path".into()));
+    let base_c = c(base.as_os_str().as_bytes())?;
+    // SAFETY: a valid path; the result is checked.
+    let fd = unsafe { libc::open(base_c.as_ptr(), flags) };
+    if fd < 0 {
+        return Err(error(
+            ErrorKind::Internal,
+            format!(
+                "cannot open {}: {}",
+                base.display(),
+                io::Error::last_os_error()
+            ),
+        ));
+    }
+    // SAFETY: a descriptor we own from here on.
+    let mut dir = unsafe { OwnedFd::from_raw_fd(fd) };
+    for comp in rest.components() {
+        let name = match comp {
+            Component::Normal(n) => c(n.as_bytes())?,
+            Component::CurDir => continue,
+            _ => return Err(bad(format!("{}: `..` is not allowed", path.display()))),
+        };
+        // SAFETY: plain syscalls on descriptors we own.
+        let mut next = unsafe { libc::openat(dir.as_raw_fd(), name.as_ptr(), flags) };
+        if next < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ENOENT) {
+            if !create {
+                return Ok(None);
+            }
+            // SAFETY: as above; EEXIST means someone made it meanwhile.
+            let made = unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), 0o755) };
+            if made < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST) {
+                return Err(error(
+                    ErrorKind::SpawnFailed,
+                    format!(
+                        "cannot create {}: {}",
+                        path.display(),
+                        io::Error::last_os_error()
+                    ),
+                ));
+            }
+            // SAFETY: as above.
+            next = unsafe { libc::openat(dir.as_raw_fd(), name.as_ptr(), flags) };
+        }
+        if next < 0 {
+            let e = io::Error::last_os_error();
+            return Err(bad(match e.raw_os_error() {
+                Some(libc::ELOOP) | Some(libc::ENOTDIR) => format!(
+                    "{} is not a directory in the sandbox (a symlink is not followed)",
+                    path.display()
+                ),
+                _ => format!("cannot open {}: {e}", path.display()),
+            }));
+        }
+        // SAFETY: a descriptor we own from here on.
+        dir = unsafe { OwnedFd::from_raw_fd(next) };
+    }
+    Ok(Some(dir))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -339,6 +429,20 @@ mod tests {
         ] {
             assert!(confine(&dirs, bad).is_err(), "{bad}");
         }
+        // Opened component by component: a link is never followed.
+        let work = dirs.work();
+        assert!(open_beneath(&work, &work.join("link"), false).is_err());
+        assert!(
+            open_beneath(&work, &work.join("new/deep"), false)
+                .unwrap()
+                .is_none()
+        );
+        assert!(
+            open_beneath(&work, &work.join("new/deep"), true)
+                .unwrap()
+                .is_some()
+        );
+        assert!(work.join("new/deep").is_dir());
         let _ = fs::remove_dir_all(&root);
     }
 }

@@ -23,8 +23,13 @@
 //!   (its timeout outlasts the client's budget) vs inline, and over
 //!   Streamable HTTP vs stdio.
 //!
-//! `outpost-bench sync`, `outpost-bench jobs` or `outpost-bench calls` runs
-//! only that part.
+//! * isolated sandboxes over the private sshd (unprivileged bubblewrap):
+//!   create_sandbox to the first exec_bash result, and exec_bash('true')
+//!   inside a bwrap sandbox (and a Landlock one) vs on the host itself, and
+//!   vs a new bwrap per command.
+//!
+//! `outpost-bench sync`, `outpost-bench jobs`, `outpost-bench calls` or
+//! `outpost-bench sandboxes` runs only that part.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -179,9 +184,147 @@ async fn main() {
     if only.is_none() || only.as_deref() == Some("calls") {
         long_calls().await;
     }
+    if only.is_none() || only.as_deref() == Some("sandboxes") {
+        sandboxes().await;
+    }
     if only.is_none() || only.as_deref() == Some("sync") {
         sync_vs_rsync();
     }
+}
+
+/// A tool's structured result (panics on a tool error: a benchmark of a
+/// failing call measures nothing).
+async fn tool(client: &Client, name: &'static str, args: serde_json::Value) -> serde_json::Value {
+    let result = client
+        .call_tool(
+            CallToolRequestParams::new(name).with_arguments(args.as_object().unwrap().clone()),
+        )
+        .await
+        .expect(name);
+    assert_ne!(result.is_error, Some(true), "{name}: {result:?}");
+    result.structured_content.expect("structured result")
+}
+
+/// exec_bash('true') `rounds` times in `sandbox`, median.
+async fn exec_true_in(client: &Client, sandbox: &str, command: &str, rounds: usize) -> Duration {
+    let mut times = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        let t = Instant::now();
+        let r = tool(
+            client,
+            "exec_bash",
+            json!({"command": command, "sandbox_name": sandbox, "timeout_s": 30}),
+        )
+        .await;
+        times.push(t.elapsed());
+        assert_eq!(r["exit_code"], 0, "{r}");
+    }
+    median(times)
+}
+
+async fn sandboxes() {
+    const CREATE_ROUNDS: usize = 10;
+    let sshd = Sshd::start();
+    let scratch = TempDir::new("bench-sandboxes");
+    let home = scratch.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let config = write_config(scratch.path(), "bench", &[&sshd]);
+    let client = mcp_client(&home, Some(&config)).await;
+    // Warm: connection, agent, daemon, the isolation probe.
+    exec_true_in(&client, "bench", "true", 5).await;
+    let made = tool(
+        &client,
+        "create_sandbox",
+        json!({"host": "bench", "isolation": "bwrap"}),
+    )
+    .await;
+    tool(
+        &client,
+        "delete_sandbox",
+        json!({"sandbox_name": made["sandbox_name"]}),
+    )
+    .await;
+
+    let mut create = Vec::new();
+    let mut first_exec = Vec::new();
+    for _ in 0..CREATE_ROUNDS {
+        let t = Instant::now();
+        let made = tool(
+            &client,
+            "create_sandbox",
+            json!({"host": "bench", "isolation": "bwrap", "network": false}),
+        )
+        .await;
+        create.push(t.elapsed());
+        let name = made["sandbox_name"].as_str().unwrap().to_string();
+        exec_true_in(&client, &name, "true", 1).await;
+        first_exec.push(t.elapsed());
+        tool(&client, "delete_sandbox", json!({"sandbox_name": name})).await;
+    }
+
+    let bwrap = tool(
+        &client,
+        "create_sandbox",
+        json!({"host": "bench", "isolation": "bwrap"}),
+    )
+    .await;
+    let landlock = tool(
+        &client,
+        "create_sandbox",
+        json!({"host": "bench", "isolation": "landlock"}),
+    )
+    .await;
+    let (bwrap, landlock) = (
+        bwrap["sandbox_name"].as_str().unwrap().to_string(),
+        landlock["sandbox_name"].as_str().unwrap().to_string(),
+    );
+    let per_command = "bwrap --unshare-user --unshare-pid --unshare-ipc --unshare-uts --die-with-parent \
+        --new-session --ro-bind / / --dev /dev --proc /proc --tmpfs /tmp -- true";
+    // Interleaved, so drift hits all alike.
+    let (mut host, mut inside, mut ll, mut fresh) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..EXEC_ROUNDS / 10 {
+        host.push(exec_true_in(&client, "bench", "true", 10).await);
+        inside.push(exec_true_in(&client, &bwrap, "true", 10).await);
+        ll.push(exec_true_in(&client, &landlock, "true", 10).await);
+        fresh.push(exec_true_in(&client, "bench", per_command, 10).await);
+    }
+    let (host, inside, ll, fresh) = (median(host), median(inside), median(ll), median(fresh));
+    for name in [&bwrap, &landlock] {
+        tool(&client, "delete_sandbox", json!({"sandbox_name": name})).await;
+    }
+    client.cancel().await.ok();
+
+    println!();
+    println!("isolated sandboxes over SSH (unprivileged bwrap), warm client");
+    println!(
+        "  create_sandbox (bwrap, no network)       median {}  p90 {}",
+        ms(median(create.clone())),
+        ms(pct(create, 0.9))
+    );
+    println!(
+        "  create → first exec_bash result          median {}  (E2B advertises ~150 ms for a cloud sandbox)",
+        ms(median(first_exec))
+    );
+    println!(
+        "  exec_bash('true') on the host            median {}",
+        ms(host)
+    );
+    println!(
+        "  exec_bash('true') in a bwrap sandbox     median {}  (+{})",
+        ms(inside),
+        ms(inside.saturating_sub(host))
+    );
+    println!(
+        "  exec_bash('true') in a landlock sandbox  median {}  (+{})",
+        ms(ll),
+        ms(ll.saturating_sub(host))
+    );
+    println!(
+        "  exec_bash(a new bwrap per command)       median {}  (+{})",
+        ms(fresh),
+        ms(fresh.saturating_sub(host))
+    );
 }
 
 /// exec_bash('true') on the local sandbox: with and without a progress token,
