@@ -141,6 +141,11 @@ impl Drop for Host {
     fn drop(&mut self) {
         let _ = self.gpu_user.kill();
         let _ = self.gpu_user.wait();
+        // A daemon or keeper a test started inherited this home.
+        let home = format!("HOME={}", self.home().display());
+        for pid in common::procs_with_env(&home) {
+            common::kill(pid, libc::SIGKILL);
+        }
     }
 }
 
@@ -632,4 +637,61 @@ fn a_table_others_could_tamper_with_is_refused() {
     } else {
         eprintln!("skipped the other-user cases: needs root and the user {OTHER_USER}");
     }
+}
+
+/// A sandbox's `gpus` are leased for its life (by its keeper, so they
+/// stay leased with no connection), given to its commands, and released
+/// when it ends; more than the host has is refused and makes nothing.
+#[test]
+fn a_sandbox_holds_its_gpus_for_its_life() {
+    use outpost_protocol::{ExecRequest, Isolation, SandboxSpec};
+    let host = Host::new("gpu-sandbox");
+    let mut agent = host.agent(fake_nvml());
+    let spec = |gpus| SandboxSpec {
+        ttl_ms: 120_000,
+        isolation: Isolation::None,
+        network: true,
+        gpus,
+        ..SandboxSpec::default()
+    };
+    match agent.call(1, Request::SandboxCreate(spec(3))) {
+        Response::Error(e) => assert!(e.message.contains("GPU"), "{}", e.message),
+        other => panic!("3 of 2 GPUs: {other:?}"),
+    }
+    assert!(host.lease_files().is_empty());
+    let info = match agent.call(2, Request::SandboxCreate(spec(1))) {
+        Response::Sandbox(info) => info,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(info.gpus.len(), 1, "{info:?}");
+    assert_eq!(host.lease_files().len(), 1);
+    let exec = ExecRequest {
+        command: "echo $CUDA_VISIBLE_DEVICES".into(),
+        cwd: None,
+        env: vec![],
+        stdin: None,
+        timeout_ms: Some(10_000),
+        output_limit: 1000,
+        stream: false,
+        progress_ms: None,
+    };
+    let inside = Request::InSandbox {
+        id: info.id.clone(),
+        request: Box::new(Request::Exec(exec)),
+    };
+    let Response::ExecDone(r) = agent.call(3, inside) else {
+        panic!("exec failed");
+    };
+    let visible = String::from_utf8_lossy(&r.stdout.head).trim().to_string();
+    assert!(visible == UUID0 || visible == UUID1, "{visible:?}");
+    // The lease outlives this connection: the keeper holds it.
+    agent.close_stdin();
+    agent.wait_exit(Duration::from_secs(5));
+    let mut agent = host.agent(fake_nvml());
+    assert_eq!(host.lease_files().len(), 1);
+    let Response::Sandbox(gone) = agent.call(4, Request::SandboxDelete { id: info.id }) else {
+        panic!("delete failed");
+    };
+    assert_eq!(gone.state, outpost_protocol::SandboxState::Deleted);
+    assert!(host.lease_files().is_empty(), "{:?}", host.lease_files());
 }
