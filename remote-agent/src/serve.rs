@@ -79,6 +79,7 @@ impl ServeOptions {
 /// exit code.
 pub fn run() -> i32 {
     widen_pipes();
+    raise_open_files();
     let workers = std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 4));
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers)
@@ -435,14 +436,25 @@ async fn answer(
     // A sandbox's file requests name paths inside it, opened there without
     // following a symlink; the engine gets the directory checked. Ok(false):
     // a root to read does not exist.
-    let root = |raw: &mut String, create: bool| -> Result<bool, AgentError> {
-        if let Some(scope) = &scope {
-            match shared.confined.resolve(scope, raw, create)? {
-                Some(opened) => *raw = opened,
-                None => return Ok(false),
+    // Ok(None): a root to read does not exist; the Some holds it open while
+    // the request runs. Messages name the root as it was asked for.
+    let root = |raw: &mut String,
+                write: bool|
+     -> Result<Option<Option<(sandbox::OpenedRoot, String)>>, AgentError> {
+        let Some(scope) = &scope else {
+            return Ok(Some(None));
+        };
+        match shared.confined.resolve(scope, raw, write, write)? {
+            Some(opened) => {
+                let asked = std::mem::replace(raw, opened.name.clone());
+                Ok(Some(Some((opened, asked))))
             }
+            None => Ok(None),
         }
-        Ok(true)
+    };
+    let unmask = |response: Response, held: &Option<(sandbox::OpenedRoot, String)>| match held {
+        Some((opened, asked)) => unmask_root(response, &opened.name, asked),
+        None => response,
     };
     let outbox = outbox.clone();
     match body {
@@ -491,8 +503,8 @@ async fn answer(
             blocking(move || leases::release(&lease_id).map(|()| Response::Released)).await
         }
         Request::Scan(mut req) => match root(&mut req.root, false) {
-            Ok(true) => files::scan(id, req, &outbox, cancel).await,
-            Ok(false) => Response::ScanDone(ScanSummary::default()),
+            Ok(Some(held)) => unmask(files::scan(id, req, &outbox, cancel).await, &held),
+            Ok(None) => Response::ScanDone(ScanSummary::default()),
             // What a scan says of a file given as its root (one file is
             // synced as its directory, limited to its name).
             Err(_) if scope.as_ref().is_some_and(|s| s.is_plain_file(&req.root)) => {
@@ -508,20 +520,29 @@ async fn answer(
             Err(e) => Response::Error(e),
         },
         Request::PutFiles(mut req) => match root(&mut req.root, true) {
-            Ok(_) => files::put_files(req, &shared.appliers).await,
+            Ok(held) => unmask(
+                files::put_files(req, &shared.appliers).await,
+                &held.flatten(),
+            ),
             Err(e) => Response::Error(e),
         },
         Request::PutPart(mut req) => match root(&mut req.root, true) {
-            Ok(_) => files::put_part(req, &shared.appliers).await,
+            Ok(held) => unmask(
+                files::put_part(req, &shared.appliers).await,
+                &held.flatten(),
+            ),
             Err(e) => Response::Error(e),
         },
         Request::ApplyMeta(mut req) => match root(&mut req.root, true) {
-            Ok(_) => files::apply_meta(req, &shared.appliers).await,
+            Ok(held) => unmask(
+                files::apply_meta(req, &shared.appliers).await,
+                &held.flatten(),
+            ),
             Err(e) => Response::Error(e),
         },
         Request::ReadFiles(mut req) => match root(&mut req.root, false) {
-            Ok(true) => files::read_files(id, req, &outbox, cancel).await,
-            Ok(false) => Response::ReadDone {
+            Ok(Some(held)) => unmask(files::read_files(id, req, &outbox, cancel).await, &held),
+            Ok(None) => Response::ReadDone {
                 problems: req
                     .reads
                     .into_iter()
@@ -534,7 +555,7 @@ async fn answer(
             Err(e) => Response::Error(e),
         },
         Request::Resume(mut req) => match root(&mut req.root, true) {
-            Ok(_) => files::resume(req, &shared.appliers).await,
+            Ok(held) => unmask(files::resume(req, &shared.appliers).await, &held.flatten()),
             Err(e) => Response::Error(e),
         },
         Request::JobStart(_)
@@ -568,6 +589,53 @@ async fn answer(
             after_seq,
             limit,
         } => job_request(move || jobs::events(name.as_deref(), after_seq, limit)).await,
+    }
+}
+
+/// Lifts the soft limit on open descriptors to the hard one (at most
+/// 65536): sandbox roots a connection writes stay open for its life.
+fn raise_open_files() {
+    // SAFETY: getrlimit/setrlimit with a valid struct.
+    unsafe {
+        let mut lim: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
+            let want = lim.rlim_max.min(65536);
+            if lim.rlim_cur < want {
+                lim.rlim_cur = want;
+                libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+            }
+        }
+    }
+}
+
+/// A sandbox's root is opened as `/proc/self/fd/N`; its messages name it as
+/// the caller did.
+fn unmask_root(response: Response, opened: &str, asked: &str) -> Response {
+    let fix = |m: String| m.replace(opened, asked);
+    match response {
+        Response::Error(mut e) => {
+            e.message = fix(e.message);
+            Response::Error(e)
+        }
+        Response::ScanDone(mut s) => {
+            for p in &mut s.problems {
+                p.message = fix(std::mem::take(&mut p.message));
+            }
+            Response::ScanDone(s)
+        }
+        Response::ReadDone { mut problems } => {
+            for p in &mut problems {
+                p.message = fix(std::mem::take(&mut p.message));
+            }
+            Response::ReadDone { problems }
+        }
+        Response::Applied(mut a) => {
+            for p in &mut a.problems {
+                p.message = fix(std::mem::take(&mut p.message));
+            }
+            Response::Applied(a)
+        }
+        other => other,
     }
 }
 

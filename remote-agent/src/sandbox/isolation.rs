@@ -35,7 +35,9 @@ pub struct Rungs {
 
 /// The one-line fix that would let this host reach the bwrap rung.
 pub fn bwrap_fix(why: &str) -> &'static str {
-    if why.contains("not installed") {
+    if why == AS_ROOT {
+        "connect as a regular user (isolation none still gives a workspace with limits)"
+    } else if why.contains("not installed") {
         "install bubblewrap (apt install bubblewrap / dnf install bubblewrap)"
     } else if why.contains("uid map")
         || why.contains("Permission denied")
@@ -49,11 +51,25 @@ pub fn bwrap_fix(why: &str) -> &'static str {
     }
 }
 
+/// Why no rung isolates commands of an agent running as root: they would
+/// still be uid 0, owner of root's files, whatever the namespaces or
+/// Landlock say.
+pub const AS_ROOT: &str = "the agent runs as root, so its commands could read root's files";
+
 pub fn rungs() -> &'static Rungs {
     static RUNGS: OnceLock<Rungs> = OnceLock::new();
-    RUNGS.get_or_init(|| Rungs {
-        bwrap: probe_bwrap(),
-        landlock: landlock_abi(),
+    RUNGS.get_or_init(|| {
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } == 0 {
+            return Rungs {
+                bwrap: Err(AS_ROOT.into()),
+                landlock: Err(AS_ROOT.into()),
+            };
+        }
+        Rungs {
+            bwrap: probe_bwrap(),
+            landlock: landlock_abi(),
+        }
     })
 }
 
@@ -137,8 +153,12 @@ fn landlock_abi() -> Result<u32, String> {
             LANDLOCK_CREATE_RULESET_VERSION,
         )
     };
-    if abi >= 1 {
+    if abi >= i64::from(LANDLOCK_SCOPE_ABI) {
         Ok(abi as u32)
+    } else if abi >= 1 {
+        Err(format!(
+            "Landlock ABI {abi} (Linux before 6.12) cannot stop a sandbox signalling this user's other processes, its keeper among them"
+        ))
     } else {
         let e = std::io::Error::last_os_error();
         Err(match e.raw_os_error() {
@@ -169,6 +189,10 @@ pub fn choose(asked: Isolation) -> Result<Isolation, String> {
         },
         Isolation::Landlock => match &rungs.landlock {
             Ok(_) => Ok(Isolation::Landlock),
+            Err(why) if why == AS_ROOT => Err(format!(
+                "isolation landlock: {why}; fix: {}",
+                bwrap_fix(why)
+            )),
             Err(why) => Err(format!("isolation landlock: {why}")),
         },
         Isolation::None => Ok(Isolation::None),
@@ -224,15 +248,43 @@ pub fn bwrap_args(
 /// wherever it is.
 pub fn hidden_paths() -> Vec<PathBuf> {
     let mut hidden: Vec<PathBuf> = Vec::new();
-    if let Some(home) = paths::home_dir().filter(|h| h.is_dir() && h != Path::new("/")) {
-        hidden.push(home);
+    let mut hide = |path: PathBuf| {
+        // As spelled and as resolved: /home may be a link to /data/home.
+        for p in [fs_canonical(&path), Some(path)].into_iter().flatten() {
+            if p != Path::new("/") && !hidden.iter().any(|h| p.starts_with(h)) {
+                hidden.retain(|h| !h.starts_with(&p));
+                hidden.push(p);
+            }
+        }
+    };
+    if let Some(home) = paths::home_dir().filter(|h| h.is_dir()) {
+        hide(home);
     }
-    if let Some(state) = paths::state_dir()
-        && !hidden.iter().any(|h| state.starts_with(h))
-    {
-        hidden.push(state);
+    if let Some(state) = paths::state_dir() {
+        hide(state);
     }
     hidden
+}
+
+/// What Landlock also keeps unreadable: the shared `/tmp` and the user's
+/// runtime dir hold credentials too (Kerberos tickets, keyrings, agent
+/// sockets). bwrap gives the sandbox its own of both.
+pub fn landlock_hidden(hidden: &[PathBuf]) -> Vec<PathBuf> {
+    let mut all = hidden.to_vec();
+    let runtime = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from);
+    for p in [Some(PathBuf::from("/tmp")), runtime].into_iter().flatten() {
+        for p in [fs_canonical(&p), Some(p)].into_iter().flatten() {
+            if !all.iter().any(|h| p.starts_with(h)) {
+                all.retain(|h| !h.starts_with(&p));
+                all.push(p);
+            }
+        }
+    }
+    all
+}
+
+fn fs_canonical(path: &Path) -> Option<PathBuf> {
+    std::fs::canonicalize(path).ok()
 }
 
 /// The namespaces of a running holder, opened before any is entered.
@@ -415,7 +467,7 @@ pub fn apply_landlock(dirs: &Dirs, network: bool, hidden: &[PathBuf]) -> Result<
     if hidden.is_empty() {
         return Err("landlock: no record of what to hide".into());
     }
-    for dir in readable_around(Path::new("/"), hidden) {
+    for dir in readable_around(Path::new("/"), &landlock_hidden(hidden)) {
         if let Ok(fd) = PathFd::new(&dir) {
             created = created.add_rule(PathBeneath::new(fd, read)).map_err(fail)?;
         }
@@ -464,7 +516,9 @@ fn readable_around(dir: &Path, hidden: &[PathBuf]) -> Vec<PathBuf> {
     let mut out = Vec::new();
     for entry in entries.flatten() {
         let path = entry.path();
-        if hidden.contains(&path) {
+        // A link is not granted: its target is granted (or not) where it
+        // really lies, and /home -> /data/home must not open the home.
+        if hidden.contains(&path) || entry.file_type().is_ok_and(|t| t.is_symlink()) {
             continue;
         }
         out.extend(readable_around(&path, hidden));
@@ -490,7 +544,14 @@ fn socket_filter(network: bool, unix: bool) -> Result<(), String> {
     };
     let mut families = Vec::new();
     if !network {
-        families.extend([libc::AF_INET, libc::AF_INET6]);
+        // The network's families, and those that reach the host or the
+        // wire past it (vsock to a hypervisor, raw packets).
+        families.extend([
+            libc::AF_INET,
+            libc::AF_INET6,
+            libc::AF_VSOCK,
+            libc::AF_PACKET,
+        ]);
     }
     if !unix {
         families.push(libc::AF_UNIX);

@@ -83,8 +83,17 @@ pub fn main(dir: &Path, adopt: bool) -> i32 {
         let old = dirs.setup().unwrap_or_default();
         kill_members(&dirs.id, &old);
         limits::remove(&old.cgroups);
-        if keeper.due().is_some() {
-            keeper.teardown(SandboxState::Expired, None);
+        // Due, or its keeper died ending it: end it, as what it was.
+        let was_ending = dirs.meta().join(store::ENDING).exists();
+        if let Some(state) = keeper.due() {
+            keeper.teardown(state, None);
+            return 0;
+        }
+        if was_ending {
+            keeper.teardown(
+                SandboxState::Failed,
+                Some("its keeper ended while ending it".into()),
+            );
             return 0;
         }
     }
@@ -221,11 +230,7 @@ impl Keeper {
                             .into(),
                     );
                 }
-                if abi < isolation::LANDLOCK_SCOPE_ABI {
-                    notes.push(
-                        "its processes can signal this user's others (Landlock ABI < 6)".into(),
-                    );
-                }
+
                 if spec.gpus > 0 {
                     notes.push("GPUs are assigned, not fenced".into());
                 }

@@ -137,7 +137,25 @@ pub fn create_in_daemon(spec: SandboxSpec) -> Result<SandboxInfo, AgentError> {
     let root = store::root()?;
     validate(&spec, &root)?;
     isolation::choose(spec.isolation).map_err(|m| error(ErrorKind::Unavailable, m))?;
-    let _creating = CREATING.lock().unwrap_or_else(|p| p.into_inner());
+    // Bounded: with the setup wait, well within what the caller waits.
+    let _creating = {
+        let deadline = Instant::now() + SETUP_WAIT;
+        loop {
+            match CREATING.try_lock() {
+                Ok(guard) => break guard,
+                Err(std::sync::TryLockError::Poisoned(p)) => break p.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    return Err(error(
+                        ErrorKind::Unavailable,
+                        "other sandboxes are being created on this host; try again",
+                    ));
+                }
+            }
+        }
+    };
     prune(&root);
     let live = store::all(&root)
         .iter()
@@ -301,7 +319,25 @@ pub fn supervise() -> bool {
             continue;
         }
         any = true;
-        let keeper_alive = dirs.keeper().is_some_and(|k| k.alive());
+        let keeper = dirs.keeper().filter(|k| k.alive());
+        // A stopped keeper (SIGSTOP) enforces nothing: replace it.
+        if let Some(k) = &keeper
+            && crate::proctree::state_and_start(k.pid)
+                .is_some_and(|(s, _)| matches!(s, b'T' | b't'))
+        {
+            // SAFETY: plain syscall on the process recorded as the keeper.
+            unsafe { libc::kill(k.pid, libc::SIGKILL) };
+            eprintln!(
+                "outpost-agent daemon: sandbox {}'s keeper was stopped; replacing it",
+                dirs.id
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let keeper_alive = dirs.keeper().is_some_and(|k| {
+            k.alive()
+                && !crate::proctree::state_and_start(k.pid)
+                    .is_some_and(|(s, _)| matches!(s, b'T' | b't'))
+        });
         let set_up = dirs.meta().join(store::SETUP).is_file();
         // A dir still being made has no setup and a keeper on its way; one
         // whose keeper died before setting it up is ended.
@@ -362,6 +398,12 @@ pub fn renew(id: &str, ttl_ms: u64) -> Result<Response, AgentError> {
     // that decision (and counts) or finds the sandbox ending.
     let lock = lifecycle_lock(&dirs)?;
     ended_error(&dirs)?;
+    if dirs.meta().join(store::DELETE).exists() {
+        return Err(error(
+            ErrorKind::BadRequest,
+            format!("sandbox {id} is being deleted"),
+        ));
+    }
     dirs.set_expires_ms(now_ms() + ttl_ms)
         .map_err(|e| error(ErrorKind::Internal, format!("cannot renew {id}: {e}")))?;
     drop(lock);
@@ -442,19 +484,36 @@ pub struct ConfinedRoots {
     retired: Mutex<Vec<std::os::fd::OwnedFd>>,
 }
 
+/// A root opened for one request: its name for the file engine, and the
+/// descriptor behind that name when it lives only as long as the request.
+pub struct OpenedRoot {
+    pub name: String,
+    _held: Option<std::os::fd::OwnedFd>,
+}
+
 impl ConfinedRoots {
     /// `raw` inside `scope`, as a root the file engine may open as given
-    /// (see [`Scope::open_root`]). None: it does not exist.
+    /// (see [`Scope::open_root`]). None: it does not exist. A root a
+    /// request only reads is held for that request alone (reads of many
+    /// files would otherwise keep a descriptor per directory); one that is
+    /// written keeps its name for the connection, for its applier.
     pub fn resolve(
         &self,
         scope: &Scope,
         raw: &str,
         create: bool,
-    ) -> Result<Option<String>, AgentError> {
+        written: bool,
+    ) -> Result<Option<OpenedRoot>, AgentError> {
         use std::os::fd::AsRawFd;
         let Some((path, fd)) = scope.open_root(raw, create)? else {
             return Ok(None);
         };
+        if !written {
+            return Ok(Some(OpenedRoot {
+                name: format!("/proc/self/fd/{}", fd.as_raw_fd()),
+                _held: Some(fd),
+            }));
+        }
         let identity = |fd: &std::os::fd::OwnedFd| {
             let meta = fs::File::from(fd.try_clone().ok()?).metadata().ok()?;
             use std::os::unix::fs::MetadataExt;
@@ -476,7 +535,10 @@ impl ConfinedRoots {
                 number
             }
         };
-        Ok(Some(format!("/proc/self/fd/{number}")))
+        Ok(Some(OpenedRoot {
+            name: format!("/proc/self/fd/{number}"),
+            _held: None,
+        }))
     }
 }
 
@@ -535,10 +597,34 @@ impl Scope {
         Ok(path)
     }
 
-    /// Whether `raw` names a regular file of the sandbox (not a link).
+    /// Whether `raw` names a regular file of the sandbox: its directory
+    /// opened as a root is, the file itself is no link.
     pub fn is_plain_file(&self, raw: &str) -> bool {
-        store::confine(&self.dirs, raw)
-            .is_ok_and(|p| fs::symlink_metadata(p).is_ok_and(|m| m.file_type().is_file()))
+        use std::os::fd::AsRawFd;
+        use std::os::unix::ffi::OsStrExt;
+        let Ok(path) = store::confine(&self.dirs, raw) else {
+            return false;
+        };
+        let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+            return false;
+        };
+        let Ok(Some((_, dir))) = self.open_root(&parent.to_string_lossy(), false) else {
+            return false;
+        };
+        let Ok(name) = std::ffi::CString::new(name.as_bytes()) else {
+            return false;
+        };
+        // SAFETY: fstatat fills the zeroed struct; `dir` is open.
+        unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            libc::fstatat(
+                dir.as_raw_fd(),
+                name.as_ptr(),
+                &mut st,
+                libc::AT_SYMLINK_NOFOLLOW,
+            ) == 0
+                && st.st_mode & libc::S_IFMT == libc::S_IFREG
+        }
     }
 
     /// A file request's root, opened inside the sandbox without following
@@ -612,11 +698,12 @@ impl Scope {
         carried.push(("HOME".into(), self.dirs.home().into()));
         carried.push(("TMPDIR".into(), tmp));
         carried.push(("SHELL".into(), shell.into()));
-        if let Some(devices) = &self.setup.cuda_visible_devices {
-            carried.push(("CUDA_VISIBLE_DEVICES".into(), devices.into()));
-        }
         for (k, v) in self.spec.env.iter().chain(env) {
             carried.push((k.into(), v.into()));
+        }
+        // Last: the leased GPUs are the ones it gets, whatever it asked.
+        if let Some(devices) = &self.setup.cuda_visible_devices {
+            carried.push(("CUDA_VISIBLE_DEVICES".into(), devices.into()));
         }
         for (i, (k, v)) in carried.into_iter().enumerate() {
             let mut entry = k;
