@@ -231,11 +231,11 @@ async fn sandboxes() {
     let config = write_config(scratch.path(), "bench", &[&sshd]);
     let client = mcp_client(&home, Some(&config)).await;
     // Warm: connection, agent, daemon, the isolation probe.
-    exec_true_in(&client, "bench", "true", 5).await;
+    exec_true_in(&client, "bench0", "true", 5).await;
     let made = tool(
         &client,
         "create_sandbox",
-        json!({"host": "bench", "isolation": "bwrap"}),
+        json!({"host": "bench0", "isolation": "bwrap"}),
     )
     .await;
     tool(
@@ -252,7 +252,7 @@ async fn sandboxes() {
         let made = tool(
             &client,
             "create_sandbox",
-            json!({"host": "bench", "isolation": "bwrap", "network": false}),
+            json!({"host": "bench0", "isolation": "bwrap", "network": false}),
         )
         .await;
         create.push(t.elapsed());
@@ -265,13 +265,13 @@ async fn sandboxes() {
     let bwrap = tool(
         &client,
         "create_sandbox",
-        json!({"host": "bench", "isolation": "bwrap"}),
+        json!({"host": "bench0", "isolation": "bwrap"}),
     )
     .await;
     let landlock = tool(
         &client,
         "create_sandbox",
-        json!({"host": "bench", "isolation": "landlock"}),
+        json!({"host": "bench0", "isolation": "landlock"}),
     )
     .await;
     let (bwrap, landlock) = (
@@ -284,10 +284,10 @@ async fn sandboxes() {
     let (mut host, mut inside, mut ll, mut fresh) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for _ in 0..EXEC_ROUNDS / 10 {
-        host.push(exec_true_in(&client, "bench", "true", 10).await);
+        host.push(exec_true_in(&client, "bench0", "true", 10).await);
         inside.push(exec_true_in(&client, &bwrap, "true", 10).await);
         ll.push(exec_true_in(&client, &landlock, "true", 10).await);
-        fresh.push(exec_true_in(&client, "bench", per_command, 10).await);
+        fresh.push(exec_true_in(&client, "bench0", per_command, 10).await);
     }
     let (host, inside, ll, fresh) = (median(host), median(inside), median(ll), median(fresh));
     for name in [&bwrap, &landlock] {
