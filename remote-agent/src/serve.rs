@@ -486,7 +486,10 @@ async fn answer(
                 "sandboxes need the outpost-agent executable; this agent runs inside another program",
             )
         }
-        Request::SandboxCreate(spec) => sandbox::create(spec).await,
+        // The daemon creates it (and starts its keeper).
+        Request::SandboxCreate(spec) => {
+            jobs::client::ask_daemon(Request::SandboxCreate(spec), sandbox::CREATE_WAIT).await
+        }
         Request::SandboxList => blocking(sandbox::list).await,
         Request::SandboxRenew { id, ttl_ms } => blocking(move || sandbox::renew(&id, ttl_ms)).await,
         Request::SandboxDelete { id } => blocking(move || sandbox::delete(&id)).await,

@@ -648,6 +648,17 @@ pub fn pids_with_cmdline(needle: &str) -> Vec<i32> {
         .collect()
 }
 
+/// Processes whose environment holds exactly `entry` (`NAME=value`).
+pub fn pids_with_env(entry: &str) -> Vec<i32> {
+    proc_pids()
+        .into_iter()
+        .filter(|pid| {
+            fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|env| env.split(|&b| b == 0).any(|e| e == entry.as_bytes()))
+        })
+        .collect()
+}
+
 /// Sends SIGCONT to each pid (undoes [`Sshd::stop_connections`]).
 pub fn continue_pids(pids: &[i32]) {
     signal_all(pids, libc::SIGCONT);

@@ -7,6 +7,7 @@
 mod common;
 
 use common::mcp_client::{call, start};
+use outpost_e2e::pids_with_env as procs_with_env;
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -303,18 +304,6 @@ async fn mcp_isolated_sandbox_lifecycle() {
     let r = closed.structured_content.expect("a structured result");
     assert_eq!(r["state"], "deleted", "{r}");
     client.cancel().await.unwrap();
-}
-
-/// Processes of this machine whose environment holds `entry`.
-fn procs_with_env(entry: &str) -> Vec<i32> {
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ"))
-                .is_ok_and(|env| env.split(|&b| b == 0).any(|e| e == entry.as_bytes()))
-        })
-        .collect()
 }
 
 fn bwrap_usable() -> bool {

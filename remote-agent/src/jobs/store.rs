@@ -91,13 +91,18 @@ pub fn now_unix() -> u64 {
 
 /// `<state>/jobs`, created (0700) if missing.
 pub fn root() -> Result<PathBuf, AgentError> {
+    state_subdir("jobs")
+}
+
+/// `<state>/<name>`, created (0700) if missing.
+pub fn state_subdir(name: &str) -> Result<PathBuf, AgentError> {
     let state = paths::state_dir().ok_or_else(|| {
         error(
             ErrorKind::Internal,
             "no state directory ($HOME unset and no passwd entry)",
         )
     })?;
-    let root = state.join("jobs");
+    let root = state.join(name);
     make_dir_all(&root).map_err(|e| internal(format!("cannot create {}", root.display()), e))?;
     Ok(root)
 }

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use outpost_protocol::limits::{MAX_SANDBOX_TTL_MS, MIN_SANDBOX_TTL_MS};
 use outpost_protocol::{
-    AgentError, ErrorKind, Isolation, Request, Response, SandboxInfo, SandboxSpec, SandboxState,
+    AgentError, ErrorKind, Isolation, Response, SandboxInfo, SandboxSpec, SandboxState,
 };
 
 use crate::jobs::store::{make_dir_all, now_unix, write_json};
@@ -52,13 +52,10 @@ fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// `SandboxCreate` from `serve`: the daemon creates it.
-pub async fn create(spec: SandboxSpec) -> Response {
-    // Long enough for one create queued behind another, each taking up
-    // to its setup wait: the caller learns the name of what it made.
-    let wait = SETUP_WAIT * 2 + Duration::from_secs(10);
-    crate::jobs::client::ask_daemon(Request::SandboxCreate(spec), wait).await
-}
+/// How long `serve` waits for the daemon to answer a `SandboxCreate`:
+/// long enough for one create queued behind another, each taking up to
+/// its setup wait, so the caller learns the name of what it made.
+pub const CREATE_WAIT: Duration = Duration::from_secs(2 * SETUP_WAIT.as_secs() + 10);
 
 fn validate(spec: &SandboxSpec, root: &Path) -> Result<(), AgentError> {
     let bad = |m: String| error(ErrorKind::BadRequest, m);

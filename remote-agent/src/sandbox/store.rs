@@ -100,20 +100,7 @@ pub fn root_path() -> Option<PathBuf> {
 
 /// `<state>/sandboxes`, created (0700) if missing.
 pub fn root() -> Result<PathBuf, AgentError> {
-    let state = paths::state_dir().ok_or_else(|| {
-        error(
-            ErrorKind::Internal,
-            "no state directory ($HOME unset and no passwd entry)",
-        )
-    })?;
-    let root = state.join("sandboxes");
-    job_store::make_dir_all(&root).map_err(|e| {
-        error(
-            ErrorKind::Internal,
-            format!("cannot create {}: {e}", root.display()),
-        )
-    })?;
-    Ok(root)
+    job_store::state_subdir("sandboxes")
 }
 
 /// Whether `id` may name a sandbox: `[a-z0-9][a-z0-9-]{0,31}`.
