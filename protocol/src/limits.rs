@@ -27,3 +27,14 @@ pub const MIN_PROGRESS_MS: u32 = 100;
 /// Shortest and longest TTL of a sandbox.
 pub const MIN_SANDBOX_TTL_MS: u64 = 1000;
 pub const MAX_SANDBOX_TTL_MS: u64 = 7 * 24 * 3600 * 1000;
+
+/// Largest per-stream output a code run's result may carry (head + tail), so
+/// that both streams and [`MAX_CODE_RESULTS_LEN`] fit one frame.
+pub const MAX_CODE_OUTPUT_LIMIT: u64 = 1024 * 1024;
+
+/// Most bytes of displayed values (images in base64 included) one code run
+/// returns; later values are replaced by a note.
+pub const MAX_CODE_RESULTS_LEN: usize = 4 * 1024 * 1024;
+
+/// Longest code context name.
+pub const MAX_CODE_CONTEXT_LEN: usize = 64;

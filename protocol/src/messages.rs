@@ -128,6 +128,131 @@ pub enum Request {
     /// isolation, file roots are confined to its directories (relative
     /// roots are its work dir). Answered as `request` is.
     InSandbox { id: String, request: Box<Request> },
+    /// Run code in an interpreter of this host or sandbox that keeps its
+    /// state between runs (a context, made on first use and held by the job
+    /// daemon, so it outlives this connection). Answered by `CodeRan`.
+    CodeRun(CodeRun),
+    /// This host's or sandbox's code contexts. Answered by `CodeContexts`.
+    CodeContexts,
+    /// Interrupt, restart or remove a context. Answered by `CodeContexts`.
+    CodeControl { context: String, action: CodeAction },
+    /// Install Python packages into this host's or sandbox's virtual
+    /// environment (made on first use; `uv` when the host has it, else
+    /// pip), where the next `CodeRun` finds them. Answered like `Exec`
+    /// (`ExecProgress` when `progress_ms`, then `ExecDone`).
+    CodeInstall(CodeInstall),
+}
+
+/// Languages a code context speaks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum CodeLanguage {
+    /// A Python interpreter (the host's `python3`): the last expression's
+    /// value comes back as a result, open matplotlib figures as PNGs.
+    #[default]
+    Python,
+    /// A bash shell: `cd` and variables stick between runs.
+    Bash,
+}
+
+impl CodeLanguage {
+    pub fn name(self) -> &'static str {
+        match self {
+            CodeLanguage::Python => "python",
+            CodeLanguage::Bash => "bash",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CodeRun {
+    /// `[A-Za-z0-9._-]`, at most 64 bytes. One name, one language.
+    pub context: String,
+    pub language: CodeLanguage,
+    /// Empty: wait for the result of the context's last run, which outlived
+    /// the `wait_ms` of the call that started it.
+    pub code: String,
+    /// For this run only (Python); exported in the shell (bash).
+    pub env: Vec<(String, String)>,
+    /// After this long the run is interrupted (SIGINT; state kept), and
+    /// after a grace the interpreter is restarted. 0: no limit.
+    pub timeout_ms: u64,
+    /// Answer after this long even if the run goes on (`running`); a later
+    /// run with empty code collects it. 0: when the run ends.
+    pub wait_ms: u64,
+    /// Bytes kept per stream (half head, half tail), clamped to
+    /// [`crate::limits::MAX_CODE_OUTPUT_LIMIT`].
+    pub output_limit: u64,
+}
+
+/// How a run went, shaped like E2B's `Execution`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CodeExecution {
+    /// Displayed values: `display()` calls and figures in order, then the
+    /// last expression's value (`is_main_result`).
+    pub results: Vec<CodeResult>,
+    pub stdout: CapturedOutput,
+    pub stderr: CapturedOutput,
+    pub error: Option<CodeError>,
+    /// Runs of this context so far, this one included (1 after a restart).
+    pub execution_count: u32,
+    pub duration_ms: u64,
+    /// Still running after `wait_ms`; everything else is empty.
+    pub running: bool,
+    /// Interrupted at its timeout (`error` is the `KeyboardInterrupt`).
+    pub timed_out: bool,
+    /// The interpreter was restarted (it died, or ignored the interrupt);
+    /// its state is gone. Says why.
+    pub restarted: Option<String>,
+}
+
+/// One displayed value as a MIME bundle: `text/plain`, `text/html`,
+/// `image/png` (base64), `image/svg+xml`, `application/json`, …
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CodeResult {
+    pub data: Vec<(String, String)>,
+    pub is_main_result: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CodeError {
+    /// The exception's class, e.g. `ZeroDivisionError`.
+    pub name: String,
+    pub value: String,
+    pub traceback: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CodeContextInfo {
+    pub name: String,
+    pub language: CodeLanguage,
+    /// `idle`, `running`, or `stopped` (no interpreter until the next run).
+    pub state: String,
+    pub execution_count: u32,
+    pub pid: Option<i32>,
+    /// Resident memory of the interpreter and its children.
+    pub rss_bytes: u64,
+    /// Milliseconds since the Unix epoch.
+    pub last_used_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CodeAction {
+    /// SIGINT to the running code (`KeyboardInterrupt`); state kept.
+    Interrupt,
+    /// A fresh interpreter on the next run; state gone.
+    Restart,
+    /// End the interpreter and forget the context.
+    Remove,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CodeInstall {
+    /// Requirement specifiers (`numpy`, `pandas==2.2`, `torch>=2`); none may
+    /// start with `-`.
+    pub packages: Vec<String>,
+    pub timeout_ms: Option<u64>,
+    pub output_limit: u64,
+    pub progress_ms: Option<u32>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -711,6 +836,10 @@ pub enum Response {
     Sandbox(SandboxInfo),
     /// Answer to `SandboxList`, newest first.
     Sandboxes(Vec<SandboxInfo>),
+    /// Answer to `CodeRun`.
+    CodeRan(CodeExecution),
+    /// Answer to `CodeContexts` and `CodeControl`.
+    CodeContexts(Vec<CodeContextInfo>),
 }
 
 impl Response {

@@ -167,7 +167,7 @@ pub fn child_setup() -> io::Result<()> {
 /// A token naming one exec's process tree. It must be unique among the
 /// processes on the host, not secret: agent pid + per-agent counter + clock.
 /// (No getrandom: the portable build links against glibc 2.17, which lacks it.)
-fn new_token() -> String {
+pub fn new_token() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let nanos = std::time::SystemTime::now()

@@ -19,6 +19,7 @@
 
 mod capture;
 mod cleanup;
+mod code;
 mod diagnose;
 mod exec;
 mod files;

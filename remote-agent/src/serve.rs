@@ -29,7 +29,7 @@ use tokio::task::JoinSet;
 use crate::files::Appliers;
 use crate::metrics::Monitor;
 use crate::outbox::{self, Outbox};
-use crate::{cleanup, exec, files, gpu, guard, identity, jobs, leases, sandbox};
+use crate::{cleanup, code, exec, files, gpu, guard, identity, jobs, leases, sandbox};
 
 /// How long shutdown waits for cancelled commands to report.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(2);
@@ -351,7 +351,7 @@ fn parse(payload: &[u8]) -> Result<Inbound, ProtocolError> {
 
 /// Variants of [`Request`] and [`ClientMessage`] this agent knows (a test
 /// checks it against the last variant).
-const KNOWN_REQUESTS: u64 = 24;
+const KNOWN_REQUESTS: u64 = 28;
 const KNOWN_CLIENT_MESSAGES: u64 = 2;
 
 fn read_varint(data: &mut &[u8]) -> Option<u64> {
@@ -573,6 +573,15 @@ async fn answer(
         {
             no_jobs()
         }
+        Request::CodeRun(_) | Request::CodeContexts | Request::CodeControl { .. }
+            if !shared.options.own_process =>
+        {
+            no_jobs()
+        }
+        request @ (Request::CodeRun(_) | Request::CodeContexts | Request::CodeControl { .. }) => {
+            code::forward(request, scope.as_ref(), cancel).await
+        }
+        Request::CodeInstall(req) => code::install(id, req, &outbox, cancel, scope).await,
         Request::JobStart(mut spec) => {
             if let Some(scope) = &scope {
                 spec.sandbox = Some(scope.dirs.id.clone());
@@ -709,13 +718,10 @@ mod tests {
 
     #[test]
     fn the_last_request_variant_is_known() {
-        // Request { id: 1, body: InSandbox { .. } }, the last variant.
+        // Request { id: 1, body: CodeInstall { .. } }, the last variant.
         let payload = postcard_payload(&ClientMessage::Request {
             id: 1,
-            body: Request::InSandbox {
-                id: "s".into(),
-                request: Box::new(Request::Ping),
-            },
+            body: Request::CodeInstall(outpost_protocol::CodeInstall::default()),
         });
         assert_eq!(u64::from(payload[2]), KNOWN_REQUESTS - 1);
         assert!(matches!(parse(&payload), Ok(Inbound::Message(_))));

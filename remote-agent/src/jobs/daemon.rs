@@ -37,7 +37,7 @@ use tokio::net::{UnixListener, UnixStream};
 
 use super::store::{self, ProcId, Record, ResumeRecord, Snapshot, error};
 use crate::sandbox::{self, Scope};
-use crate::{flock, paths, proctree};
+use crate::{code, flock, paths, proctree};
 
 /// How long an idle daemon stays.
 const IDLE_EXIT: Duration = Duration::from_secs(600);
@@ -404,6 +404,8 @@ struct Daemon {
     last_activity: Mutex<Instant>,
     /// Whether a sandbox was live at the last check: its keeper is watched.
     sandboxes: AtomicBool,
+    /// Code contexts: their interpreters live as long as this daemon.
+    contexts: Arc<code::contexts::Contexts>,
 }
 
 impl Daemon {
@@ -415,6 +417,7 @@ impl Daemon {
             clients: AtomicUsize::new(0),
             last_activity: Mutex::new(Instant::now()),
             sandboxes: AtomicBool::new(false),
+            contexts: Arc::default(),
         }
     }
 
@@ -431,7 +434,7 @@ impl Daemon {
     }
 
     fn busy(&self) -> bool {
-        !self.watched().is_empty() || !self.pending().is_empty()
+        !self.watched().is_empty() || !self.pending().is_empty() || !self.contexts.is_empty()
     }
 
     async fn serve(self: Arc<Self>, listener: UnixListener, socket: &Path, state: &Path) {
@@ -468,6 +471,9 @@ impl Daemon {
                 _ = int.recv() => break,
             }
         }
+        // No interpreter outlives the daemon that holds its context.
+        let contexts = Arc::clone(&self.contexts);
+        let _ = tokio::task::spawn_blocking(move || contexts.shutdown()).await;
         // Stop being findable first, then answer whoever connected in the
         // meantime, so no request is dropped unanswered.
         let _ = fs::remove_file(socket);
@@ -556,15 +562,36 @@ impl Daemon {
                         }
                     }
                     Request::Ping => Response::Pong,
-                    _ => Response::Error(error(
-                        ErrorKind::Unsupported,
-                        "the job daemon only starts jobs and sandboxes",
-                    )),
+                    Request::InSandbox {
+                        id: sandbox,
+                        request,
+                    } => self.code(Some(sandbox), *request).await,
+                    request => self.code(None, request).await,
                 };
                 let frame =
                     encode_frame(&AgentMessage::Response { id, body }).map_err(io::Error::other)?;
                 stream.write_all(&frame).await?;
             }
+        }
+    }
+
+    /// A code context request, in `sandbox` (None: the host).
+    async fn code(&self, sandbox: Option<String>, request: Request) -> Response {
+        match request {
+            Request::CodeRun(run) => self.contexts.run(sandbox, run).await,
+            // Both look through /proc (sizes, trees to end): off the runtime.
+            Request::CodeContexts => {
+                let contexts = Arc::clone(&self.contexts);
+                blocking(move || contexts.list(sandbox.as_deref())).await
+            }
+            Request::CodeControl { context, action } => {
+                let contexts = Arc::clone(&self.contexts);
+                blocking(move || contexts.control(sandbox, &context, action)).await
+            }
+            _ => Response::Error(error(
+                ErrorKind::Unsupported,
+                "the job daemon only starts jobs, sandboxes and code contexts",
+            )),
         }
     }
 
@@ -601,6 +628,7 @@ impl Daemon {
     /// One look at every watched job and live sandbox.
     fn check(&self) {
         self.sandboxes.store(sandbox::supervise(), Ordering::SeqCst);
+        self.contexts.prune();
         let jobs: Vec<(String, Watched)> = self
             .watched()
             .iter()
@@ -1092,4 +1120,10 @@ pub fn needed(root: &Path) -> bool {
             JobState::Lost => !snap.dir.join(store::LOST_REPORTED).exists() || resumable(&snap),
             JobState::Exited | JobState::Cancelled => false,
         })
+}
+
+async fn blocking(f: impl FnOnce() -> Response + Send + 'static) -> Response {
+    tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or_else(|_| Response::Error(error(ErrorKind::Internal, "worker panicked")))
 }

@@ -19,7 +19,7 @@
 pub mod enter;
 pub mod isolation;
 pub mod keeper;
-mod limits;
+pub mod limits;
 pub mod store;
 
 use std::ffi::OsString;
@@ -428,6 +428,11 @@ fn info(dirs: &Dirs) -> Result<Response, AgentError> {
     })
 }
 
+/// Whether sandbox `id` is gone or ending (its code contexts with it).
+pub fn has_ended(id: &str) -> bool {
+    Dirs::find(id).map_or(true, |dirs| ended_error(&dirs).is_err())
+}
+
 fn ended_error(dirs: &Dirs) -> Result<(), AgentError> {
     match dirs.end() {
         None if dirs.meta().join(store::ENDING).exists() => Err(error(
@@ -664,14 +669,30 @@ impl Scope {
         cwd: &Path,
         env: &[(String, String)],
     ) -> Result<Command, String> {
+        let shell = shell.to_string_lossy();
+        self.program(&shell, &["-c", command], cwd, env)
+    }
+
+    /// Whether its commands may reach the network.
+    pub fn has_network(&self) -> bool {
+        self.spec.network
+    }
+
+    /// `program args…` inside the sandbox, as [`Scope::command`] has it.
+    pub fn program(
+        &self,
+        program: &str,
+        args: &[&str],
+        cwd: &Path,
+        env: &[(String, String)],
+    ) -> Result<Command, String> {
         let mut cmd = Command::new(agent_exe()?);
         cmd.arg("enter")
             .arg(&self.dirs.dir)
             .arg(cwd)
             .arg("--")
-            .arg(shell)
-            .arg("-c")
-            .arg(command)
+            .arg(program)
+            .args(args)
             // The enter process itself starts where the host can see.
             .current_dir(self.dirs.work())
             .env_clear()
@@ -694,7 +715,7 @@ impl Scope {
         };
         carried.push(("HOME".into(), self.dirs.home().into()));
         carried.push(("TMPDIR".into(), tmp));
-        carried.push(("SHELL".into(), shell.into()));
+        carried.push(("SHELL".into(), crate::paths::shell().into()));
         for (k, v) in self.spec.env.iter().chain(env) {
             carried.push((k.into(), v.into()));
         }
