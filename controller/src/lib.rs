@@ -11,8 +11,8 @@
 //! * [`mcp`]: the MCP server: one module per area of tools, resources,
 //!   prompts; every message answered ([`mcp::linelimit`]).
 //! * [`ops`]: what a tool or a command does, written once for both front
-//!   ends: exec, jobs and their events, files and transfers, local paths,
-//!   the audit log.
+//!   ends: exec, jobs and their events, code contexts, files and
+//!   transfers, local paths, the audit log.
 //! * [`sync`]: tree sync in both directions, remote file reads and writes.
 //! * [`fleet`]: the sandboxes, the active one, concurrent queries, placement.
 //! * [`resources`]: host metrics as clients see them, idle score, requirements.
@@ -26,7 +26,8 @@
 //!   TOML file and `~/.ssh/config`; the zero-config `local` sandbox. Plain
 //!   data: it imports nothing from this crate.
 //! * [`policy`]: which commands may run where (deny, allow, confirm rules from
-//!   the config file), for the MCP exec tools and `outpost exec`.
+//!   the config file), for the MCP exec and code tools, `outpost exec` and
+//!   `outpost code`.
 
 pub mod config;
 pub mod fleet;

@@ -5,7 +5,10 @@
 //! sandbox, added to the global rules); never from a tool call. Both front ends
 //! ask the same [`Policy`]: the MCP exec tools (`exec_bash`, each sandbox of a
 //! fan-out, `exec_bash_background`'s command, resume and checkpoint commands)
-//! and `outpost exec`.
+//! and `outpost exec`; the code tools and `outpost code` /
+//! `install-package` too, for the code's text (or `pip install PKG…`), but
+//! allow patterns cannot vouch for code, so a sandbox that has any refuses
+//! it ([`Policy::check_unmatchable`]).
 //!
 //! - `deny`: a command matching any deny pattern (anywhere in it) is refused.
 //!   Deny wins over everything else.
@@ -155,6 +158,12 @@ pub enum RefusalReason {
     NotAllowed {
         allow: Vec<String>,
     },
+    /// Allow patterns exist, and what the call runs (`code`, `a package
+    /// install`) is not a command they could match whole.
+    Unmatchable {
+        what: &'static str,
+        allow: Vec<String>,
+    },
 }
 
 impl fmt::Display for Refusal {
@@ -169,23 +178,31 @@ impl fmt::Display for Refusal {
                 "deny rule {rule:?} ({scope}) for sandbox {}",
                 self.sandbox
             )?,
-            RefusalReason::NotAllowed { allow } => {
-                const SHOWN: usize = 5;
-                let mut list: Vec<String> =
-                    allow.iter().take(SHOWN).map(|p| format!("{p:?}")).collect();
-                if allow.len() > SHOWN {
-                    list.push(format!("… {} more", allow.len() - SHOWN));
-                }
-                write!(
-                    f,
-                    "the command matches no allow rule for sandbox {} (an allow pattern must match the whole command: {})",
-                    self.sandbox,
-                    list.join(", ")
-                )?
-            }
+            RefusalReason::NotAllowed { allow } => write!(
+                f,
+                "the command matches no allow rule for sandbox {} (an allow pattern must match the whole command: {})",
+                self.sandbox,
+                shown(allow)
+            )?,
+            RefusalReason::Unmatchable { what, allow } => write!(
+                f,
+                "sandbox {} runs only commands its allow rules match ({}), and {what} cannot be checked against them; run an allowed command instead",
+                self.sandbox,
+                shown(allow)
+            )?,
         }
         write!(f, " (config: {})", self.source_label())
     }
+}
+
+/// The first few allow patterns, quoted, for a message.
+fn shown(allow: &[String]) -> String {
+    const SHOWN: usize = 5;
+    let mut list: Vec<String> = allow.iter().take(SHOWN).map(|p| format!("{p:?}")).collect();
+    if allow.len() > SHOWN {
+        list.push(format!("… {} more", allow.len() - SHOWN));
+    }
+    list.join(", ")
 }
 
 impl Refusal {
@@ -331,6 +348,31 @@ impl Policy {
             }),
             None => Ok(Verdict::Allow),
         }
+    }
+
+    /// Refuses what no allow pattern can vouch for (code for an
+    /// interpreter, a package install: `what`, in parameter `field`) on a
+    /// sandbox that has allow patterns; elsewhere deny and confirm rules
+    /// apply to its text as to a command's ([`Policy::review`]).
+    pub fn check_unmatchable(
+        &self,
+        sandbox: &str,
+        field: &str,
+        what: &'static str,
+    ) -> Result<(), Refusal> {
+        let allow = self.rules(sandbox, |r| &r.allow);
+        if allow.is_empty() {
+            return Ok(());
+        }
+        Err(Refusal {
+            sandbox: sandbox.to_string(),
+            field: field.to_string(),
+            reason: RefusalReason::Unmatchable {
+                what,
+                allow: allow.iter().map(|r| r.pattern.clone()).collect(),
+            },
+            source: self.source.clone(),
+        })
     }
 
     /// Checks every command a call would run. The first refusal refuses the
@@ -736,6 +778,45 @@ mod tests {
             e.starts_with("refused: confirm rule \"sudo\" for sandbox local"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn code_is_refused_where_allow_rules_exist() {
+        let p = Policy::compile_rules(
+            &rules(&["rm -rf"], &[], &["sudo"]),
+            &[("gpu1".into(), rules(&[], &["nvidia-smi"], &[]))],
+            &names(),
+            None,
+            "/c.toml",
+        )
+        .unwrap();
+        // gpu1 and its isolated sandboxes list what may run: code cannot be
+        // matched against that list.
+        for sandbox in ["gpu1", "gpu1/sbx-1"] {
+            let err = p.check_unmatchable(sandbox, "code", "code").unwrap_err();
+            assert!(matches!(err.reason, RefusalReason::Unmatchable { .. }));
+            let text = err.to_string();
+            assert!(
+                text.starts_with("refused by policy: code: sandbox ")
+                    && text.contains("\"nvidia-smi\"")
+                    && text.contains("code cannot be checked")
+                    && text.contains("/c.toml"),
+                "{text}"
+            );
+        }
+        // Elsewhere only deny and confirm rules apply, to the code's text.
+        assert_eq!(p.check_unmatchable("local", "code", "code"), Ok(()));
+        let plan = |command| Planned {
+            sandbox: "local",
+            field: "code",
+            command,
+        };
+        assert!(
+            p.review(&[plan("import os\nos.system('rm -rf /')")])
+                .is_err()
+        );
+        assert_eq!(p.review(&[plan("print(1)")]).unwrap(), vec![]);
+        assert_eq!(p.review(&[plan("!sudo ls")]).unwrap().len(), 1);
     }
 
     #[test]

@@ -1080,9 +1080,10 @@ async fn mcp_drop_in_calls_and_the_tool_list() {
         tools.len()
     );
     // 14,000 since the isolated sandbox tools (create, get_sandbox_status,
-    // renew, delete: about 2,500 characters) joined the list.
+    // renew, delete: about 2,500 characters) joined the list; 16,000 since
+    // execute_code, install_package and create_run_close (about 1,700).
     assert!(
-        size <= 14_000,
+        size <= 16_000,
         "the default tool list grew to {size} characters"
     );
     client.cancel().await.unwrap();

@@ -108,12 +108,22 @@ fn read_stdin() -> Result<Vec<u8>> {
 /// allow rule refuses; a confirm rule asks on the terminal, and refuses when
 /// stdin is not one.
 pub(super) async fn permit(fleet: &Fleet, sandbox: &str, command: &str) -> Result<(), String> {
+    permit_field(fleet, sandbox, "command", command).await
+}
+
+/// [`permit`] for what a command's parameter `field` would run (`code`).
+pub(super) async fn permit_field(
+    fleet: &Fleet,
+    sandbox: &str,
+    field: &str,
+    command: &str,
+) -> Result<(), String> {
     use outpost::policy::{self, Planned};
     let policy = &fleet.policy;
     let pending = policy
         .review(&[Planned {
             sandbox,
-            field: "command",
+            field,
             command,
         }])
         .map_err(|refusal| refusal.to_string())?;

@@ -3,6 +3,7 @@
 //! and fleet the MCP server does; only this folder and `main.rs` know clap.
 
 mod audit;
+mod code;
 mod exec;
 mod hosts;
 mod jobs;
@@ -18,6 +19,7 @@ use clap::{Parser, Subcommand};
 use outpost::config::Config;
 use outpost::fleet::Fleet;
 use outpost::mcp;
+use outpost::ops::code as code_defaults;
 
 /// Outpost turns your own Linux machines into sandboxes for AI agents, over plain
 /// SSH. With no configuration, the `local` sandbox runs commands on this machine.
@@ -78,6 +80,65 @@ enum Command {
         /// The command, after `--`; joined with spaces and run by bash.
         #[arg(last = true, required = true)]
         command: Vec<String>,
+    },
+    /// Run Python or bash in a code context: an interpreter on the sandbox
+    /// that keeps its state (variables, imports, the shell's cd) between runs.
+    ///
+    /// A context is made on first use and outlives this command. Prints
+    /// stdout, each displayed value (images as [image/png WxH SIZE]) and
+    /// stderr, then an error's traceback; exits 0, 1 on an error, 124 on
+    /// timeout, 126 when the config file's [policy] refuses it (always where
+    /// the sandbox has allow rules: code cannot be checked against them), 255
+    /// when the host cannot be reached. Ctrl-C interrupts the run (state
+    /// kept); a second one leaves without waiting. Empty code ('') collects
+    /// a run an MCP call left running.
+    #[command(
+        override_usage = "outpost code [OPTIONS] [SANDBOX] <CODE|->\n       outpost code --list [SANDBOX]"
+    )]
+    Code {
+        /// [SANDBOX] CODE: SANDBOX (default: the active one) may be HOST/ID;
+        /// CODE - reads the code from standard input.
+        #[arg(value_name = "ARGS", num_args = 0..=2)]
+        args: Vec<String>,
+        /// The context to run in (made on first use; default: "default",
+        /// for bash "bash").
+        #[arg(long)]
+        context: Option<String>,
+        /// python or bash (one per context).
+        #[arg(long, default_value = "python")]
+        language: String,
+        /// Interrupt the run after this many seconds (state kept; default:
+        /// no limit).
+        #[arg(long, value_name = "S")]
+        timeout: Option<f64>,
+        /// Start from a fresh interpreter (the context's state is lost).
+        #[arg(long)]
+        restart: bool,
+        /// List the sandbox's contexts instead: NAME LANGUAGE STATE RUNS RSS
+        /// LAST_USED.
+        #[arg(long)]
+        list: bool,
+        /// Write each image to DIR as image-N.png.
+        #[arg(long, value_name = "DIR")]
+        save_images: Option<std::path::PathBuf>,
+    },
+    /// Install Python packages where `outpost code` finds them.
+    ///
+    /// They go into the sandbox's own virtual environment, made on first use
+    /// (uv when the host has it, else pip). Exits with the installer's status
+    /// (its output printed when it fails), 124 on timeout, 126 when the
+    /// config file's [policy] refuses it (checked as `pip install PKG…`;
+    /// always refused where the sandbox has allow rules).
+    #[command(override_usage = "outpost install-package [OPTIONS] [SANDBOX] <PKG>...")]
+    InstallPackage {
+        /// [SANDBOX] PKG…: the first is the sandbox when one has that name
+        /// (default: the active one); each PKG a requirement (numpy,
+        /// pandas==2.2, torch>=2).
+        #[arg(value_name = "ARGS", required = true, num_args = 1..)]
+        args: Vec<String>,
+        /// Stop the install after this many seconds.
+        #[arg(long, value_name = "S", default_value_t = code_defaults::DEFAULT_INSTALL_TIMEOUT_S)]
+        timeout: f64,
     },
     /// Sync a tree (or one file) to or from a sandbox: `outpost sync LOCAL
     /// NAME:REMOTE` or `outpost sync NAME:REMOTE LOCAL` (NAME may be
@@ -319,6 +380,27 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
             no_stdin,
             command,
         } => exec::exec(&fleet, host, cwd, timeout, no_stdin, command).await,
+        Command::Code {
+            args,
+            context,
+            language,
+            timeout,
+            restart,
+            list,
+            save_images,
+        } => {
+            let args = code::CodeArgs {
+                args,
+                context,
+                language,
+                timeout,
+                restart,
+                list,
+                save_images,
+            };
+            code::code(&fleet, args).await
+        }
+        Command::InstallPackage { args, timeout } => code::install(&fleet, args, timeout).await,
         Command::Diagnose { host } => hosts::diagnose(&fleet, host).await,
         Command::Jobs {
             host,

@@ -118,20 +118,13 @@ fn exec_request(p: &ExecParams, stream: bool) -> Result<ExecRequest, String> {
 /// The text the policy checks: the command, preceded by the caller's
 /// `env` as shell assignments, so rules see every byte the caller chose.
 fn policy_text(p: &ExecParams) -> String {
-    let Some(env) = p.env.as_ref().filter(|e| !e.is_empty()) else {
-        return p.command.clone();
-    };
-    let mut text = String::new();
-    for (name, value) in env {
-        text.push_str(&format!("{name}='{}' ", value.replace('\'', "'\\''")));
-    }
-    text.push_str(&p.command);
-    text
+    let env = p.env.iter().flatten();
+    exec::policy_text(env.map(|(k, v)| (k.as_str(), v.as_str())), &p.command)
 }
 
 /// A progress notification from the agent's last report: seconds elapsed
 /// (of the timeout), output so far and its last line.
-fn exec_report(seen: Option<ExecProgress>, timeout_s: Option<f64>) -> Report {
+pub(super) fn exec_report(seen: Option<ExecProgress>, timeout_s: Option<f64>) -> Report {
     let Some(p) = seen else {
         return Report {
             done: 0.0,
@@ -379,7 +372,7 @@ impl OutpostServer {
     /// How long this call may take before `exec_bash` answers with a job
     /// name: the call's `background_after_s`, else the client's budget. A
     /// call run as an MCP Task has none (the client polls for its result).
-    fn call_budget(
+    pub(super) fn call_budget(
         &self,
         peer: &rmcp::Peer<RoleServer>,
         asked: Option<f64>,
@@ -450,6 +443,17 @@ impl OutpostServer {
         peer: &rmcp::Peer<RoleServer>,
         planned: &[Planned<'_>],
     ) -> Result<(), String> {
+        self.permit_as(peer, planned, "outpost exec").await
+    }
+
+    /// [`Self::permit`], naming `cli`, the command a person can run instead
+    /// where the client cannot ask.
+    pub(super) async fn permit_as(
+        &self,
+        peer: &rmcp::Peer<RoleServer>,
+        planned: &[Planned<'_>],
+        cli: &str,
+    ) -> Result<(), String> {
         use rmcp::service::{ElicitationError, ElicitationMode, ServiceError};
         let policy = &self.fleet.policy;
         let pending = policy
@@ -463,9 +467,9 @@ impl OutpostServer {
             .supported_elicitation_modes()
             .contains(&ElicitationMode::Form)
         {
-            return refuse(
-                "this MCP client cannot ask the user (it does not support elicitation); the user can run it with `outpost exec`",
-            );
+            return refuse(&format!(
+                "this MCP client cannot ask the user (it does not support elicitation); the user can run it with `{cli}`"
+            ));
         }
         let question = crate::policy::confirm_question(&pending, policy, "An agent");
         let timeout = policy.confirm_timeout;

@@ -386,9 +386,12 @@ fn hints(tool: &str) -> ToolAnnotations {
         | "install_macos_watchdog"
         | "uninstall_macos_watchdog" => base.read_only(true),
         // Run whatever the command says, with whatever it reaches.
-        "exec_bash" | "exec_bash_background" | "exec_bash_background_watch" => {
-            base.destructive(true).open_world(true)
-        }
+        "exec_bash"
+        | "exec_bash_background"
+        | "exec_bash_background_watch"
+        | "execute_code"
+        | "install_package"
+        | "create_run_close" => base.destructive(true).open_world(true),
         "watch_background_task" => base.destructive(true).open_world(true),
         // Kill, overwrite or delete; doing it twice changes nothing more.
         "cancel_background_task"
@@ -403,6 +406,8 @@ fn hints(tool: &str) -> ToolAnnotations {
             base.destructive(false).idempotent(true).open_world(false)
         }
         "reserve_gpus" | "create_sandbox" => base.destructive(false).open_world(false),
+        // Interrupt, restart or remove a context: its state is lost.
+        "code_contexts" => base.destructive(true).idempotent(true).open_world(false),
         "delete_sandbox" | "close_sandbox" => {
             base.destructive(true).idempotent(true).open_world(false)
         }

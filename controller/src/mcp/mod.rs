@@ -20,7 +20,8 @@
 //! One file per area, each adding its own tool router to [`OutpostServer`]:
 //! `sandboxes.rs` (sandboxes and GPU leases), `isolated.rs` (isolated
 //! sandboxes made on a host, named `HOST/ID`), `exec.rs` (`exec_bash` and the
-//! policy check), `files.rs` (syncs and remote files), `jobs.rs` (background
+//! policy check), `code.rs` (code contexts that keep their state, package
+//! installs, one-shot runs), `files.rs` (syncs and remote files), `jobs.rs` (background
 //! jobs), `watch.rs` (the advanced watch tools), `resources.rs`,
 //! `prompts.rs`, `linelimit.rs` (oversized messages on stdin) and `shape.rs`
 //! (the schemas of results that lower layers define: only `mcp/` knows
@@ -28,6 +29,7 @@
 //! `ServerHandler`.
 
 mod budget;
+mod code;
 mod exec;
 mod files;
 mod hostkey;
@@ -188,6 +190,7 @@ impl OutpostServer {
         // Each area's router; tools/list names them in alphabetical order.
         let mut tool_router = Self::sandboxes_router();
         tool_router.merge(Self::exec_router());
+        tool_router.merge(Self::code_router());
         tool_router.merge(Self::gpu_router());
         tool_router.merge(Self::isolated_router());
         tool_router.merge(Self::files_router());
@@ -197,6 +200,7 @@ impl OutpostServer {
             tool_router.merge(Self::job_log_router());
             tool_router.merge(Self::background_push_router());
             tool_router.merge(Self::bulk_files_router());
+            tool_router.merge(Self::code_contexts_router());
         }
         let unlisted = listing::finish(&mut tool_router, fleet.config.expose_advanced_tools);
         let audit = crate::ops::audit::AuditLog::new(&fleet.config.home);
@@ -592,7 +596,7 @@ mod tests {
         assert!(basic.contains(&"close_sandbox".to_string()));
         assert!(!listing::is_listed("close_sandbox") && listing::is_listed("delete_sandbox"));
         let all = names(true);
-        assert_eq!(all.len(), basic.len() + 16, "{all:?}");
+        assert_eq!(all.len(), basic.len() + 17, "{all:?}");
         for tool in [
             "read_background_log",
             "upload_files",
@@ -601,6 +605,7 @@ mod tests {
             "get_watchdog_status",
             "exec_bash_background_watch",
             "install_macos_watchdog",
+            "code_contexts",
         ] {
             assert!(all.contains(&tool.to_string()), "{tool} missing");
         }

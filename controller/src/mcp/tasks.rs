@@ -1,7 +1,9 @@
 //! MCP Tasks (the `io.modelcontextprotocol/tasks` extension, SEP-2663) for
 //! the calls that can outlast a client's patience: `exec_bash`, the two
-//! inline syncs and `wait_background_task`. A client that declares the
-//! extension gets a task at once and polls `tasks/get`; what progress
+//! inline syncs, `wait_background_task`, and the code tools
+//! (`execute_code`, `install_package`, `create_run_close`, which then wait
+//! for their run's end). A client that declares the extension gets a task
+//! at once and polls `tasks/get`; what progress
 //! notifications would say becomes the task's status message
 //! ([`super::progress`]); `tasks/cancel` drops the call, which kills an
 //! exec's process tree. Clients that do not declare it get the call inline,
@@ -58,6 +60,10 @@ pub(super) fn ttl_for(
         "exec_bash" => seconds("timeout_s", crate::ops::exec::DEFAULT_TIMEOUT_S),
         "wait_background_task" => seconds("timeout_s", 60.0),
         "sync_local_to_remote" | "sync_remote_to_local" => SYNC_TTL,
+        "execute_code" | "create_run_close" => {
+            seconds("timeout_s", crate::ops::code::DEFAULT_TIMEOUT_S)
+        }
+        "install_package" => seconds("timeout_s", crate::ops::code::DEFAULT_INSTALL_TIMEOUT_S),
         _ => return None,
     };
     Some(limit + TTL_SLACK)

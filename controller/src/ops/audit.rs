@@ -266,8 +266,10 @@ fn is_content_name(key: &str) -> bool {
     )
 }
 
+/// Commands, and code for an interpreter (`execute_code`): what ran, kept
+/// longer than other strings.
 fn is_command_name(key: &str) -> bool {
-    key == "command" || key.ends_with("_command")
+    key == "command" || key == "code" || key.ends_with("_command")
 }
 
 /// A digest of a tool's arguments: no contents, no secrets, short strings.
@@ -531,7 +533,8 @@ pub fn format_human(lines: &[String]) -> Vec<String> {
                 Value::Null => "-".into(),
                 other => other.to_string(),
             };
-            let mut what = match r.args.get("command").and_then(Value::as_str) {
+            let ran = r.args.get("command").or_else(|| r.args.get("code"));
+            let mut what = match ran.and_then(Value::as_str) {
                 Some(c) => c.replace('\n', "⏎"),
                 None => {
                     let mut args = r.args.as_object().cloned().unwrap_or_default();
@@ -672,6 +675,11 @@ mod tests {
             text.contains("python x.py") && text.contains("./resume"),
             "{text}"
         );
+        // Code for an interpreter is kept as a command is.
+        let code = format!("API_KEY = 'ak6'\n{}", "x = 1\n".repeat(100));
+        let d = digest(Some(&args(json!({"code": code}))));
+        let kept = d["code"].as_str().unwrap();
+        assert!(kept.len() > 500 && !kept.contains("ak6"), "{kept}");
     }
 
     #[test]

@@ -100,6 +100,18 @@ pub fn check_env_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The text the policy checks for `body` run with the caller's `env`: the
+/// assignments first, as a shell would read them, so rules see every byte
+/// the caller chose.
+pub fn policy_text<'a>(env: impl IntoIterator<Item = (&'a str, &'a str)>, body: &str) -> String {
+    let mut text = String::new();
+    for (name, value) in env {
+        text.push_str(&format!("{name}='{}' ", value.replace('\'', "'\\''")));
+    }
+    text.push_str(body);
+    text
+}
+
 /// The status a shell reports for `result`: 124 on timeout (as `timeout(1)`),
 /// 128+N when signal N killed it, else its exit code; -1 when there is none.
 pub fn shell_status(result: &ExecResult) -> i32 {

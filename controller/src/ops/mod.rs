@@ -12,11 +12,15 @@
 //! * [`transfers`]: background syncs polled by task id.
 //! * [`sandboxes`]: isolated sandboxes on a host (create, status, renew,
 //!   delete, list), named `HOST/ID`.
+//! * [`code`]: code contexts (interpreters that keep their state between
+//!   runs), package installs for them, and one-shot runs in a sandbox made
+//!   for them.
 //! * [`localpath`]: the local paths the file tools may touch, inside their
 //!   roots.
 //! * [`audit`]: one JSON line per MCP tool call.
 
 pub mod audit;
+pub mod code;
 pub mod events;
 pub mod exec;
 pub mod files;

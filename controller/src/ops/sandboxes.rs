@@ -9,6 +9,7 @@
 //! sandbox. Every other tool and command works in one through that name:
 //! [`Fleet::get`] gives its session, whose requests go inside it.
 
+use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
@@ -273,23 +274,7 @@ pub fn spec(r: &CreateRequest, max_sandboxes: u32) -> Result<SandboxSpec, String
 /// with `r.gpus` GPUs free; the active sandbox stays as it is).
 pub async fn create(fleet: &Fleet, r: CreateRequest) -> Result<SandboxView, String> {
     let spec = spec(&r, fleet.config.max_sandboxes_per_host)?;
-    let host = if r.host == AUTO && fleet.get(Some(AUTO)).is_err() {
-        let need = Requirements {
-            min_gpus: (r.gpus > 0).then_some(r.gpus),
-            ..Requirements::default()
-        };
-        let deadline = fleet.config.connect_timeout + MEASURE_EXTRA;
-        let (name, _) = fleet.idlest(&need, deadline, &AtomicUsize::new(0)).await?;
-        fleet.get(Some(&name))?
-    } else {
-        fleet.get(Some(&r.host))?
-    };
-    if host.isolated_in().is_some() {
-        return Err(format!(
-            "sandboxes are made on a host ({} or auto), not in another sandbox",
-            fleet.names().join(", ")
-        ));
-    }
+    let host = pick_host(fleet, &r.host, r.gpus).await?;
     // HOST/ID must name this sandbox and nothing configured.
     let configured = |id: &str| fleet.names().contains(&format!("{}/{id}", host.name()));
     if let Some(id) = &spec.id
@@ -311,6 +296,30 @@ pub async fn create(fleet: &Fleet, r: CreateRequest) -> Result<SandboxView, Stri
         ));
     }
     Ok(view)
+}
+
+/// The host a sandbox would be made on: `host` itself (a configured
+/// sandbox), or for [`AUTO`] the idlest configured one with `gpus` GPUs
+/// free.
+pub async fn pick_host(fleet: &Fleet, host: &str, gpus: u32) -> Result<Arc<Session>, String> {
+    let host = if host == AUTO && fleet.get(Some(AUTO)).is_err() {
+        let need = Requirements {
+            min_gpus: (gpus > 0).then_some(gpus),
+            ..Requirements::default()
+        };
+        let deadline = fleet.config.connect_timeout + MEASURE_EXTRA;
+        let (name, _) = fleet.idlest(&need, deadline, &AtomicUsize::new(0)).await?;
+        fleet.get(Some(&name))?
+    } else {
+        fleet.get(Some(host))?
+    };
+    if host.isolated_in().is_some() {
+        return Err(format!(
+            "sandboxes are made on a host ({} or auto), not in another sandbox",
+            fleet.names().join(", ")
+        ));
+    }
+    Ok(host)
 }
 
 /// The sandbox named `name` (`HOST/ID`), live or recently ended.

@@ -230,15 +230,28 @@ impl Session {
     pub async fn exec_watched(
         &self,
         req: ExecRequest,
+        on_output: impl FnMut(OutputStream, &[u8]),
+        on_progress: impl FnMut(ExecProgress),
+    ) -> Result<ExecResult, CallError> {
+        let timeout_ms = req.timeout_ms;
+        self.exec_like(Request::Exec(req), timeout_ms, on_output, on_progress)
+            .await
+    }
+
+    /// Sends `request`, which the agent answers as it does an exec (output,
+    /// progress, then `ExecDone`), and returns its result. `timeout_ms` is
+    /// the request's own limit.
+    pub async fn exec_like(
+        &self,
+        request: Request,
+        timeout_ms: Option<u64>,
         mut on_output: impl FnMut(OutputStream, &[u8]),
         mut on_progress: impl FnMut(ExecProgress),
     ) -> Result<ExecResult, CallError> {
         // The agent enforces the timeout; this deadline only guards against an
         // agent that stops answering without the heartbeat noticing.
-        let deadline = req
-            .timeout_ms
-            .map(|ms| Duration::from_millis(ms) + Duration::from_secs(15));
-        let mut call = self.start(Request::Exec(req)).await?;
+        let deadline = timeout_ms.map(|ms| Duration::from_millis(ms) + Duration::from_secs(15));
+        let mut call = self.start(request).await?;
         let wait = async {
             loop {
                 match call.next().await? {

@@ -102,6 +102,8 @@ pub(super) fn unexpected(what: &str, response: &Response) -> CallError {
         Response::JobCollected { .. } => "JobCollected",
         Response::Sandbox(_) => "Sandbox",
         Response::Sandboxes(_) => "Sandboxes",
+        Response::CodeRan(_) => "CodeRan",
+        Response::CodeContexts(_) => "CodeContexts",
     };
     CallError::Protocol(format!("unexpected answer to {what}: {name}"))
 }

@@ -1,0 +1,838 @@
+//! The code tools: `execute_code` (a run in a context that keeps its state
+//! between calls, as a notebook's cell), `install_package` (into the Python
+//! those contexts use), `create_run_close` (one run in an isolated sandbox
+//! made for it and deleted after it), and, with the advanced tools,
+//! `code_contexts`. The work is [`crate::ops::code`]'s.
+//!
+//! A run's result is built by hand rather than as structured output: its
+//! first content block is compact JSON (empty fields left out), and each
+//! image a run displayed follows as an image block, named in the JSON as
+//! `[image N]`, so that a client shows it and the model sees it.
+//!
+//! A run that outlasts what the client waits for a call ([`super::budget`])
+//! answers `running` with the call that collects it, as `exec_bash` answers
+//! with a job.
+//!
+//! Policy: code cannot be matched whole against allow patterns, so where a
+//! sandbox has any, these tools are refused; elsewhere deny and confirm
+//! patterns apply to the code's text (and to `pip install <packages>`)
+//! through the same `permit` as `exec_bash`.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use outpost_protocol::{CodeContextInfo, CodeExecution, ExecProgress, ExecResult};
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{CallToolResult, ContentBlock, RequestMetaObject};
+use rmcp::{Json, RoleServer, tool, tool_router};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize, Serializer};
+
+use super::OutpostServer;
+use super::exec::exec_report;
+use super::progress::{AGENT_EVERY_MS, Progress, Report, Ticker};
+use crate::ops::code::{self, RunRequest};
+use crate::ops::exec::{DEFAULT_MAX_OUTPUT, shell_status};
+use crate::ops::jobs::utc_time;
+use crate::ops::sandboxes::{self, CreateRequest};
+use crate::policy::Planned;
+use crate::session::CallError;
+
+/// What a call keeps of the client's patience for its answer to travel back.
+const ANSWER_MARGIN: Duration = Duration::from_secs(2);
+/// What a one-shot run leaves of the client's patience besides: the
+/// interrupt at its timeout, and deleting the sandbox.
+const ONE_SHOT_MARGIN: Duration = Duration::from_secs(8);
+/// Each stream's last bytes a failed install answers with.
+const INSTALL_TAIL: usize = 3000;
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ExecuteParams {
+    /// "": collect a run that answered running.
+    pub code: String,
+    #[schemars(extend("enum" = ["python", "bash"], "default" = "python"))]
+    pub language: Option<String>,
+    /// Default: "default" (bash: "bash").
+    pub context: Option<String>,
+    pub sandbox_name: Option<String>,
+    #[schemars(extend("default" = 120))]
+    pub timeout_s: Option<f64>,
+    pub env: Option<BTreeMap<String, String>>,
+    /// Fresh interpreter first.
+    #[serde(default)]
+    pub restart: bool,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct InstallParams {
+    pub packages: Vec<String>,
+    pub sandbox_name: Option<String>,
+    #[schemars(extend("default" = 600))]
+    pub timeout_s: Option<f64>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct OneShotParams {
+    pub code: String,
+    #[schemars(extend("enum" = ["python", "bash"], "default" = "python"))]
+    pub language: Option<String>,
+    #[schemars(extend("default" = "auto"))]
+    pub host: Option<String>,
+    #[schemars(extend("default" = 120))]
+    pub timeout_s: Option<f64>,
+    #[schemars(extend("enum" = ["auto", "bwrap", "landlock", "none"], "default" = "auto"))]
+    pub isolation: Option<String>,
+    #[schemars(extend("default" = true))]
+    pub network: Option<bool>,
+    pub gpus: Option<u32>,
+    pub env: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ContextsParams {
+    pub sandbox_name: Option<String>,
+    #[schemars(extend("enum" = ["list", "interrupt", "restart", "remove"], "default" = "list"))]
+    pub action: Option<String>,
+    /// The one to act on.
+    pub context: Option<String>,
+}
+
+/// `code_contexts`' answer: the contexts after the action.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ContextsReply {
+    pub contexts: Vec<ContextRow>,
+}
+
+#[derive(Debug, PartialEq, Serialize, JsonSchema)]
+pub struct ContextRow {
+    pub name: String,
+    pub language: String,
+    /// idle, running, or stopped (no interpreter until its next run).
+    pub state: String,
+    pub execution_count: u32,
+    /// Resident memory of the interpreter and its children.
+    pub rss_mb: u64,
+    /// UTC.
+    pub last_used: String,
+}
+
+impl From<CodeContextInfo> for ContextRow {
+    fn from(c: CodeContextInfo) -> Self {
+        ContextRow {
+            name: c.name,
+            language: c.language.name().into(),
+            state: c.state,
+            execution_count: c.execution_count,
+            rss_mb: c.rss_bytes.div_ceil(1 << 20),
+            last_used: utc_time(c.last_used_ms / 1000),
+        }
+    }
+}
+
+/// A run as the model reads it; empty fields are left out.
+#[derive(Debug, Default, Serialize)]
+struct RunView {
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    results: Vec<Bundle>,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    stdout: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    stderr: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<ErrorView>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    timed_out: bool,
+    /// Why the interpreter was restarted (its state is gone).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    restarted: Option<String>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    running: bool,
+    #[serde(skip_serializing_if = "is_zero")]
+    execution_count: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    duration_s: Option<f64>,
+    /// The call that collects a run still going.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    note: Option<String>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+#[derive(Debug, Serialize)]
+struct ErrorView {
+    name: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    value: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    traceback: String,
+}
+
+/// One displayed value: MIME type → data, in the order the agent sent them.
+#[derive(Debug)]
+struct Bundle(Vec<(String, String)>);
+
+impl Serialize for Bundle {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.0.iter().map(|(k, v)| (k, v)))
+    }
+}
+
+/// Image types a client can show from base64 data.
+const IMAGE_TYPES: &[&str] = &["image/png", "image/jpeg", "image/gif", "image/webp"];
+
+/// The tool result for a run: its JSON, then each image it displayed as an
+/// image block (named `[image N]` in the JSON). HTML that repeats a
+/// value's `text/plain` (a DataFrame's table) is left out: it costs the
+/// model several times the plain text and says nothing more to it.
+fn run_result(exec: CodeExecution, next: Option<String>, note: Option<String>) -> CallToolResult {
+    let mut images = Vec::new();
+    let results = exec
+        .results
+        .into_iter()
+        .map(|result| {
+            let has_plain = result.data.iter().any(|(mime, _)| mime == "text/plain");
+            let data = result
+                .data
+                .into_iter()
+                .filter(|(mime, _)| !(has_plain && mime == "text/html"))
+                .map(|(mime, data)| {
+                    if IMAGE_TYPES.contains(&mime.as_str()) {
+                        images.push(ContentBlock::image(data, mime.clone()));
+                        (mime, format!("[image {}]", images.len()))
+                    } else {
+                        (mime, data)
+                    }
+                })
+                .collect();
+            Bundle(data)
+        })
+        .collect();
+    let view = RunView {
+        results,
+        stdout: exec.stdout.to_text(),
+        stderr: exec.stderr.to_text(),
+        error: exec.error.map(|e| ErrorView {
+            name: e.name,
+            value: e.value,
+            traceback: e.traceback,
+        }),
+        timed_out: exec.timed_out,
+        restarted: exec.restarted,
+        running: exec.running,
+        execution_count: exec.execution_count,
+        duration_s: (!exec.running).then_some(exec.duration_ms as f64 / 1000.0),
+        next: next.filter(|_| exec.running),
+        note,
+    };
+    let text = serde_json::to_string(&view).unwrap_or_default();
+    let mut content = vec![ContentBlock::text(text)];
+    content.append(&mut images);
+    CallToolResult::success(content)
+}
+
+/// The call that collects a run still going in `context` on `sandbox`.
+fn collect_call(context: &str, sandbox: &str) -> String {
+    format!("execute_code(code=\"\", context=\"{context}\", sandbox_name=\"{sandbox}\")")
+}
+
+/// Why a run failed, and for a connection lost mid-run, that it may go on
+/// (its context is held by the host's daemon) and how to collect it.
+fn run_error(e: CallError, collect: Option<String>) -> String {
+    match collect {
+        Some(call) if matches!(e, CallError::ConnectionLost(_)) => {
+            format!("{e}; the run may go on: {call} collects it")
+        }
+        _ => e.to_string(),
+    }
+}
+
+/// `text`'s last `max` bytes or so, from a line start where one is near.
+fn tail(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut start = text.len() - max;
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    let rest = &text[start..];
+    let rest = match rest.find('\n') {
+        Some(i) if i + 1 < rest.len() => &rest[i + 1..],
+        _ => rest,
+    };
+    format!("[…]\n{rest}")
+}
+
+/// How an install went, as the model reads it: the status and duration,
+/// and only when it failed each stream's tail.
+#[derive(Debug, Serialize)]
+struct InstallView {
+    exit_code: i32,
+    duration_s: f64,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    timed_out: bool,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    stdout: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    stderr: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    note: Option<String>,
+}
+
+fn install_result(r: ExecResult, note: Option<String>) -> CallToolResult {
+    let exit_code = shell_status(&r);
+    let failed = exit_code != 0;
+    let streams = |c: &outpost_protocol::CapturedOutput| {
+        if failed {
+            tail(&c.to_text(), INSTALL_TAIL)
+        } else {
+            String::new()
+        }
+    };
+    let view = InstallView {
+        exit_code,
+        duration_s: r.duration_ms as f64 / 1000.0,
+        timed_out: r.timed_out,
+        stdout: streams(&r.stdout),
+        stderr: streams(&r.stderr),
+        note: note.filter(|_| r.timed_out),
+    };
+    let content = vec![ContentBlock::text(
+        serde_json::to_string(&view).unwrap_or_default(),
+    )];
+    if failed {
+        CallToolResult::error(content)
+    } else {
+        CallToolResult::success(content)
+    }
+}
+
+/// The caller's `env` as the agent takes it.
+fn env_pairs(env: Option<BTreeMap<String, String>>) -> Vec<(String, String)> {
+    env.unwrap_or_default().into_iter().collect()
+}
+
+/// A ticker reporting the seconds a run has taken (the agent reports no
+/// progress of a run, and some clients keep a call alive while it comes).
+fn seconds_ticker(progress: &Progress, timeout_s: f64, what: &'static str) -> Ticker {
+    let started = Instant::now();
+    progress.every(move || {
+        let elapsed = started.elapsed().as_secs_f64();
+        async move {
+            Report {
+                done: elapsed,
+                total: Some(timeout_s),
+                message: format!("{what}, {elapsed:.0} s"),
+            }
+        }
+    })
+}
+
+#[tool_router(router = code_router, vis = "pub(super)")]
+impl OutpostServer {
+    #[tool(
+        description = "Run Python or bash in a context that keeps its state between calls, like a notebook; figures come back as images."
+    )]
+    async fn execute_code(
+        &self,
+        Parameters(p): Parameters<ExecuteParams>,
+        peer: rmcp::Peer<RoleServer>,
+        meta: RequestMetaObject,
+    ) -> Result<CallToolResult, String> {
+        // The client's clock started when it sent the call.
+        let called = Instant::now();
+        let progress = Progress::of(&peer, &meta);
+        let session = self.fleet.get(p.sandbox_name.as_deref())?;
+        let language = p.language.unwrap_or_else(|| "python".into());
+        let mut req = code::request(&RunRequest {
+            code: p.code,
+            context: p
+                .context
+                .unwrap_or_else(|| code::default_context(&language).into()),
+            language,
+            timeout_s: Some(p.timeout_s.unwrap_or(code::DEFAULT_TIMEOUT_S)),
+            env: env_pairs(p.env),
+            max_output: DEFAULT_MAX_OUTPUT as u64,
+            wait_ms: 0,
+        })?;
+        // Empty code only collects what was checked when it started.
+        if !req.code.is_empty() {
+            self.permit_code(&peer, session.name(), &code::policy_text(&req))
+                .await?;
+        }
+        let budget = self.call_budget(&peer, None)?;
+        let _ticker = seconds_ticker(&progress, req.timeout_ms as f64 / 1000.0, "running");
+        if p.restart {
+            code::restart(&session, &req.context)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        if let Some(budget) = budget {
+            let left = (called + budget)
+                .saturating_duration_since(Instant::now())
+                .saturating_sub(ANSWER_MARGIN);
+            req.wait_ms = (left.as_millis() as u64).max(1);
+        }
+        let collect = collect_call(&req.context, session.name());
+        let started_code = !req.code.is_empty();
+        match code::run(&session, req).await {
+            Ok(exec) => Ok(run_result(exec, Some(collect), None)),
+            Err(e) => Err(run_error(e, started_code.then_some(collect))),
+        }
+    }
+
+    #[tool(description = "pip install for execute_code's Python on that sandbox.")]
+    async fn install_package(
+        &self,
+        Parameters(p): Parameters<InstallParams>,
+        peer: rmcp::Peer<RoleServer>,
+        meta: RequestMetaObject,
+    ) -> Result<CallToolResult, String> {
+        let called = Instant::now();
+        let progress = Progress::of(&peer, &meta);
+        let session = self.fleet.get(p.sandbox_name.as_deref())?;
+        let timeout_s = p.timeout_s.unwrap_or(code::DEFAULT_INSTALL_TIMEOUT_S);
+        let mut req = code::install_request(&p.packages, timeout_s, DEFAULT_MAX_OUTPUT as u64)?;
+        let text = code::install_policy_text(&req);
+        let planned = Planned {
+            sandbox: session.name(),
+            field: "command",
+            command: &text,
+        };
+        self.permit_unmatchable(
+            &peer,
+            planned,
+            "a package install",
+            "outpost install-package",
+        )
+        .await?;
+        // An install cannot be left running and collected later: past the
+        // client's patience it is stopped, and says why.
+        let mut note = None;
+        if let Some(budget) = self.call_budget(&peer, None)? {
+            let left = (called + budget)
+                .saturating_duration_since(Instant::now())
+                .saturating_sub(ANSWER_MARGIN);
+            let left_ms = (left.as_millis() as u64).max(1000);
+            if req.timeout_ms.is_some_and(|t| t > left_ms) {
+                req.timeout_ms = Some(left_ms);
+                note = Some(format!(
+                    "stopped at this client's call limit ({:.0} s); install fewer packages per call, or ask the user to raise it ([client_budget_s] in the Outpost config)",
+                    budget.as_secs_f64()
+                ));
+            }
+        }
+        let timeout_s = req.timeout_ms.map(|ms| ms as f64 / 1000.0);
+        let latest: Arc<Mutex<Option<ExecProgress>>> = Arc::default();
+        let _ticker = progress.every({
+            let latest = latest.clone();
+            move || {
+                let seen = latest.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                async move { exec_report(seen, timeout_s) }
+            }
+        });
+        if progress.wanted() {
+            req.progress_ms = Some(AGENT_EVERY_MS);
+        }
+        let result = code::install(&session, req, |p| {
+            *latest.lock().unwrap_or_else(|p| p.into_inner()) = Some(p)
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+        Ok(install_result(result, note))
+    }
+
+    #[tool(
+        description = "Run code once in a new isolated sandbox, deleted after. Result as execute_code's."
+    )]
+    async fn create_run_close(
+        &self,
+        Parameters(p): Parameters<OneShotParams>,
+        peer: rmcp::Peer<RoleServer>,
+        meta: RequestMetaObject,
+    ) -> Result<CallToolResult, String> {
+        let called = Instant::now();
+        let progress = Progress::of(&peer, &meta);
+        let defaults = CreateRequest::default();
+        let mut create = CreateRequest {
+            host: p.host.filter(|h| !h.is_empty()).unwrap_or(defaults.host),
+            isolation: p.isolation.unwrap_or(defaults.isolation),
+            network: p.network.unwrap_or(defaults.network),
+            gpus: p.gpus.unwrap_or(defaults.gpus),
+            ..defaults
+        };
+        let mut req = code::request(&RunRequest {
+            code: p.code,
+            language: p.language.unwrap_or_else(|| "python".into()),
+            timeout_s: Some(p.timeout_s.unwrap_or(code::DEFAULT_TIMEOUT_S)),
+            env: env_pairs(p.env),
+            ..RunRequest::default()
+        })?;
+        if req.code.trim().is_empty() {
+            return Err("code is empty".into());
+        }
+        sandboxes::parse_isolation(&create.isolation)?;
+        // The sandbox will be under its host's rules: ask them first.
+        let host = sandboxes::pick_host(&self.fleet, &create.host, create.gpus).await?;
+        create.host = host.name().to_string();
+        self.permit_code(&peer, host.name(), &code::policy_text(&req))
+            .await?;
+        // Nothing can collect this run later: it must end within the
+        // client's patience.
+        let mut note = None;
+        if let Some(budget) = self.call_budget(&peer, None)? {
+            let left = (called + budget)
+                .saturating_duration_since(Instant::now())
+                .saturating_sub(ONE_SHOT_MARGIN);
+            let left_ms = (left.as_millis() as u64).max(1000);
+            if req.timeout_ms > left_ms {
+                req.timeout_ms = left_ms;
+                note = Some(format!(
+                    "timeout_s cut to {:.0}: this client waits {:.0} s for a call; use create_sandbox and execute_code for longer runs",
+                    left_ms as f64 / 1000.0,
+                    budget.as_secs_f64()
+                ));
+            }
+        }
+        let _ticker = seconds_ticker(&progress, req.timeout_ms as f64 / 1000.0, "running");
+        let shot = code::create_run_close(&self.fleet, create, req).await?;
+        let kept = shot.delete_error.map(|e| {
+            format!(
+                "{} could not be deleted ({e}); it ends at its expiry, {}",
+                shot.sandbox.sandbox_name, shot.sandbox.expires_at
+            )
+        });
+        match shot.result {
+            Ok(exec) => {
+                let note = match (note.filter(|_| exec.timed_out), kept) {
+                    (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+                    (a, b) => a.or(b),
+                };
+                Ok(run_result(exec, None, note))
+            }
+            Err(e) => Err(match kept {
+                Some(kept) => format!("{e}; {kept}"),
+                None => e.to_string(),
+            }),
+        }
+    }
+}
+
+#[tool_router(router = code_contexts_router, vis = "pub(super)")]
+impl OutpostServer {
+    #[tool(description = "List a sandbox's code contexts, or interrupt, restart or remove one.")]
+    async fn code_contexts(
+        &self,
+        Parameters(p): Parameters<ContextsParams>,
+    ) -> Result<Json<ContextsReply>, String> {
+        let session = self.fleet.get(p.sandbox_name.as_deref())?;
+        let action = code::parse_action(p.action.as_deref().unwrap_or("list"))?;
+        let all = match action {
+            None => code::contexts(&session).await,
+            Some(action) => {
+                let context = p
+                    .context
+                    .ok_or("context is required for interrupt, restart and remove")?;
+                code::check_context(&context)?;
+                code::control(&session, &context, action).await
+            }
+        };
+        let all = all.map_err(|e| e.to_string())?;
+        Ok(Json(ContextsReply {
+            contexts: all.into_iter().map(ContextRow::from).collect(),
+        }))
+    }
+}
+
+impl OutpostServer {
+    /// The policy for what `planned` runs (code, or a package install:
+    /// `what`): refused where allow rules list what may run on its
+    /// sandbox, else deny and confirm rules on its text, as for a command.
+    /// `cli` is the command a person can run it with instead.
+    async fn permit_unmatchable(
+        &self,
+        peer: &rmcp::Peer<RoleServer>,
+        planned: Planned<'_>,
+        what: &'static str,
+        cli: &str,
+    ) -> Result<(), String> {
+        self.fleet
+            .policy
+            .check_unmatchable(planned.sandbox, planned.field, what)
+            .map_err(|refusal| refusal.to_string())?;
+        self.permit_as(peer, &[planned], cli).await
+    }
+
+    /// [`Self::permit_unmatchable`] for code on `sandbox`.
+    async fn permit_code(
+        &self,
+        peer: &rmcp::Peer<RoleServer>,
+        sandbox: &str,
+        text: &str,
+    ) -> Result<(), String> {
+        let planned = Planned {
+            sandbox,
+            field: "code",
+            command: text,
+        };
+        self.permit_unmatchable(peer, planned, "code", "outpost code")
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use outpost_protocol::{CapturedOutput, CodeError, CodeResult};
+    use serde_json::{Value, json};
+
+    fn captured(text: &str) -> CapturedOutput {
+        CapturedOutput {
+            head: text.as_bytes().to_vec(),
+            ..CapturedOutput::default()
+        }
+    }
+
+    fn result(data: &[(&str, &str)], main: bool) -> CodeResult {
+        CodeResult {
+            data: data
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            is_main_result: main,
+        }
+    }
+
+    /// The JSON block and the image blocks of a result.
+    fn parts(r: &CallToolResult) -> (Value, Vec<(String, String)>) {
+        let json = serde_json::from_str(&r.content[0].as_text().unwrap().text).unwrap();
+        let images = r.content[1..]
+            .iter()
+            .map(|c| {
+                let i = c.as_image().unwrap();
+                (i.data.clone(), i.mime_type.clone())
+            })
+            .collect();
+        (json, images)
+    }
+
+    #[test]
+    fn images_become_image_blocks_named_in_the_json() {
+        let exec = CodeExecution {
+            results: vec![
+                result(
+                    &[("text/plain", "<Figure>"), ("image/png", "iVBORw0KGgo=")],
+                    false,
+                ),
+                result(
+                    &[
+                        ("text/plain", "   a\n0  1"),
+                        ("text/html", "<table>…</table>"),
+                    ],
+                    false,
+                ),
+                result(&[("image/png", "AAAA")], false),
+                result(&[("text/plain", "42")], true),
+            ],
+            stdout: captured("hi\n"),
+            execution_count: 2,
+            duration_ms: 3,
+            ..CodeExecution::default()
+        };
+        let r = run_result(exec, Some("execute_code(code=\"\")".into()), None);
+        assert_eq!(r.is_error, Some(false));
+        let (json, images) = parts(&r);
+        assert_eq!(
+            json,
+            json!({
+                "results": [
+                    {"text/plain": "<Figure>", "image/png": "[image 1]"},
+                    {"text/plain": "   a\n0  1"},
+                    {"image/png": "[image 2]"},
+                    {"text/plain": "42"}
+                ],
+                "stdout": "hi\n",
+                "execution_count": 2,
+                "duration_s": 0.003
+            })
+        );
+        assert_eq!(
+            images,
+            [
+                ("iVBORw0KGgo=".to_string(), "image/png".to_string()),
+                ("AAAA".to_string(), "image/png".to_string())
+            ]
+        );
+        // HTML alone is the value itself: kept.
+        let html = CodeExecution {
+            results: vec![result(&[("text/html", "<b>x</b>")], true)],
+            ..CodeExecution::default()
+        };
+        let (json, _) = parts(&run_result(html, None, None));
+        assert_eq!(json["results"], json!([{"text/html": "<b>x</b>"}]));
+    }
+
+    #[test]
+    fn exceptions_are_results_and_empty_fields_are_left_out() {
+        let exec = CodeExecution {
+            error: Some(CodeError {
+                name: "ZeroDivisionError".into(),
+                value: "division by zero".into(),
+                traceback: "Traceback …\nZeroDivisionError: division by zero".into(),
+            }),
+            stderr: captured("warn\n"),
+            execution_count: 3,
+            duration_ms: 1500,
+            timed_out: true,
+            restarted: Some("it ignored the interrupt".into()),
+            ..CodeExecution::default()
+        };
+        let r = run_result(exec, Some("unused".into()), None);
+        assert_eq!(r.is_error, Some(false), "an exception is the run's result");
+        let (json, images) = parts(&r);
+        assert!(images.is_empty());
+        let keys: Vec<&str> = json
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(|k| k.as_str())
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "duration_s",
+                "error",
+                "execution_count",
+                "restarted",
+                "stderr",
+                "timed_out"
+            ]
+        );
+        assert_eq!(json["error"]["name"], "ZeroDivisionError");
+        assert_eq!(json["duration_s"], 1.5);
+    }
+
+    #[test]
+    fn a_run_still_going_says_how_to_collect_it() {
+        let exec = CodeExecution {
+            running: true,
+            execution_count: 4,
+            ..CodeExecution::default()
+        };
+        let next = collect_call("train", "gpu1/sbx-1");
+        let (json, _) = parts(&run_result(exec, Some(next), None));
+        assert_eq!(
+            json,
+            json!({
+                "running": true,
+                "execution_count": 4,
+                "next": "execute_code(code=\"\", context=\"train\", sandbox_name=\"gpu1/sbx-1\")"
+            })
+        );
+        let lost = run_error(
+            CallError::ConnectionLost("heartbeat".into()),
+            Some(collect_call("default", "local")),
+        );
+        assert!(
+            lost.contains("may go on") && lost.contains("code=\"\""),
+            "{lost}"
+        );
+        let agent = run_error(CallError::Protocol("bad".into()), Some("x".into()));
+        assert_eq!(agent, "bad");
+    }
+
+    #[test]
+    fn failed_installs_answer_with_the_tails() {
+        let ok = ExecResult {
+            exit_code: Some(0),
+            signal: None,
+            timed_out: false,
+            cancelled: false,
+            stdout: captured("Collecting numpy\n…\nSuccessfully installed numpy\n"),
+            stderr: CapturedOutput::default(),
+            duration_ms: 2500,
+        };
+        let r = install_result(ok.clone(), Some("unused".into()));
+        assert_eq!(r.is_error, Some(false));
+        let (json, _) = parts(&r);
+        assert_eq!(json, json!({"exit_code": 0, "duration_s": 2.5}));
+        let long = format!(
+            "{}ERROR: No matching distribution found for nope\n",
+            "x\n".repeat(5000)
+        );
+        let failed = ExecResult {
+            exit_code: Some(1),
+            stderr: captured(&long),
+            ..ok
+        };
+        let r = install_result(failed, None);
+        assert_eq!(r.is_error, Some(true));
+        let (json, _) = parts(&r);
+        let stderr = json["stderr"].as_str().unwrap();
+        assert!(
+            stderr.starts_with("[…]\nx\n") && stderr.ends_with("found for nope\n"),
+            "{stderr}"
+        );
+        assert!(stderr.len() <= INSTALL_TAIL + 10);
+        assert!(json["stdout"].as_str().unwrap().contains("Successfully"));
+    }
+
+    #[test]
+    fn tails_start_at_a_line_and_a_character() {
+        assert_eq!(tail("short", 10), "short");
+        assert_eq!(tail("aaaa\nbbbb\ncc", 6), "[…]\ncc");
+        let t = tail(&"é".repeat(100), 11);
+        assert!(t.starts_with("[…]\né"), "{t}");
+    }
+
+    /// Every session pays for the default tool list (the end-to-end tests
+    /// hold it to a budget): these three tools keep to their share.
+    #[test]
+    fn the_code_tools_keep_the_tool_list_small() {
+        let config = crate::config::Config::new(
+            vec![crate::config::SandboxConfig::local()],
+            std::env::temp_dir().join("outpost-code-test/known_hosts"),
+        );
+        let server = OutpostServer::new(Arc::new(crate::fleet::Fleet::new(config)));
+        let tools = server.tool_router.list_all();
+        let mut total = 0;
+        for name in ["execute_code", "install_package", "create_run_close"] {
+            let tool = tools.iter().find(|t| t.name == name).unwrap();
+            let size = serde_json::to_string(tool).unwrap().len();
+            eprintln!("{name}: {size} characters");
+            total += size;
+        }
+        eprintln!("together: {total} characters");
+        assert!(total <= 1800, "{total}");
+        assert!(!tools.iter().any(|t| t.name == "code_contexts"));
+    }
+
+    #[test]
+    fn context_rows_are_compact() {
+        let row = ContextRow::from(CodeContextInfo {
+            name: "default".into(),
+            language: outpost_protocol::CodeLanguage::Python,
+            state: "idle".into(),
+            execution_count: 7,
+            pid: Some(12),
+            rss_bytes: 50 * 1024 * 1024 + 1,
+            last_used_ms: 951_782_400_000,
+        });
+        assert_eq!(
+            serde_json::to_value(&row).unwrap(),
+            json!({
+                "name": "default",
+                "language": "python",
+                "state": "idle",
+                "execution_count": 7,
+                "rss_mb": 51,
+                "last_used": "2000-02-29T00:00:00Z"
+            })
+        );
+    }
+}
