@@ -160,6 +160,14 @@ impl Fleet {
         }
     }
 
+    /// Drops the session kept for the isolated sandbox `name` (`HOST/ID`)
+    /// once it is deleted, so that sandboxes made and deleted by the
+    /// thousand (one-shot runs) leave nothing behind here. A later use of
+    /// the name makes a fresh one.
+    pub fn forget(&self, name: &str) {
+        self.isolated.lock().unwrap().remove(name);
+    }
+
     pub fn select(&self, name: &str) -> Result<(), String> {
         let session = self.get(Some(name))?;
         *self.active.write().unwrap() = session.name().to_string();

@@ -171,7 +171,7 @@ pub struct CodeRun {
     /// Empty: wait for the result of the context's last run, which outlived
     /// the `wait_ms` of the call that started it.
     pub code: String,
-    /// For this run only (Python); exported in the shell (bash).
+    /// Variables for this run only (set before it, put back after it).
     pub env: Vec<(String, String)>,
     /// After this long the run is interrupted (SIGINT; state kept), and
     /// after a grace the interpreter is restarted. 0: no limit.

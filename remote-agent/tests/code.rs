@@ -227,6 +227,22 @@ fn output_on_the_programs_own_fds_never_corrupts_the_worker() {
     );
     let input = host.py("input('name? ')");
     assert_eq!(input.error.unwrap().name, "EOFError");
+    // A fork that returns into the worker does not answer for it.
+    let forked = host.py("import os\nchild = os.fork()\nchild > 0 or None");
+    assert!(forked.error.is_none(), "{forked:?}");
+    assert_eq!(plain(&host.py("'in step'")), Some("'in step'"));
+    // Many displayed values: the first ones, and a count of the rest.
+    let many = host.py("for i in range(1000): display(i)");
+    assert_eq!(many.results.len(), 101, "{:?}", many.results.last());
+    let Response::Error(nul) = host.call(Request::CodeRun(CodeRun {
+        context: "default".into(),
+        code: "1".into(),
+        env: vec![("A".into(), "x\0y".into())],
+        ..CodeRun::default()
+    })) else {
+        panic!()
+    };
+    assert!(nul.message.contains("NUL"), "{}", nul.message);
     // Nothing bled into the next run; the worker still answers in step.
     let next = host.py("6 * 7");
     assert_eq!(plain(&next), Some("42"));
@@ -313,8 +329,43 @@ fn a_bash_context_keeps_its_directory_and_variables() {
         panic!()
     };
     assert!(e.message.contains("runs bash"), "{}", e.message);
-    let gone = bash(&mut host, "exit 3", 10_000);
-    assert!(gone.restarted.is_some(), "{gone:?}");
+    // A run's env lasts for that run: a new variable goes, an old one is
+    // put back.
+    let with_env = CodeRun {
+        context: "sh".into(),
+        language: CodeLanguage::Bash,
+        code: "echo $X $SECRET_T".into(),
+        env: vec![("X".into(), "7".into()), ("SECRET_T".into(), "s3".into())],
+        timeout_ms: 10_000,
+        output_limit: 4096,
+        ..CodeRun::default()
+    };
+    let Response::CodeRan(r) = host.call(Request::CodeRun(with_env)) else {
+        panic!()
+    };
+    assert_eq!(text(&r.stdout), "7 s3\n");
+    let after = bash(&mut host, "echo $X ${SECRET_T-unset}", 10_000);
+    assert_eq!(text(&after.stdout), "5 unset\n");
+    let gone = bash(&mut host, "echo bye; exit 3", 10_000);
+    assert!(
+        gone.restarted
+            .as_deref()
+            .unwrap_or("")
+            .contains("exited (status 3)"),
+        "{gone:?}"
+    );
+    assert_eq!(text(&gone.stdout), "bye\n");
+    // `set -e` ends the shell at the next failure: answered, and said.
+    bash(&mut host, "set -e", 10_000);
+    let failed = bash(&mut host, "echo before; false; echo after", 10_000);
+    assert_eq!(text(&failed.stdout), "before\n");
+    assert!(failed.restarted.is_some(), "{failed:?}");
+    // A function named like the worker's commands takes nothing over.
+    bash(&mut host, "printf() { :; }; read() { :; }", 10_000);
+    assert_eq!(
+        text(&bash(&mut host, "echo still", 10_000).stdout),
+        "still\n"
+    );
 }
 
 #[test]
@@ -351,7 +402,17 @@ fn a_context_outlives_its_connection_and_a_long_run_is_collected_later() {
         panic!()
     };
     assert_eq!(plain(&done), Some("'slept'"));
-    let Response::Error(nothing) = host.call(Request::CodeRun(collect)) else {
+    // Collecting again gives the same result (its first answer may never
+    // have reached its caller).
+    let Response::CodeRan(again) = host.call(Request::CodeRun(collect)) else {
+        panic!()
+    };
+    assert_eq!(again, done);
+    // A context with no run has nothing to collect.
+    let Response::Error(nothing) = host.call(Request::CodeRun(CodeRun {
+        context: "fresh".into(),
+        ..CodeRun::default()
+    })) else {
         panic!()
     };
     assert_eq!(nothing.kind, ErrorKind::BadRequest);

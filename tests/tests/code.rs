@@ -184,6 +184,66 @@ async fn execute_code_on_local_keeps_state_and_shows_plots() {
         !listed.to_string().contains("local/"),
         "left a sandbox: {listed}"
     );
+
+    // As root the agent reaches no isolation rung: without isolation="none"
+    // the code is refused, never run unisolated.
+    // SAFETY: getuid cannot fail.
+    if unsafe { libc::getuid() } == 0 {
+        let (err, r, _) = run(
+            &client,
+            "create_run_close",
+            json!({"code": "1", "host": "local"}),
+        )
+        .await;
+        assert!(
+            err && r.to_string().contains("isolation=\\\"none\\\""),
+            "{r}"
+        );
+    }
+
+    // A cancelled one-shot leaves neither its code nor its sandbox.
+    let needle = format!("time.sleep(300.{})", std::process::id());
+    let args =
+        json!({"code": format!("import time\n{needle}"), "host": "local", "isolation": "none"});
+    let mut running = Box::pin(
+        client.call_tool(
+            CallToolRequestParams::new("create_run_close")
+                .with_arguments(args.as_object().unwrap().clone()),
+        ),
+    );
+    let sleeping = || {
+        outpost_e2e::pids_with_cmdline("python3")
+            .into_iter()
+            .any(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/environ"))
+                    .is_ok_and(|e| e.contains("OUTPOST_SANDBOX="))
+            })
+    };
+    tokio::select! {
+        r = &mut running => panic!("the run ended: {r:?}"),
+        () = async {
+            while !sleeping() {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        } => {}
+    }
+    drop(running);
+    assert!(
+        outpost_e2e::wait_until(std::time::Duration::from_secs(15), || !sleeping()),
+        "the one-shot's interpreter outlived its cancelled call"
+    );
+    let mut left = String::new();
+    for _ in 0..50 {
+        left = call(&client, "list_sandboxes", json!({}))
+            .await
+            .1
+            .to_string();
+        if !left.contains("local/") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(!left.contains("local/"), "left a sandbox: {left}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -26,6 +26,8 @@ pub(super) struct CodeArgs {
     pub timeout: Option<f64>,
     pub restart: bool,
     pub list: bool,
+    /// `interrupt`, `restart` or `remove` the context, instead of a run.
+    pub control: Option<String>,
     pub save_images: Option<PathBuf>,
 }
 
@@ -33,16 +35,23 @@ pub(super) struct CodeArgs {
 const REFUSED: u8 = 126;
 
 pub(super) async fn code(fleet: &Fleet, a: CodeArgs) -> Result<ExitCode> {
-    let (sandbox, code) = match (a.list, a.args.as_slice()) {
+    let no_code = a.list || a.control.is_some();
+    let (sandbox, code) = match (no_code, a.args.as_slice()) {
         (true, []) => (None, None),
         (true, [sandbox]) => (Some(sandbox.clone()), None),
         (false, [code]) => (None, Some(code.clone())),
         (false, [sandbox, code]) => (Some(sandbox.clone()), Some(code.clone())),
-        (true, _) => anyhow::bail!("--list takes at most a SANDBOX"),
+        (true, _) => anyhow::bail!("--list and --control take at most a SANDBOX"),
         (false, _) => anyhow::bail!("give [SANDBOX] CODE (CODE - reads standard input)"),
     };
     let session = fleet.get(sandbox.as_deref()).map_err(anyhow::Error::msg)?;
     let Some(code) = code else {
+        if let Some(action) = &a.control {
+            let context = a
+                .context
+                .unwrap_or_else(|| code::default_context(&a.language).into());
+            return control(&session, &context, action).await;
+        }
         return list(&session).await;
     };
     let code = if code == "-" { read_stdin()? } else { code };
@@ -86,7 +95,10 @@ pub(super) async fn code(fleet: &Fleet, a: CodeArgs) -> Result<ExitCode> {
             result = &mut run => break result,
             _ = tokio::signal::ctrl_c() => {
                 if interrupted {
-                    eprintln!("outpost: left without the run's result");
+                    eprintln!(
+                        "outpost: left without the run's result; it may go on.\n{}",
+                        stop_hint(session.name(), &context)
+                    );
                     return Ok(ExitCode::from(130));
                 }
                 interrupted = true;
@@ -103,6 +115,50 @@ pub(super) async fn code(fleet: &Fleet, a: CodeArgs) -> Result<ExitCode> {
         }
         Ok(exec) => show(&exec, a.save_images.as_deref()),
         Err(e) => Ok(failed(&session, &e)),
+    }
+}
+
+/// The commands that stop a run left going in `context` on `sandbox`.
+fn stop_hint(sandbox: &str, context: &str) -> String {
+    let command = |action: &str| {
+        format!(
+            "outpost code --control {action} --context {} {}",
+            shell_word(context),
+            shell_word(sandbox)
+        )
+    };
+    format!(
+        "  interrupt it again (state kept): {}\n  stop it for sure (state lost):   {}",
+        command("interrupt"),
+        command("restart")
+    )
+}
+
+/// `s` as one shell word: as it is when it needs no quotes.
+fn shell_word(s: &str) -> String {
+    let plain = !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-/@:+=,".contains(&b));
+    if plain {
+        s.to_string()
+    } else {
+        outpost::host::bootstrap::shell_quote(s)
+    }
+}
+
+/// `outpost code --control ACTION`: the action on `context`, then the
+/// contexts left.
+async fn control(session: &Session, context: &str, action: &str) -> Result<ExitCode> {
+    code::check_context(context).map_err(anyhow::Error::msg)?;
+    let Some(action) = code::parse_action(action).map_err(anyhow::Error::msg)? else {
+        return list(session).await;
+    };
+    match code::control(session, context, action).await {
+        Ok(all) => {
+            print_contexts(all);
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => Ok(failed(session, &e)),
     }
 }
 
@@ -195,7 +251,15 @@ fn result_line(
         line.push_str(&format!(" {}", human_bytes(bytes.len() as u64)));
         if let Some(dir) = save_images {
             *images += 1;
-            let ext = mime.strip_prefix("image/").unwrap_or("bin");
+            // From a fixed list: the MIME type comes from the run, and its
+            // text must not make the file's name.
+            let ext = match mime.as_str() {
+                "image/png" => "png",
+                "image/jpeg" => "jpg",
+                "image/gif" => "gif",
+                "image/webp" => "webp",
+                _ => "bin",
+            };
             let path = dir.join(format!("image-{images}.{ext}"));
             std::fs::create_dir_all(dir)
                 .and_then(|()| std::fs::write(&path, &bytes))
@@ -224,12 +288,18 @@ fn png_size(bytes: &[u8]) -> Option<(u32, u32)> {
     Some((be(16), be(20)))
 }
 
-/// NAME LANGUAGE STATE RUNS RSS LAST_USED of each context.
+/// The sandbox's contexts, as [`print_contexts`] shows them.
 async fn list(session: &Session) -> Result<ExitCode> {
-    let all = match code::contexts(session).await {
-        Ok(all) => all,
-        Err(e) => return Ok(failed(session, &e)),
-    };
+    match code::contexts(session).await {
+        Ok(all) => {
+            print_contexts(all);
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => Ok(failed(session, &e)),
+    }
+}
+
+fn print_contexts(all: Vec<outpost_protocol::CodeContextInfo>) {
     println!(
         "{:<24} {:<8} {:<8} {:>5} {:>9}  LAST_USED",
         "NAME", "LANGUAGE", "STATE", "RUNS", "RSS"
@@ -245,7 +315,6 @@ async fn list(session: &Session) -> Result<ExitCode> {
             utc_time(c.last_used_ms / 1000)
         );
     }
-    Ok(ExitCode::SUCCESS)
 }
 
 /// All of standard input, as the code to run.
@@ -375,7 +444,36 @@ mod tests {
             "{saved}"
         );
         assert_eq!(std::fs::read(&path).unwrap().len(), 29);
+        // The extension is never the MIME type's own text.
+        let jpeg = result(&[("image/jpeg", "/9j/4A==")]);
+        let odd = result(&[("image/../../x", "AAAA")]);
+        let saved = [&jpeg, &odd].map(|r| result_line(r, Some(&dir), &mut n).unwrap());
+        assert!(saved[0].ends_with("image-2.jpg]"), "{}", saved[0]);
+        assert!(saved[1].ends_with("image-3.bin]"), "{}", saved[1]);
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(png_size(b"not a png at all, not at all"), None);
+    }
+
+    #[test]
+    fn a_run_left_going_says_how_to_stop_it() {
+        let hint = stop_hint("gpu1/sbx-1", "train");
+        assert!(
+            hint.contains("outpost code --control interrupt --context train gpu1/sbx-1")
+                && hint.contains("outpost code --control restart --context train gpu1/sbx-1"),
+            "{hint}"
+        );
+        assert_eq!(shell_word("my box"), "'my box'");
+    }
+
+    #[test]
+    fn control_takes_an_action_and_at_most_a_sandbox() {
+        use clap::Parser as _;
+        let parse = |args: &[&str]| {
+            super::super::Cli::try_parse_from(["outpost", "code"].iter().chain(args))
+        };
+        assert!(parse(&["--control", "restart", "--context", "train", "gpu1"]).is_ok());
+        assert!(parse(&["--control", "kill"]).is_err());
+        assert!(parse(&["--control", "remove", "--list"]).is_err());
+        assert!(parse(&["--control", "remove", "--restart"]).is_err());
     }
 }

@@ -90,18 +90,20 @@ enum Command {
     /// timeout, 126 when the config file's [policy] refuses it (always where
     /// the sandbox has allow rules: code cannot be checked against them), 255
     /// when the host cannot be reached. Ctrl-C interrupts the run (state
-    /// kept); a second one leaves without waiting. Empty code ('') collects
-    /// a run an MCP call left running.
+    /// kept); a second one leaves without waiting, and prints the command
+    /// that stops the run. Empty code ('') collects a run an MCP call left
+    /// running. --control interrupts, restarts or removes a context (the one
+    /// --context names), then lists them.
     #[command(
-        override_usage = "outpost code [OPTIONS] [SANDBOX] <CODE|->\n       outpost code --list [SANDBOX]"
+        override_usage = "outpost code [OPTIONS] [SANDBOX] <CODE|->\n       outpost code --list [SANDBOX]\n       outpost code --control <interrupt|restart|remove> [--context NAME] [SANDBOX]"
     )]
     Code {
         /// [SANDBOX] CODE: SANDBOX (default: the active one) may be HOST/ID;
         /// CODE - reads the code from standard input.
         #[arg(value_name = "ARGS", num_args = 0..=2)]
         args: Vec<String>,
-        /// The context to run in (made on first use; default: "default",
-        /// for bash "bash").
+        /// The context to run in, or for --control to act on (made on first
+        /// use; default: "default", for bash "bash").
         #[arg(long)]
         context: Option<String>,
         /// python or bash (one per context).
@@ -116,9 +118,19 @@ enum Command {
         restart: bool,
         /// List the sandbox's contexts instead: NAME LANGUAGE STATE RUNS RSS
         /// LAST_USED.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "control")]
         list: bool,
-        /// Write each image to DIR as image-N.png.
+        /// Instead of running code: interrupt the context's run (state
+        /// kept), restart it (a fresh interpreter; the state is lost, a run
+        /// stopped), or remove it; then list the contexts.
+        #[arg(
+            long,
+            value_name = "ACTION",
+            value_parser = ["interrupt", "restart", "remove"],
+            conflicts_with_all = ["restart", "timeout", "save_images"]
+        )]
+        control: Option<String>,
+        /// Write each image to DIR as image-N.png (.jpg, .gif, .webp).
         #[arg(long, value_name = "DIR")]
         save_images: Option<std::path::PathBuf>,
     },
@@ -387,6 +399,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
             timeout,
             restart,
             list,
+            control,
             save_images,
         } => {
             let args = code::CodeArgs {
@@ -396,6 +409,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
                 timeout,
                 restart,
                 list,
+                control,
                 save_images,
             };
             code::code(&fleet, args).await

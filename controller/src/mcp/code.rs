@@ -7,7 +7,9 @@
 //! A run's result is built by hand rather than as structured output: its
 //! first content block is compact JSON (empty fields left out), and each
 //! image a run displayed follows as an image block, named in the JSON as
-//! `[image N]`, so that a client shows it and the model sees it.
+//! `[image N]`, so that a client shows it and the model sees it (one a
+//! client could not show is left out, and the JSON says why). Text values
+//! are cut to what `exec_bash` keeps of a stream.
 //!
 //! A run that outlasts what the client waits for a call ([`super::budget`])
 //! answers `running` with the call that collects it, as `exec_bash` answers
@@ -22,6 +24,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
 use outpost_protocol::{CodeContextInfo, CodeExecution, ExecProgress, ExecResult};
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{CallToolResult, ContentBlock, RequestMetaObject};
@@ -44,6 +48,10 @@ const ANSWER_MARGIN: Duration = Duration::from_secs(2);
 /// What a one-shot run leaves of the client's patience besides: the
 /// interrupt at its timeout, and deleting the sandbox.
 const ONE_SHOT_MARGIN: Duration = Duration::from_secs(8);
+/// Below this much of the client's patience left (or half of it, for a
+/// client that waits less than twice this), an install or a one-shot run is
+/// not started: it would be stopped before it could do anything.
+const MIN_LEFT: Duration = Duration::from_secs(10);
 /// Each stream's last bytes a failed install answers with.
 const INSTALL_TAIL: usize = 3000;
 
@@ -155,6 +163,9 @@ struct RunView {
     /// The call that collects a run still going.
     #[serde(skip_serializing_if = "Option::is_none")]
     next: Option<String>,
+    /// A one-shot run's sandbox: what isolated it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    isolation: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     note: Option<String>,
 }
@@ -184,33 +195,28 @@ impl Serialize for Bundle {
 
 /// Image types a client can show from base64 data.
 const IMAGE_TYPES: &[&str] = &["image/png", "image/jpeg", "image/gif", "image/webp"];
+/// Each text value of a result (a repr, HTML, SVG, JSON, an error's
+/// traceback) is cut to this many bytes, head and tail, as `exec_bash`
+/// cuts each stream by default.
+const MAX_VALUE: usize = DEFAULT_MAX_OUTPUT as usize;
+/// The largest image passed on, decoded: a client may refuse the whole
+/// result for a larger one, and the model pays for every pixel.
+const MAX_IMAGE_BYTES: usize = 4 << 20;
+/// … and its widest side, in pixels.
+const MAX_IMAGE_SIDE: u32 = 8000;
 
-/// The tool result for a run: its JSON, then each image it displayed as an
-/// image block (named `[image N]` in the JSON). HTML that repeats a
-/// value's `text/plain` (a DataFrame's table) is left out: it costs the
-/// model several times the plain text and says nothing more to it.
-fn run_result(exec: CodeExecution, next: Option<String>, note: Option<String>) -> CallToolResult {
+/// A run as the model reads it, and the image blocks its JSON names.
+fn run_view(
+    exec: CodeExecution,
+    next: Option<String>,
+    note: Option<String>,
+) -> (RunView, Vec<ContentBlock>) {
     let mut images = Vec::new();
+    let mut seen = 0;
     let results = exec
         .results
         .into_iter()
-        .map(|result| {
-            let has_plain = result.data.iter().any(|(mime, _)| mime == "text/plain");
-            let data = result
-                .data
-                .into_iter()
-                .filter(|(mime, _)| !(has_plain && mime == "text/html"))
-                .map(|(mime, data)| {
-                    if IMAGE_TYPES.contains(&mime.as_str()) {
-                        images.push(ContentBlock::image(data, mime.clone()));
-                        (mime, format!("[image {}]", images.len()))
-                    } else {
-                        (mime, data)
-                    }
-                })
-                .collect();
-            Bundle(data)
-        })
+        .map(|result| bundle(result.data, &mut images, &mut seen))
         .collect();
     let view = RunView {
         results,
@@ -218,8 +224,8 @@ fn run_result(exec: CodeExecution, next: Option<String>, note: Option<String>) -
         stderr: exec.stderr.to_text(),
         error: exec.error.map(|e| ErrorView {
             name: e.name,
-            value: e.value,
-            traceback: e.traceback,
+            value: head_tail(&e.value, MAX_VALUE),
+            traceback: head_tail(&e.traceback, MAX_VALUE),
         }),
         timed_out: exec.timed_out,
         restarted: exec.restarted,
@@ -228,11 +234,214 @@ fn run_result(exec: CodeExecution, next: Option<String>, note: Option<String>) -
         duration_s: (!exec.running).then_some(exec.duration_ms as f64 / 1000.0),
         next: next.filter(|_| exec.running),
         note,
+        ..RunView::default()
     };
-    let text = serde_json::to_string(&view).unwrap_or_default();
+    (view, images)
+}
+
+/// The tool result for a run: its JSON, then each image it displayed as an
+/// image block (named `[image N]` in the JSON; see [`bundle`]).
+fn run_result(exec: CodeExecution, next: Option<String>, note: Option<String>) -> CallToolResult {
+    let (view, images) = run_view(exec, next, note);
+    view_result(&view, images)
+}
+
+fn view_result(view: &RunView, mut images: Vec<ContentBlock>) -> CallToolResult {
+    let text = serde_json::to_string(view).unwrap_or_default();
     let mut content = vec![ContentBlock::text(text)];
     content.append(&mut images);
     CallToolResult::success(content)
+}
+
+/// One displayed value as the model reads it, its images moved to
+/// `images` and named `[image N]` (N counting every image of the run), or
+/// where one cannot be shown, `[image N left out: why]`.
+///
+/// Of the forms of one value, those that say nothing more cost the model
+/// for nothing: HTML beside a real `text/plain` (a DataFrame's table) is
+/// left out, as is SVG beside a PNG or a real `text/plain`. But a
+/// `text/plain` that is only Python's default repr (`<… object at 0x…>`,
+/// as an IPython `HTML` object or a `df.style` has) is left out instead of
+/// the HTML that is the value. Every other value is cut to [`MAX_VALUE`].
+fn bundle(data: Vec<(String, String)>, images: &mut Vec<ContentBlock>, seen: &mut usize) -> Bundle {
+    let plain = data
+        .iter()
+        .find(|(mime, _)| mime == "text/plain")
+        .map(|(_, text)| text.as_str());
+    let default_plain = plain.is_some_and(is_default_repr);
+    let real_plain = plain.is_some() && !default_plain;
+    let has = |wanted: &str| data.iter().any(|(mime, _)| mime == wanted);
+    let (has_html, has_png) = (has("text/html"), has("image/png"));
+    let kept = data
+        .into_iter()
+        .filter(|(mime, _)| match mime.as_str() {
+            "text/html" => !real_plain,
+            "text/plain" => !(default_plain && has_html),
+            "image/svg+xml" => !(has_png || real_plain),
+            _ => true,
+        })
+        .map(|(mime, data)| {
+            if !IMAGE_TYPES.contains(&mime.as_str()) {
+                let data = head_tail(&data, MAX_VALUE);
+                return (mime, data);
+            }
+            *seen += 1;
+            match check_image(&mime, &data) {
+                Ok(clean) => {
+                    images.push(ContentBlock::image(clean, mime.clone()));
+                    (mime, format!("[image {seen}]"))
+                }
+                Err(why) => (mime, format!("[image {seen} left out: {why}]")),
+            }
+        })
+        .collect();
+    Bundle(kept)
+}
+
+/// Whether `plain` is Python's default repr, which names the object's type
+/// and nothing of its value: `<IPython.core.display.HTML object>`,
+/// `<pandas.io.formats.style.Styler object at 0x7f…>`.
+fn is_default_repr(plain: &str) -> bool {
+    static DEFAULT: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        regex::Regex::new(r"^<[^>]* object( at 0x[0-9a-fA-F]+)?>$").expect("default repr")
+    });
+    DEFAULT.is_match(plain.trim())
+}
+
+/// `text` cut to about `max` bytes: its head and its tail (on character
+/// boundaries), and between them how many bytes were left out, marked as
+/// a stream's output is.
+fn head_tail(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut head_end = max / 2;
+    while !text.is_char_boundary(head_end) {
+        head_end -= 1;
+    }
+    let mut tail_start = text.len() - max / 2;
+    while !text.is_char_boundary(tail_start) {
+        tail_start += 1;
+    }
+    format!(
+        "{}\n[… {} bytes omitted …]\n{}",
+        &text[..head_end],
+        tail_start - head_end,
+        &text[tail_start..]
+    )
+}
+
+/// An image's base64 as a client can show it (without the line breaks
+/// some encoders add), or why it is left out: not valid base64, bytes that
+/// are not of its MIME type, over [`MAX_IMAGE_BYTES`] or
+/// [`MAX_IMAGE_SIDE`]. A client shown a broken or huge image may fail the
+/// whole result, and the model would lose the rest of it.
+fn check_image(mime: &str, data: &str) -> Result<String, String> {
+    let clean: String = data.chars().filter(|c| !c.is_ascii_whitespace()).collect();
+    let kind = mime.trim_start_matches("image/").to_uppercase();
+    let too_big = || format!("over {} MiB", MAX_IMAGE_BYTES >> 20);
+    // Known from the length, before decoding anything that large.
+    if clean.len() / 4 * 3 > MAX_IMAGE_BYTES + 3 {
+        return Err(too_big());
+    }
+    let bytes = BASE64
+        .decode(&clean)
+        .map_err(|_| format!("not valid base64 for a {kind}"))?;
+    if bytes.len() > MAX_IMAGE_BYTES {
+        return Err(too_big());
+    }
+    match image_size(mime, &bytes) {
+        None => Err(format!("not a valid {kind}")),
+        Some(Some((w, h))) if w == 0 || h == 0 => Err(format!("not a valid {kind}")),
+        Some(Some((w, h))) if w > MAX_IMAGE_SIDE || h > MAX_IMAGE_SIDE => {
+            Err(format!("{w}x{h} px, over {MAX_IMAGE_SIDE} px a side"))
+        }
+        Some(_) => Ok(clean),
+    }
+}
+
+/// None: `bytes` do not start as a `mime` image does. Else its width and
+/// height where its header says them plainly (for a JPEG, its first
+/// frame's; a WebP's from its first chunk).
+fn image_size(mime: &str, bytes: &[u8]) -> Option<Option<(u32, u32)>> {
+    let be16 = |at: usize| {
+        Some(u32::from(u16::from_be_bytes(
+            bytes.get(at..at + 2)?.try_into().ok()?,
+        )))
+    };
+    let le16 = |at: usize| {
+        Some(u32::from(u16::from_le_bytes(
+            bytes.get(at..at + 2)?.try_into().ok()?,
+        )))
+    };
+    let le24 = |at: usize| {
+        let b = bytes.get(at..at + 3)?;
+        Some(u32::from(b[0]) | u32::from(b[1]) << 8 | u32::from(b[2]) << 16)
+    };
+    match mime {
+        "image/png" => {
+            if !bytes.starts_with(b"\x89PNG\r\n\x1a\n") || bytes.get(12..16)? != b"IHDR" {
+                return None;
+            }
+            let be32 =
+                |at: usize| u32::from_be_bytes(bytes[at..at + 4].try_into().unwrap_or_default());
+            (bytes.len() >= 24).then(|| Some((be32(16), be32(20))))
+        }
+        "image/gif" => {
+            if !(bytes.starts_with(b"GIF87a") || bytes.starts_with(b"GIF89a")) {
+                return None;
+            }
+            Some(Some((le16(6)?, le16(8)?)))
+        }
+        "image/jpeg" => {
+            if !bytes.starts_with(b"\xff\xd8\xff") {
+                return None;
+            }
+            // The segments up to the first frame header (SOF0 to SOF15,
+            // less DHT, JPG and DAC, which share the range).
+            let mut at = 2;
+            while bytes.get(at) == Some(&0xff) {
+                let Some(&marker) = bytes.get(at + 1) else {
+                    break;
+                };
+                match marker {
+                    0xff => at += 1,
+                    0x01 | 0xd0..=0xd7 => at += 2,
+                    0xc0..=0xcf if !matches!(marker, 0xc4 | 0xc8 | 0xcc) => {
+                        return Some(be16(at + 7).zip(be16(at + 5)));
+                    }
+                    _ => at += 2 + be16(at + 2).unwrap_or(0) as usize,
+                }
+            }
+            Some(None)
+        }
+        "image/webp" => {
+            if bytes.get(0..4)? != b"RIFF" || bytes.get(8..12)? != b"WEBP" {
+                return None;
+            }
+            Some(match bytes.get(12..16)? {
+                b"VP8X" => le24(24).zip(le24(27)).map(|(w, h)| (w + 1, h + 1)),
+                b"VP8L" => bytes.get(21..25).map(|b| {
+                    let bits = u32::from_le_bytes(b.try_into().unwrap_or_default());
+                    ((bits & 0x3fff) + 1, (bits >> 14 & 0x3fff) + 1)
+                }),
+                b"VP8 " => le16(26)
+                    .zip(le16(28))
+                    .map(|(w, h)| (w & 0x3fff, h & 0x3fff)),
+                _ => None,
+            })
+        }
+        _ => None,
+    }
+}
+
+/// The answer to a restart asked with no code to run.
+fn restarted_result(context: &str) -> CallToolResult {
+    let view = RunView {
+        restarted: Some(format!("as asked: context {context} starts afresh")),
+        ..RunView::default()
+    };
+    view_result(&view, Vec::new())
 }
 
 /// The call that collects a run still going in `context` on `sandbox`.
@@ -312,6 +521,18 @@ fn install_result(r: ExecResult, note: Option<String>) -> CallToolResult {
     }
 }
 
+/// Refuses to start what cannot be collected later (an install, a
+/// one-shot run) once the call has spent nearly all of `budget`, the
+/// client's patience since `called`: most likely in the confirmation
+/// dialog. A new call gets the whole budget again.
+fn enough_left(called: Instant, budget: Duration) -> Result<(), String> {
+    let left = (called + budget).saturating_duration_since(Instant::now());
+    if left < MIN_LEFT.min(budget / 2) {
+        return Err("the confirmation used this call's time; call again".into());
+    }
+    Ok(())
+}
+
 /// The caller's `env` as the agent takes it.
 fn env_pairs(env: Option<BTreeMap<String, String>>) -> Vec<(String, String)> {
     env.unwrap_or_default().into_iter().collect()
@@ -371,6 +592,10 @@ impl OutpostServer {
             code::restart(&session, &req.context)
                 .await
                 .map_err(|e| e.to_string())?;
+            // A restart alone: there is no run to collect.
+            if req.code.is_empty() {
+                return Ok(restarted_result(&req.context));
+            }
         }
         if let Some(budget) = budget {
             let left = (called + budget)
@@ -415,6 +640,7 @@ impl OutpostServer {
         // client's patience it is stopped, and says why.
         let mut note = None;
         if let Some(budget) = self.call_budget(&peer, None)? {
+            enough_left(called, budget)?;
             let left = (called + budget)
                 .saturating_duration_since(Instant::now())
                 .saturating_sub(ANSWER_MARGIN);
@@ -486,6 +712,7 @@ impl OutpostServer {
         // client's patience.
         let mut note = None;
         if let Some(budget) = self.call_budget(&peer, None)? {
+            enough_left(called, budget)?;
             let left = (called + budget)
                 .saturating_duration_since(Instant::now())
                 .saturating_sub(ONE_SHOT_MARGIN);
@@ -509,11 +736,15 @@ impl OutpostServer {
         });
         match shot.result {
             Ok(exec) => {
-                let note = match (note.filter(|_| exec.timed_out), kept) {
-                    (Some(a), Some(b)) => Some(format!("{a}; {b}")),
-                    (a, b) => a.or(b),
-                };
-                Ok(run_result(exec, None, note))
+                // What isolated the run, and what that isolation lacks.
+                let notes: Vec<String> = [note.filter(|_| exec.timed_out), shot.sandbox.note, kept]
+                    .into_iter()
+                    .flatten()
+                    .collect();
+                let note = (!notes.is_empty()).then(|| notes.join("; "));
+                let (mut view, images) = run_view(exec, None, note);
+                view.isolation = Some(shot.sandbox.isolation);
+                Ok(view_result(&view, images))
             }
             Err(e) => Err(match kept {
                 Some(kept) => format!("{e}; {kept}"),
@@ -621,14 +852,21 @@ mod tests {
         (json, images)
     }
 
+    /// A PNG's signature and header (all a check reads), as base64.
+    fn png(w: u32, h: u32) -> String {
+        let mut bytes = b"\x89PNG\r\n\x1a\n\0\0\0\x0dIHDR".to_vec();
+        bytes.extend(w.to_be_bytes());
+        bytes.extend(h.to_be_bytes());
+        bytes.extend([8, 6, 0, 0, 0]);
+        BASE64.encode(bytes)
+    }
+
     #[test]
     fn images_become_image_blocks_named_in_the_json() {
+        let (one, two) = (png(640, 480), png(1, 1));
         let exec = CodeExecution {
             results: vec![
-                result(
-                    &[("text/plain", "<Figure>"), ("image/png", "iVBORw0KGgo=")],
-                    false,
-                ),
+                result(&[("text/plain", "<Figure>"), ("image/png", &one)], false),
                 result(
                     &[
                         ("text/plain", "   a\n0  1"),
@@ -636,7 +874,7 @@ mod tests {
                     ],
                     false,
                 ),
-                result(&[("image/png", "AAAA")], false),
+                result(&[("image/png", &two)], false),
                 result(&[("text/plain", "42")], true),
             ],
             stdout: captured("hi\n"),
@@ -664,8 +902,8 @@ mod tests {
         assert_eq!(
             images,
             [
-                ("iVBORw0KGgo=".to_string(), "image/png".to_string()),
-                ("AAAA".to_string(), "image/png".to_string())
+                (one.clone(), "image/png".to_string()),
+                (two, "image/png".to_string())
             ]
         );
         // HTML alone is the value itself: kept.
@@ -675,6 +913,171 @@ mod tests {
         };
         let (json, _) = parts(&run_result(html, None, None));
         assert_eq!(json["results"], json!([{"text/html": "<b>x</b>"}]));
+    }
+
+    #[test]
+    fn html_is_kept_where_the_plain_text_says_nothing() {
+        let bundle_of = |data: &[(&str, &str)]| {
+            let exec = CodeExecution {
+                results: vec![result(data, true)],
+                ..CodeExecution::default()
+            };
+            parts(&run_result(exec, None, None)).0["results"][0].clone()
+        };
+        // An IPython HTML object, a DataFrame's Styler: the plain text is
+        // Python's default repr, the HTML is the value.
+        for plain in [
+            "<IPython.core.display.HTML object>",
+            "<pandas.io.formats.style.Styler object at 0x7f3a2b1c>",
+        ] {
+            assert_eq!(
+                bundle_of(&[("text/plain", plain), ("text/html", "<b>x</b>")]),
+                json!({"text/html": "<b>x</b>"}),
+                "{plain}"
+            );
+        }
+        // A default repr alone stays: it is all there is.
+        assert_eq!(
+            bundle_of(&[("text/plain", "<Foo object at 0xABC>")]),
+            json!({"text/plain": "<Foo object at 0xABC>"})
+        );
+        // A repr that says something is not a default one.
+        for plain in ["<Figure size 640x480 with 1 Axes>", "<b> object"] {
+            assert!(!is_default_repr(plain), "{plain}");
+        }
+        // SVG beside a PNG or a real repr says nothing more; alone, or
+        // beside a default repr, it is the value.
+        let svg = "<svg>…</svg>";
+        let figure = png(10, 10);
+        assert_eq!(
+            bundle_of(&[("image/svg+xml", svg), ("image/png", &figure)]),
+            json!({"image/png": "[image 1]"})
+        );
+        assert_eq!(
+            bundle_of(&[("text/plain", "<Figure size 1x1>"), ("image/svg+xml", svg)]),
+            json!({"text/plain": "<Figure size 1x1>"})
+        );
+        assert_eq!(
+            bundle_of(&[("text/plain", "<a.B object>"), ("image/svg+xml", svg)]),
+            json!({"text/plain": "<a.B object>", "image/svg+xml": svg})
+        );
+    }
+
+    #[test]
+    fn long_values_and_tracebacks_are_cut_head_and_tail() {
+        let long = format!("{}{}", "a".repeat(30_000), "z".repeat(30_000));
+        let exec = CodeExecution {
+            results: vec![result(
+                &[("text/html", &long), ("application/json", &long)],
+                true,
+            )],
+            error: Some(CodeError {
+                name: "E".into(),
+                value: long.clone(),
+                traceback: long.clone(),
+            }),
+            ..CodeExecution::default()
+        };
+        let (json, _) = parts(&run_result(exec, None, None));
+        let cut = [
+            &json["results"][0]["text/html"],
+            &json["results"][0]["application/json"],
+            &json["error"]["value"],
+            &json["error"]["traceback"],
+        ];
+        for value in cut {
+            let value = value.as_str().unwrap();
+            assert!(
+                value.len() <= MAX_VALUE + 40
+                    && value.starts_with("aaa")
+                    && value.ends_with("zzz")
+                    && value.contains("[… 40000 bytes omitted …]"),
+                "{}",
+                &value[..100]
+            );
+        }
+        assert_eq!(head_tail("short", 10), "short");
+        // On character boundaries.
+        let cut = head_tail(&"é".repeat(20), 9);
+        assert!(cut.starts_with("éé\n[…") && cut.ends_with("]\néé"), "{cut}");
+    }
+
+    #[test]
+    fn images_that_cannot_be_shown_are_named_not_sent() {
+        let gif = BASE64.encode(b"GIF89a\x10\x00\x20\x00rest");
+        let mut jpeg = b"\xff\xd8\xff\xe0\x00\x04ab".to_vec();
+        jpeg.extend(b"\xff\xc0\x00\x11\x08\x00\x30\x00\x40\x03");
+        let jpeg = BASE64.encode(jpeg);
+        let mut webp = b"RIFF\0\0\0\0WEBPVP8X\x0a\0\0\0\0\0\0\0".to_vec();
+        webp.extend([0x3f, 0x1f, 0x00, 0x0f, 0x00, 0x00]);
+        let webp = BASE64.encode(webp);
+        // Shown: each type's magic, sizes within bounds; line breaks in
+        // the base64 are dropped.
+        let wrapped = format!("{}\n{}", &png(8000, 2)[..20], &png(8000, 2)[20..]);
+        for (mime, data) in [
+            ("image/png", wrapped.as_str()),
+            ("image/gif", gif.as_str()),
+            ("image/jpeg", jpeg.as_str()),
+            ("image/webp", webp.as_str()),
+        ] {
+            let clean = check_image(mime, data).unwrap_or_else(|e| panic!("{mime}: {e}"));
+            assert!(!clean.contains('\n'));
+        }
+        assert_eq!(
+            image_size("image/gif", &BASE64.decode(&gif).unwrap()),
+            Some(Some((16, 32)))
+        );
+        assert_eq!(
+            image_size("image/jpeg", &BASE64.decode(&jpeg).unwrap()),
+            Some(Some((64, 48)))
+        );
+        assert_eq!(
+            image_size("image/webp", &BASE64.decode(&webp).unwrap()),
+            Some(Some((8000, 16)))
+        );
+        // A JPEG whose size is not found still shows.
+        let bare = BASE64.encode(b"\xff\xd8\xff\xe0");
+        assert!(check_image("image/jpeg", &bare).is_ok());
+        // Left out: bad base64, a type its bytes belie, too many pixels or
+        // bytes.
+        let huge = BASE64.encode(vec![0u8; MAX_IMAGE_BYTES + 1]);
+        for (mime, data, why) in [
+            ("image/png", "not base64!", "not valid base64"),
+            ("image/png", "iVBORw0KGgo=", "not a valid PNG"),
+            ("image/png", jpeg.as_str(), "not a valid PNG"),
+            ("image/jpeg", gif.as_str(), "not a valid JPEG"),
+            ("image/gif", "AAAA", "not a valid GIF"),
+            ("image/webp", gif.as_str(), "not a valid WEBP"),
+            ("image/png", &png(8001, 1), "8001x1 px, over 8000"),
+            ("image/png", &png(0, 1), "not a valid PNG"),
+            ("image/png", &huge, "over 4 MiB"),
+        ] {
+            let e = check_image(mime, data).unwrap_err();
+            assert!(
+                e.contains(why),
+                "{mime} {}: {e}",
+                &data[..data.len().min(20)]
+            );
+        }
+        // In a result: named with why, no block, the next one counted on.
+        let exec = CodeExecution {
+            results: vec![
+                result(&[("image/png", &png(1, 1))], false),
+                result(&[("image/png", "AAAA")], false),
+                result(&[("image/gif", &gif)], false),
+            ],
+            ..CodeExecution::default()
+        };
+        let (json, images) = parts(&run_result(exec, None, None));
+        assert_eq!(
+            json["results"],
+            json!([
+                {"image/png": "[image 1]"},
+                {"image/png": "[image 2 left out: not a valid PNG]"},
+                {"image/gif": "[image 3]"}
+            ])
+        );
+        assert_eq!(images.len(), 2);
     }
 
     #[test]
@@ -744,6 +1147,29 @@ mod tests {
         );
         let agent = run_error(CallError::Protocol("bad".into()), Some("x".into()));
         assert_eq!(agent, "bad");
+    }
+
+    #[test]
+    fn a_restart_alone_says_so() {
+        let (json, images) = parts(&restarted_result("train"));
+        assert_eq!(
+            json,
+            json!({"restarted": "as asked: context train starts afresh"})
+        );
+        assert!(images.is_empty());
+    }
+
+    #[test]
+    fn nothing_starts_once_the_call_has_spent_its_time() {
+        let now = Instant::now();
+        let budget = Duration::from_secs(45);
+        assert!(enough_left(now, budget).is_ok());
+        let e = enough_left(now - Duration::from_secs(40), budget).unwrap_err();
+        assert!(e.contains("call again"), "{e}");
+        // A client that waits little anyway gets half of it.
+        let short = Duration::from_secs(10);
+        assert!(enough_left(now - Duration::from_secs(3), short).is_ok());
+        assert!(enough_left(now - Duration::from_secs(6), short).is_err());
     }
 
     #[test]

@@ -28,6 +28,9 @@ const POLL_INTERVAL_MS: u64 = 2_000;
 const TTL_SLACK: Duration = Duration::from_secs(600);
 /// A sync has no time limit of its own; its task is kept this long.
 const SYNC_TTL: Duration = Duration::from_secs(24 * 3600);
+/// The longest a task is given: what waits with no limit of its own (an
+/// `execute_code` that collects a run) gets this.
+const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 
 tokio::task_local! {
     /// The task a call runs as, for its status messages.
@@ -46,20 +49,23 @@ pub(super) fn ttl_for(
     {
         return None;
     }
+    let argument = |name: &str| request.arguments.as_ref().and_then(|a| a.get(name));
     let seconds = |name: &str, default: f64| {
-        let s = request
-            .arguments
-            .as_ref()
-            .and_then(|a| a.get(name))
+        let s = argument(name)
             .and_then(serde_json::Value::as_f64)
             .filter(|s| s.is_finite() && *s >= 0.0)
             .unwrap_or(default);
-        Duration::from_secs_f64(s.min(7.0 * 24.0 * 3600.0))
+        Duration::from_secs_f64(s.min(MAX_TTL.as_secs_f64()))
     };
     let limit = match request.name.as_ref() {
         "exec_bash" => seconds("timeout_s", crate::ops::exec::DEFAULT_TIMEOUT_S),
         "wait_background_task" => seconds("timeout_s", 60.0),
         "sync_local_to_remote" | "sync_remote_to_local" => SYNC_TTL,
+        // Empty code collects a run, which keeps the timeout it started
+        // with: this call cannot know it.
+        "execute_code" if argument("code").and_then(|c| c.as_str()) == Some("") => {
+            return Some(MAX_TTL);
+        }
         "execute_code" | "create_run_close" => {
             seconds("timeout_s", crate::ops::code::DEFAULT_TIMEOUT_S)
         }

@@ -351,15 +351,26 @@ pub fn truncate(s: &str, max: usize) -> String {
     format!("{}…[+{} bytes]", &s[..end], s.len() - end)
 }
 
-/// Secrets written inline in a command or any other string, redacted: the
-/// values of `NAME_TOKEN=…`-style assignments, `--password …`-style options,
-/// `Authorization:` headers and passwords in URLs. Best effort: a secret in a
-/// form none of these recognise stays.
+/// Secrets written inline in a command, code or any other string,
+/// redacted: the values of `NAME_TOKEN=…`-style assignments (also quoted or
+/// subscripted, and as a dict's or a YAML key's `"api_key": …`),
+/// `--password …`-style options, `Authorization:` headers (quoted too, as in
+/// a Python dict), passwords in URLs, and tokens whose shape gives them
+/// away wherever they stand (`sk-…`, `hf_…`, `ghp_…`, `AKIA…`, `xoxb-…`).
+/// Best effort: a secret in a form none of these recognise stays.
 pub fn scrub(text: &str) -> String {
     static RULES: LazyLock<Vec<(Regex, &'static str)>> = LazyLock::new(|| {
         let words = r"(?:PASSWORD|PASSWD|PASSPHRASE|TOKEN|SECRET|CREDENTIALS?|API_?KEY|ACCESS_?KEY|PRIVATE_?KEY|AUTH)";
         let value = r#"(?:"[^"]*"|'[^']*'|[^\s'";&|]+)"#;
         [
+            // A header, quoted or not: `{"Authorization": "Bearer …"}`,
+            // `Authorization=Bearer …`. First, so that the rules for
+            // names below do not take `Bearer` for the value.
+            (
+                r#"(?i)(authorization["']?[ \t]*[:=][ \t]*["']?(?:(?:bearer|basic|token)\s+)?)[^\s'"]+"#
+                    .to_string(),
+                "${1}[redacted]",
+            ),
             (
                 format!(r"(?i)(\b[A-Z0-9_]*{words}[A-Z0-9_]*\s*=\s*){value}"),
                 "${1}[redacted]",
@@ -374,7 +385,21 @@ pub fn scrub(text: &str) -> String {
                 format!(r"(?i)(authorization:\s*(?:(?:bearer|basic|token)\s+)?){value}"),
                 "${1}[redacted]",
             ),
+            // Python and JSON spellings: `os.environ["HF_TOKEN"] = …`,
+            // `{"api_key": …}`. On one line only: `for token in tokens:`
+            // ends a line, and the next one is code, not a secret.
+            (
+                format!(r#"(?i)(["']?\b\w*{words}\w*["']?[ \t]*\]?[ \t]*[:=][ \t]*){value}"#),
+                "${1}[redacted]",
+            ),
             (r"(://[^/\s:@]+:)[^@\s/]+@".to_string(), "${1}[redacted]@"),
+            // Tokens known by their shape: OpenAI and Anthropic, Hugging
+            // Face, GitHub, AWS access key ids, Slack.
+            (r"\bsk-[A-Za-z0-9_-]{16,}".to_string(), "[redacted]"),
+            (r"\bhf_[A-Za-z0-9]{16,}".to_string(), "[redacted]"),
+            (r"\bgh[pousr]_[A-Za-z0-9]{20,}".to_string(), "[redacted]"),
+            (r"\bAKIA[0-9A-Z]{16}\b".to_string(), "[redacted]"),
+            (r"\bxox[abpr]-[A-Za-z0-9-]{10,}".to_string(), "[redacted]"),
         ]
         .into_iter()
         .map(|(pattern, with)| (Regex::new(&pattern).expect("audit scrub pattern"), with))
@@ -680,6 +705,52 @@ mod tests {
         let d = digest(Some(&args(json!({"code": code}))));
         let kept = d["code"].as_str().unwrap();
         assert!(kept.len() > 500 && !kept.contains("ak6"), "{kept}");
+    }
+
+    #[test]
+    fn python_spellings_of_secrets_are_scrubbed() {
+        let cases = [
+            // A subscripted name, quoted.
+            (r#"os.environ["HF_TOKEN"] = "hf_s1""#, "hf_s1"),
+            ("os.environ['MY_SECRET']='s2'", "s2"),
+            // A dict's key, or YAML's.
+            (r#"client = Client({"api_key": "s3"})"#, "s3"),
+            ("password: s4", "s4"),
+            // A header in quotes.
+            (
+                r#"requests.get(u, headers={"Authorization": "Bearer s5"})"#,
+                "s5",
+            ),
+            (r#"curl -H "Authorization: token s6" https://x"#, "s6"),
+            ("headers = dict(Authorization='Bearer s7')", "s7"),
+            ("AUTHORIZATION=Bearer s8 ./call", "s8"),
+            // Tokens by their shape, wherever they stand.
+            (
+                r#"login("hf_abcdefghijklmnopqrst")"#,
+                "hf_abcdefghijklmnopqrst",
+            ),
+            (
+                r#"OpenAI(key="sk-proj-abcdefghijklmnop1234")"#,
+                "sk-proj-abcdefghijklmnop1234",
+            ),
+            (
+                "git clone https://ghp_abcdefghijklmnopqrstuv@github.com/a/b",
+                "ghp_abcdefghijklmnopqrstuv",
+            ),
+            ("print('AKIAABCDEFGHIJKLMNOP')", "AKIAABCDEFGHIJKLMNOP"),
+            ("send('xoxb-1234567890-abcdef')", "xoxb-1234567890-abcdef"),
+        ];
+        for (text, secret) in cases {
+            let scrubbed = scrub(text);
+            assert!(
+                !scrubbed.contains(secret) && scrubbed.contains("[redacted]"),
+                "{text} -> {scrubbed}"
+            );
+        }
+        // Code around them stays readable: a loop over tokens is no
+        // secret, nor is a task's name, nor the next line.
+        let code = "for token in tokens:\n    print(token)\nrun('task-abcdefghijklmnopqrst')";
+        assert_eq!(scrub(code), code);
     }
 
     #[test]

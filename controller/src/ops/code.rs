@@ -17,12 +17,12 @@ use std::time::Duration;
 
 use outpost_protocol::limits::MAX_CODE_CONTEXT_LEN;
 use outpost_protocol::{
-    CodeAction, CodeContextInfo, CodeExecution, CodeInstall, CodeLanguage, CodeRun, ExecProgress,
-    ExecResult, Request, Response,
+    CodeAction, CodeContextInfo, CodeExecution, CodeInstall, CodeLanguage, CodeRun, ErrorKind,
+    ExecProgress, ExecResult, Isolation, Request, Response,
 };
 
 use super::jobs::{ask, unexpected};
-use super::sandboxes::{self, CreateRequest, MAX_TTL_S, MIN_TTL_S, SandboxView};
+use super::sandboxes::{self, CreateRequest, SandboxView, isolation_name};
 use crate::fleet::Fleet;
 use crate::session::{CallError, Session};
 
@@ -43,9 +43,12 @@ pub fn default_context(language: &str) -> &'static str {
 pub const DEFAULT_TIMEOUT_S: f64 = super::exec::DEFAULT_TIMEOUT_S;
 /// A package install's timeout when its caller gives none, in seconds.
 pub const DEFAULT_INSTALL_TIMEOUT_S: f64 = 600.0;
-/// How much longer than its run's timeout a one-shot sandbox lives: time to
-/// start the interpreter, interrupt it at the timeout, and delete it.
-pub const ONE_SHOT_SLACK_S: f64 = 120.0;
+/// A one-shot sandbox's life, renewed every [`ONE_SHOT_RENEW_EVERY`] while
+/// its run is awaited: one whose controller is gone ends within this long.
+pub const ONE_SHOT_TTL_S: f64 = 60.0;
+/// How often a one-shot sandbox is renewed: a third of its life, so that a
+/// renew or two can be late or lost.
+const ONE_SHOT_RENEW_EVERY: Duration = Duration::from_secs(20);
 /// How long past the time a run should answer by the controller waits for
 /// the agent before calling the connection dead (the agent interrupts at the
 /// timeout, then restarts an interpreter that ignores it).
@@ -239,13 +242,7 @@ pub fn install_request(
     let mut kept = Vec::with_capacity(packages.len());
     for p in packages {
         let p = p.trim();
-        // An option would change what pip does (an index, a target dir);
-        // a control character would split the specifier.
-        if p.is_empty() || p.starts_with('-') || p.chars().any(char::is_control) {
-            return Err(format!(
-                "bad package {p:?}: give requirement specifiers (numpy, pandas==2.2, torch>=2), no options"
-            ));
-        }
+        check_package(p)?;
         kept.push(p.to_string());
     }
     if !(timeout_s > 0.0 && timeout_s.is_finite()) {
@@ -259,6 +256,28 @@ pub fn install_request(
         output_limit: max_output,
         progress_ms: None,
     })
+}
+
+/// A package as the index names it (PEP 508's name, extras and version
+/// specifiers: `numpy`, `pandas==2.2`, `torch>=2,<3`, `ray[tune]~=2.9`),
+/// and nothing else: an option would change what the installer does (an
+/// index, a target dir), and a path, a URL (`name @ url`) or a marker
+/// (`; …`) installs what no index vouches for.
+pub fn check_package(p: &str) -> Result<(), String> {
+    static PACKAGE: std::sync::LazyLock<regex::Regex> = std::sync::LazyLock::new(|| {
+        let name = r"[A-Za-z0-9][A-Za-z0-9._-]*";
+        regex::Regex::new(&format!(
+            r"^{name}(?:\[ *{name}(?: *, *{name})* *\])?(?: *[<>=!~][<>=!~,.* A-Za-z0-9]*)?$"
+        ))
+        .expect("package pattern")
+    });
+    if PACKAGE.is_match(p) {
+        Ok(())
+    } else {
+        Err(format!(
+            "package {p:?}: give a name from the package index, e.g. numpy or pandas==2.2 (no options, paths or URLs)"
+        ))
+    }
 }
 
 /// The command an install stands for, as the policy checks it.
@@ -288,19 +307,48 @@ pub async fn install(
 /// How a [`create_run_close`] went, once its sandbox was made.
 #[derive(Debug)]
 pub struct OneShot {
-    /// The sandbox as it was made.
+    /// The sandbox as it was made (its expiry as last renewed).
     pub sandbox: SandboxView,
     pub result: Result<CodeExecution, CallError>,
     /// Why the sandbox could not be deleted (it still ends at its expiry).
     pub delete_error: Option<String>,
 }
 
+/// A fresh one-shot sandbox's id: `sbx-` and 12 random hex digits, in the
+/// form the agent takes (`[a-z0-9][a-z0-9-]{0,31}`). Chosen here rather
+/// than by the agent so that the delete can be armed before the create is
+/// sent; 48 random bits make drawing a live sandbox's id unlikely enough.
+pub fn one_shot_id() -> String {
+    let mut bytes = [0u8; 6];
+    let read = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes));
+    if read.is_err() {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let mixed = nanos ^ (u128::from(std::process::id()) << 64);
+        for (i, b) in bytes.iter_mut().enumerate() {
+            *b = (mixed >> (i * 8) ^ mixed >> (64 + i * 8)) as u8;
+        }
+    }
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("sbx-{hex}")
+}
+
 /// Makes an isolated sandbox as `r` says (on `r.host`: pick it first with
 /// [`sandboxes::pick_host`] to put the code to the policy of that host),
 /// runs `run` in it to its end, and deletes it: also when the run fails,
-/// and when the returned future is dropped (a cancelled call). The
-/// sandbox lives the run's timeout plus [`ONE_SHOT_SLACK_S`], so one whose
-/// delete never arrives ends soon anyway.
+/// and when the returned future is dropped (a cancelled call).
+///
+/// The sandbox lives [`ONE_SHOT_TTL_S`] and is renewed while the run is
+/// awaited, so one whose delete never arrives (the controller killed, its
+/// runtime gone) ends within a minute whatever the run's timeout. Its id is
+/// chosen here and the delete armed before the create is sent, so a call
+/// dropped mid-create leaves nothing either.
+///
+/// Where the host gives no isolation (its agent runs as root, or has no
+/// bubblewrap or Landlock) the sandbox is deleted unrun unless `r.isolation`
+/// asked for `none`.
 pub async fn create_run_close(
     fleet: &Fleet,
     mut r: CreateRequest,
@@ -314,24 +362,81 @@ pub async fn create_run_close(
     }
     // Nothing can collect the run later: the sandbox is gone by then.
     req.wait_ms = 0;
-    r.ttl_s = (req.timeout_ms as f64 / 1000.0 + ONE_SHOT_SLACK_S).clamp(MIN_TTL_S, MAX_TTL_S);
+    r.ttl_s = ONE_SHOT_TTL_S;
     r.keep_files = false;
-    let view = sandboxes::create(fleet, r).await?;
-    let (host, id) = fleet.isolated(&view.sandbox_name)?;
-    let mut guard = DeleteOnDrop(Some((host.clone(), id.clone())));
-    let result = match fleet.get(Some(&view.sandbox_name)) {
-        Ok(session) => run(&session, req).await,
+    let host = sandboxes::pick_host(fleet, &r.host, r.gpus).await?;
+    let id = one_shot_id();
+    let name = format!("{}/{id}", host.name());
+    if fleet.names().contains(&name) {
+        return Err(format!(
+            "{name} was drawn, a configured sandbox's name; call again"
+        ));
+    }
+    r.host = host.name().to_string();
+    r.id = Some(id.clone());
+    let spec = sandboxes::spec(&r, fleet.config.max_sandboxes_per_host)?;
+    crate::ops::audit::note("one_shot_sandbox", serde_json::json!(name));
+    let mut guard = DeleteOnDrop {
+        fleet,
+        armed: Some((host.clone(), id.clone())),
+        name: name.clone(),
+    };
+    // Its life starts about when the create is sent; renew from then.
+    let first_renew = tokio::time::Instant::now() + ONE_SHOT_RENEW_EVERY;
+    let mut view = match ask(&host, Request::SandboxCreate(spec)).await {
+        Ok(Response::Sandbox(info)) => SandboxView::of(host.name(), info),
+        // The agent refused the request: it made nothing (and a sandbox of
+        // that id, if one exists, is not ours to delete).
+        Err(CallError::Agent(e)) if e.kind == ErrorKind::BadRequest => {
+            guard.disarm();
+            return Err(e.message);
+        }
+        // Made or not, nobody knows (the daemon may finish a create that
+        // `serve` gave up waiting for): delete it to be sure.
+        Err(e) => {
+            guard.delete().await;
+            return Err(e.to_string());
+        }
+        Ok(other) => {
+            guard.delete().await;
+            return Err(unexpected("creating a sandbox", other).to_string());
+        }
+    };
+    if view.isolation == isolation_name(Isolation::None) && r.isolation != "none" {
+        guard.delete().await;
+        let why = view
+            .note
+            .as_deref()
+            .map(|n| format!(" ({n})"))
+            .unwrap_or_default();
+        return Err(format!(
+            "{} gives no isolation{why}; pass isolation=\"none\" to run there anyway",
+            host.name()
+        ));
+    }
+    let result = match fleet.get(Some(&name)) {
+        Ok(session) => {
+            let run = run(&session, req);
+            tokio::pin!(run);
+            let mut renew = tokio::time::interval_at(first_renew, ONE_SHOT_RENEW_EVERY);
+            renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    result = &mut run => break result,
+                    _ = renew.tick() => {
+                        let renewed = sandboxes::renew(fleet, &name, ONE_SHOT_TTL_S);
+                        match tokio::time::timeout(ONE_SHOT_RENEW_EVERY, renewed).await {
+                            Ok(Ok(renewed)) => view.expires_at = renewed.expires_at,
+                            Ok(Err(e)) => tracing::warn!("cannot renew {name}: {e}"),
+                            Err(_) => tracing::warn!("cannot renew {name}: no answer"),
+                        }
+                    }
+                }
+            }
+        }
         Err(e) => Err(CallError::Protocol(e)),
     };
-    // The guard stays armed until the delete is answered: a call dropped
-    // meanwhile deletes it again, which is harmless.
-    let deleted = ask(&host, Request::SandboxDelete { id }).await;
-    guard.0 = None;
-    let delete_error = match deleted {
-        Ok(Response::Sandbox(_)) => None,
-        Ok(other) => Some(unexpected("deleting a sandbox", other).to_string()),
-        Err(e) => Some(e.to_string()),
-    };
+    let delete_error = guard.delete().await;
     Ok(OneShot {
         sandbox: view,
         result,
@@ -339,19 +444,51 @@ pub async fn create_run_close(
     })
 }
 
-/// Deletes the sandbox of a one-shot call dropped before it could: a
-/// cancelled call leaves nothing running behind.
-struct DeleteOnDrop(Option<(Arc<Session>, String)>);
+/// Deletes the sandbox of a one-shot call, and forgets its session: at
+/// once with [`DeleteOnDrop::delete`], or when dropped still armed (a
+/// cancelled call) in a task of its own, so that a cancelled call leaves
+/// nothing running behind.
+struct DeleteOnDrop<'a> {
+    fleet: &'a Fleet,
+    /// The host and id still to delete.
+    armed: Option<(Arc<Session>, String)>,
+    /// `HOST/ID`.
+    name: String,
+}
 
-impl Drop for DeleteOnDrop {
+impl DeleteOnDrop<'_> {
+    fn disarm(&mut self) {
+        self.armed = None;
+        self.fleet.forget(&self.name);
+    }
+
+    /// Deletes the sandbox now; why it could not be, if so. The guard stays
+    /// armed until the answer: a call dropped meanwhile deletes it again,
+    /// which is harmless.
+    async fn delete(&mut self) -> Option<String> {
+        let (host, id) = self.armed.clone()?;
+        let deleted = ask(&host, Request::SandboxDelete { id }).await;
+        self.disarm();
+        match deleted {
+            Ok(Response::Sandbox(_)) => None,
+            Ok(other) => Some(unexpected("deleting a sandbox", other).to_string()),
+            Err(e) => Some(e.to_string()),
+        }
+    }
+}
+
+impl Drop for DeleteOnDrop<'_> {
     fn drop(&mut self) {
-        let Some((host, id)) = self.0.take() else {
+        let Some((host, id)) = self.armed.take() else {
             return;
         };
+        self.fleet.forget(&self.name);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
+                // The sandbox may never have been made (the call dropped
+                // before the create arrived): then there is nothing to say.
                 if let Err(e) = ask(&host, Request::SandboxDelete { id: id.clone() }).await {
-                    tracing::warn!("cannot delete sandbox {}/{id}: {e}", host.name());
+                    tracing::debug!("deleting sandbox {}/{id}: {e}", host.name());
                 }
             });
         }
@@ -430,11 +567,58 @@ mod tests {
         assert_eq!(req.timeout_ms, Some(600_000));
         assert_eq!(install_policy_text(&req), "pip install numpy pandas==2.2");
         assert!(install_request(&[], 1.0, 0).unwrap_err().contains("empty"));
-        for bad in ["", "--index-url=http://x", "-e .", "a\nb"] {
+        for bad in [
+            "",
+            "--index-url=http://x",
+            "-e .",
+            "a\nb",
+            ".",
+            "./pkg",
+            "../x.whl",
+            "/tmp/x.whl",
+            "pkg @ https://x/y.whl",
+            "git+https://github.com/a/b",
+            "file:x",
+            "pkg; python_version>'3'",
+            "C:\\x",
+            "num py",
+            "numpy pandas",
+            "numpy[a b]",
+            "numpy==1\t2",
+            "numpy==1\u{a0}2",
+            "x[y",
+        ] {
             let e = install_request(&[bad.into()], 1.0, 0).unwrap_err();
-            assert!(e.contains("bad package"), "{bad}: {e}");
+            assert!(
+                e.starts_with("package ") && e.contains("no options, paths or URLs"),
+                "{bad}: {e}"
+            );
+        }
+        for good in [
+            "numpy",
+            "scikit-learn",
+            "zope.interface",
+            "pandas==2.2",
+            "torch>=2,<3",
+            "ray[tune]~=2.9",
+            "ray[tune, serve] >= 2.9",
+            "jax[cuda12]",
+            "pkg==1.0rc1",
+            "pkg==2.*",
+            "pkg!=1.5",
+            "pkg===1.0",
+        ] {
+            assert!(check_package(good).is_ok(), "{good}");
         }
         assert!(install_request(&["x".into()], 0.0, 0).is_err());
+    }
+
+    #[test]
+    fn one_shot_ids_are_sandbox_ids() {
+        let (a, b) = (one_shot_id(), one_shot_id());
+        assert!(a.starts_with("sbx-") && a.len() == 16, "{a}");
+        crate::config::check_sandbox_id(&a).unwrap();
+        assert_ne!(a, b);
     }
 
     #[test]

@@ -21,6 +21,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -52,8 +53,11 @@ const MAX_CONTEXTS: usize = 32;
 /// How long a run's output may lag its answer (a C library's buffer being
 /// flushed, a child still writing) before it is taken as it is.
 const OUTPUT_LAG: Duration = Duration::from_secs(1);
-/// Longest answer line a worker may send.
+/// Longest answer line a worker may send (it caps its own results well
+/// below this).
 const MAX_REPLY: usize = 64 << 20;
+/// Most bytes of an error's value and traceback an answer carries.
+const MAX_ERROR_TEXT: usize = 64 << 10;
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Key {
@@ -73,6 +77,8 @@ struct Context {
     /// Held by the run in progress: runs of a context never overlap.
     worker: tokio::sync::Mutex<Option<Worker>>,
     status: Mutex<Status>,
+    /// Taken out of the map: a run that still holds it starts nothing.
+    removed: AtomicBool,
 }
 
 type Outcome = Result<CodeExecution, AgentError>;
@@ -81,13 +87,18 @@ type Outcome = Result<CodeExecution, AgentError>;
 struct Status {
     running: bool,
     execution_count: u32,
-    /// The worker's main process and the token its tree carries, so it can
-    /// be signalled while a run holds the worker.
-    pid: Option<i32>,
+    /// The worker's main process while it is unreaped (0: none), shared
+    /// with the worker, which clears it the moment it reaps: a signal never
+    /// reaches a pid that was reused.
+    pid: Arc<AtomicI32>,
+    /// The token the worker's whole tree carries.
     token: String,
+    /// Bumped by every stop: a worker started before one is not used.
+    generation: u64,
     last_used: Option<Instant>,
     last_used_ms: u64,
-    /// The latest run's result, until someone collects it.
+    /// The latest run's result; collecting it does not remove it, so a
+    /// caller that went away before the answer reached it can ask again.
     pending: Option<watch::Receiver<Option<Outcome>>>,
 }
 
@@ -132,6 +143,12 @@ impl Contexts {
                 format!("env: {k:?} is not a variable name"),
             ));
         }
+        if let Some((k, _)) = req.env.iter().find(|(_, v)| v.contains('\0')) {
+            return Response::Error(error(
+                ErrorKind::BadRequest,
+                format!("env: {k}'s value contains NUL"),
+            ));
+        }
         let ctx = match self.get_or_make(&key, req.language) {
             Ok(ctx) => ctx,
             Err(e) => return Response::Error(e),
@@ -153,11 +170,12 @@ impl Contexts {
             status.pending = Some(rx.clone());
             let me = Arc::clone(&ctx);
             tokio::spawn(async move {
+                let mut done = RunDone {
+                    ctx: Arc::clone(&me),
+                    tx: Some(tx),
+                };
                 let outcome = me.execute(req).await;
-                let mut status = me.status();
-                status.running = false;
-                status.touch();
-                let _ = tx.send(Some(outcome));
+                done.finish(outcome);
             });
             rx
         };
@@ -191,6 +209,7 @@ impl Contexts {
             language,
             worker: tokio::sync::Mutex::new(None),
             status: Mutex::default(),
+            removed: AtomicBool::new(false),
         });
         map.insert(key.clone(), Arc::clone(&ctx));
         Ok(ctx)
@@ -198,12 +217,14 @@ impl Contexts {
 
     /// `CodeContexts` of `sandbox` (None: the host).
     pub fn list(&self, sandbox: Option<&str>) -> Response {
-        let mut rows: Vec<CodeContextInfo> = self
+        // No lock is held while /proc is read.
+        let contexts: Vec<Arc<Context>> = self
             .map()
             .values()
             .filter(|c| c.key.sandbox.as_deref() == sandbox)
-            .map(|c| c.info())
+            .cloned()
             .collect();
+        let mut rows: Vec<CodeContextInfo> = contexts.iter().map(|c| c.info()).collect();
         rows.sort_by(|a, b| a.name.cmp(&b.name));
         Response::CodeContexts(rows)
     }
@@ -220,10 +241,7 @@ impl Contexts {
         match action {
             CodeAction::Interrupt => ctx.interrupt(),
             CodeAction::Restart => ctx.stop(),
-            CodeAction::Remove => {
-                ctx.stop();
-                self.map().remove(&key);
-            }
+            CodeAction::Remove => self.remove(&ctx),
         }
         self.list(key.sandbox.as_deref())
     }
@@ -241,8 +259,7 @@ impl Contexts {
                 }
             };
             if gone {
-                ctx.stop();
-                self.map().remove(&ctx.key);
+                self.remove(&ctx);
             }
         }
     }
@@ -251,7 +268,49 @@ impl Contexts {
     pub fn shutdown(&self) {
         let contexts: Vec<Arc<Context>> = self.map().drain().map(|(_, c)| c).collect();
         for ctx in contexts {
+            ctx.removed.store(true, Ordering::SeqCst);
             ctx.stop();
+        }
+    }
+
+    /// Out of the map first, so no new run finds it; then its worker ends.
+    fn remove(&self, ctx: &Arc<Context>) {
+        {
+            let mut map = self.map();
+            if map.get(&ctx.key).is_some_and(|c| Arc::ptr_eq(c, ctx)) {
+                map.remove(&ctx.key);
+            }
+        }
+        ctx.removed.store(true, Ordering::SeqCst);
+        ctx.stop();
+    }
+}
+
+/// Ends a run's bookkeeping whatever becomes of it: the context stops
+/// being busy and its caller gets an answer, also if the run panicked.
+struct RunDone {
+    ctx: Arc<Context>,
+    tx: Option<watch::Sender<Option<Outcome>>>,
+}
+
+impl RunDone {
+    fn finish(&mut self, outcome: Outcome) {
+        let mut status = self.ctx.status();
+        status.running = false;
+        status.touch();
+        if let Some(tx) = self.tx.take() {
+            let _ = tx.send(Some(outcome));
+        }
+    }
+}
+
+impl Drop for RunDone {
+    fn drop(&mut self) {
+        if self.tx.is_some() {
+            self.finish(Err(error(
+                ErrorKind::Internal,
+                "the run failed unexpectedly",
+            )));
         }
     }
 }
@@ -290,25 +349,33 @@ impl Context {
     }
 
     fn info(&self) -> CodeContextInfo {
-        let status = self.status();
-        let (state, rss_bytes) = match status.pid {
-            Some(pid) => {
-                let rss = proctree::collect_tree(Some(pid), &status.token)
-                    .into_iter()
-                    .map(sandbox::limits::rss_bytes)
-                    .sum();
-                (if status.running { "running" } else { "idle" }, rss)
-            }
-            None => ("stopped", 0),
+        let (pid, token, running, execution_count, last_used_ms) = {
+            let status = self.status();
+            (
+                status.pid.load(Ordering::SeqCst),
+                status.token.clone(),
+                status.running,
+                status.execution_count,
+                status.last_used_ms,
+            )
+        };
+        let (state, rss_bytes) = if pid > 0 {
+            let rss = proctree::collect_tree(None, &token)
+                .into_iter()
+                .map(sandbox::limits::rss_bytes)
+                .sum();
+            (if running { "running" } else { "idle" }, rss)
+        } else {
+            ("stopped", 0)
         };
         CodeContextInfo {
             name: self.key.name.clone(),
             language: self.language,
             state: state.to_string(),
-            execution_count: status.execution_count,
-            pid: status.pid,
+            execution_count,
+            pid: (pid > 0).then_some(pid),
             rss_bytes,
-            last_used_ms: status.last_used_ms,
+            last_used_ms,
         }
     }
 
@@ -336,14 +403,6 @@ impl Context {
             });
         }
         let outcome = rx.borrow().clone();
-        {
-            // Collected: a later empty run finds nothing (unless a newer run
-            // replaced it meanwhile).
-            let mut status = self.status();
-            if status.pending.as_ref().is_some_and(|p| p.same_channel(&rx)) {
-                status.pending = None;
-            }
-        }
         match outcome {
             Some(Ok(execution)) => Response::CodeRan(execution),
             Some(Err(e)) => Response::Error(e),
@@ -353,16 +412,47 @@ impl Context {
 
     async fn execute(&self, req: CodeRun) -> Outcome {
         let started = Instant::now();
+        let removed = || {
+            error(
+                ErrorKind::BadRequest,
+                format!("context {:?} was removed", self.key.name),
+            )
+        };
+        if self.removed.load(Ordering::SeqCst) {
+            return Err(removed());
+        }
         let mut slot = self.worker.lock().await;
         if slot.as_mut().is_some_and(|w| w.exited()) {
-            *slot = None;
+            // Dropping it sweeps whatever its tree left behind.
+            slot.take();
         }
         if slot.is_none() {
+            let generation = self.status().generation;
             let worker = Worker::start(&self.key, self.language).await?;
-            let mut status = self.status();
-            status.pid = Some(worker.pid);
-            status.token = worker.token.clone();
-            status.execution_count = 0;
+            let stale = {
+                let mut status = self.status();
+                let stale = status.generation != generation || self.removed.load(Ordering::SeqCst);
+                if !stale {
+                    status.pid = Arc::clone(&worker.pid);
+                    status.token = worker.token.clone();
+                    status.execution_count = 0;
+                }
+                stale
+            };
+            if stale {
+                worker.kill().await;
+                return Err(if self.removed.load(Ordering::SeqCst) {
+                    removed()
+                } else {
+                    error(
+                        ErrorKind::Unavailable,
+                        format!(
+                            "context {:?} was restarted as it started; run again",
+                            self.key.name
+                        ),
+                    )
+                });
+            }
             *slot = Some(worker);
         }
         let count = {
@@ -380,9 +470,7 @@ impl Context {
             if let Some(worker) = slot.take() {
                 worker.kill().await;
             }
-            let mut status = self.status();
-            status.pid = None;
-            status.execution_count = 0;
+            self.status().execution_count = 0;
         }
         Ok(execution)
     }
@@ -390,23 +478,26 @@ impl Context {
     /// SIGINT to the running code.
     fn interrupt(&self) {
         let status = self.status();
-        if let (true, Some(pid)) = (status.running, status.pid) {
+        let pid = status.pid.load(Ordering::SeqCst);
+        if status.running && pid > 0 {
             signal_run(pid, self.language);
         }
     }
 
     /// Ends the worker; the next run starts a fresh one. A run in progress
-    /// sees its worker die and says the context restarted.
+    /// sees its worker die and says the context restarted. Blocks (a
+    /// process sweep): not on the daemon's runtime thread.
     fn stop(&self) {
-        let (pid, token) = {
+        let token = {
             let mut status = self.status();
             status.execution_count = 0;
-            (status.pid.take(), std::mem::take(&mut status.token))
+            status.generation += 1;
+            status.pid = Arc::default();
+            std::mem::take(&mut status.token)
         };
-        if let Some(pid) = pid {
-            // SAFETY: plain kill; the tree sweep below catches the rest.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-            proctree::terminate_tree(Some(pid), &token, Duration::ZERO);
+        // By token, never by pid: the pid may have been reaped already.
+        if !token.is_empty() {
+            proctree::terminate_tree(None, &token, Duration::ZERO);
         }
         if let Ok(mut slot) = self.worker.try_lock() {
             slot.take();
@@ -430,26 +521,53 @@ fn signal_run(pid: i32, language: CodeLanguage) {
 /// One interpreter process and its pipes.
 struct Worker {
     child: Child,
-    pid: i32,
+    /// Its pid until it is reaped, then 0 (see [`Status::pid`]).
+    pid: Arc<AtomicI32>,
     token: String,
+    /// Runs sent so far: run N's output ends at the marker with N.
+    runs: u64,
     requests: pipe::Sender,
     replies: Replies,
     streams: Arc<Streams>,
+}
+
+/// Reaps the worker and forgets its pid, so nothing signals it again.
+async fn reap(child: &mut Child, pid: &AtomicI32) -> std::io::Result<std::process::ExitStatus> {
+    let status = child.wait().await;
+    pid.store(0, Ordering::SeqCst);
+    status
+}
+
+/// A worker dropped without [`Worker::kill`] (its context stopped or
+/// removed) still leaves nothing behind.
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+        let token = std::mem::take(&mut self.token);
+        if !token.is_empty() {
+            std::thread::spawn(move || proctree::terminate_tree(None, &token, Duration::ZERO));
+        }
+    }
 }
 
 /// The worker's fd 4: JSON lines.
 struct Replies {
     pipe: pipe::Receiver,
     buf: Vec<u8>,
+    /// How much of `buf` is known to hold no newline.
+    scanned: usize,
 }
 
 impl Replies {
     /// The next line; cancel-safe (what was read stays in `buf`).
     async fn next(&mut self) -> Result<Vec<u8>, String> {
         loop {
-            if let Some(end) = self.buf.iter().position(|&b| b == b'\n') {
+            if let Some(end) = self.buf[self.scanned..].iter().position(|&b| b == b'\n') {
+                let end = self.scanned + end;
+                self.scanned = 0;
                 return Ok(self.buf.drain(..=end).collect());
             }
+            self.scanned = self.buf.len();
             if self.buf.len() > MAX_REPLY {
                 return Err("the worker's answer is too long".into());
             }
@@ -471,6 +589,9 @@ struct Reply {
     #[serde(default)]
     lost: Vec<String>,
     exit_code: Option<i32>,
+    /// The shell is exiting (`exit`, `set -e`): its state goes with it.
+    #[serde(default)]
+    exited: bool,
 }
 
 #[derive(Deserialize)]
@@ -498,6 +619,8 @@ enum End {
     Died(std::process::ExitStatus),
     /// The answer could not be read or made no sense.
     Broken(String),
+    /// An answer line that does not parse.
+    Unreadable(String),
     /// Still going [`GRACE`] after its interrupt.
     Stuck,
 }
@@ -569,9 +692,9 @@ impl Worker {
             })
         })?;
         drop((worker_in, worker_out));
-        let pid = child.id().map_or(0, |p| p as i32);
-        let streams = Arc::new(Streams::default());
-        streams.begin(64 * 1024);
+        let pid = Arc::new(AtomicI32::new(child.id().map_or(0, |p| p as i32)));
+        let streams = Arc::new(Streams::new(mark.clone()));
+        streams.begin_start(64 * 1024);
         for (i, out) in [
             child
                 .stdout
@@ -586,7 +709,7 @@ impl Worker {
         .enumerate()
         {
             if let Some(out) = out {
-                tokio::spawn(Arc::clone(&streams).pump(i, out, mark.clone()));
+                tokio::spawn(Arc::clone(&streams).pump(i, out));
             }
         }
         let requests = pipe::Sender::from_owned_fd(to_worker)
@@ -597,10 +720,12 @@ impl Worker {
             child,
             pid,
             token,
+            runs: 0,
             requests,
             replies: Replies {
                 pipe: replies,
                 buf: Vec::new(),
+                scanned: 0,
             },
             streams,
         };
@@ -624,7 +749,7 @@ impl Worker {
     /// Why a worker did not start: what it said on stderr.
     async fn failed_start(mut self, program: &str) -> AgentError {
         let _ = self.child.start_kill();
-        let status = tokio::time::timeout(Duration::from_secs(2), self.child.wait()).await;
+        let status = tokio::time::timeout(Duration::from_secs(2), self.wait()).await;
         let (_, stderr) = self.streams.take(OUTPUT_LAG).await;
         let said = String::from_utf8_lossy(&stderr.tail)
             .trim()
@@ -649,22 +774,31 @@ impl Worker {
     }
 
     fn exited(&mut self) -> bool {
-        !matches!(self.child.try_wait(), Ok(None))
+        let exited = !matches!(self.child.try_wait(), Ok(None));
+        if exited {
+            self.pid.store(0, Ordering::SeqCst);
+        }
+        exited
+    }
+
+    async fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        reap(&mut self.child, &self.pid).await
     }
 
     async fn kill(mut self) {
         let _ = self.child.start_kill();
-        let (pid, token) = (self.pid, self.token.clone());
+        let token = std::mem::take(&mut self.token);
         let _ = tokio::task::spawn_blocking(move || {
-            proctree::terminate_tree(Some(pid), &token, Duration::ZERO)
+            proctree::terminate_tree(None, &token, Duration::ZERO)
         })
         .await;
-        let _ = self.child.wait().await;
+        let _ = self.wait().await;
     }
 
     async fn run(&mut self, req: &CodeRun, language: CodeLanguage) -> CodeExecution {
         let limit = req.output_limit.clamp(1, MAX_CODE_OUTPUT_LIMIT) as usize;
-        self.streams.begin(limit);
+        self.runs += 1;
+        self.streams.begin(limit, self.runs);
         let message = match language {
             CodeLanguage::Python => {
                 let env: BTreeMap<&str, &str> = req
@@ -679,24 +813,43 @@ impl Worker {
                 line
             }
             CodeLanguage::Bash => {
-                let mut text = String::new();
+                // The run's variables last for the run only: each one's
+                // previous state is kept and put back after it.
+                let (mut setup, mut restore) = (String::new(), String::new());
                 for (k, v) in &req.env {
-                    text.push_str(&format!("export {k}={}\n", sh_quote(v)));
+                    setup.push_str(&format!(
+                        "__outpost_saved_{k}=$(declare -p {k} 2>/dev/null); export {k}={}\n",
+                        sh_quote(v)
+                    ));
+                    restore.push_str(&format!(
+                        "if [ -n \"$__outpost_saved_{k}\" ]; then eval \"$__outpost_saved_{k}\"; else unset {k}; fi; unset __outpost_saved_{k}\n"
+                    ));
                 }
-                text.push_str(&req.code);
-                text.push('\0');
-                text.into_bytes()
+                format!("{setup}\0{}\0{restore}\0", req.code).into_bytes()
             }
         };
         let mut timed_out = false;
-        let end = if self.requests.write_all(&message).await.is_err() {
-            match self.child.wait().await {
-                Ok(status) => End::Died(status),
-                Err(e) => End::Broken(e.to_string()),
+        let mut deadline = (req.timeout_ms > 0)
+            .then(|| tokio::time::Instant::now() + Duration::from_millis(req.timeout_ms));
+        // A worker that does not read (stopped, or busy in a thread) must
+        // not hold the run past its deadline.
+        let written = match deadline {
+            Some(at) => tokio::time::timeout_at(at, self.requests.write_all(&message))
+                .await
+                .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into())),
+            None => self.requests.write_all(&message).await,
+        };
+        let end = if let Err(e) = written {
+            if e.kind() == std::io::ErrorKind::TimedOut {
+                timed_out = true;
+                End::Broken("the interpreter did not take the code before its timeout".into())
+            } else {
+                match self.wait().await {
+                    Ok(status) => End::Died(status),
+                    Err(e) => End::Broken(e.to_string()),
+                }
             }
         } else {
-            let mut deadline = (req.timeout_ms > 0)
-                .then(|| tokio::time::Instant::now() + Duration::from_millis(req.timeout_ms));
             loop {
                 let sleep = async {
                     match deadline {
@@ -708,15 +861,17 @@ impl Worker {
                     line = self.replies.next() => break match line {
                         Ok(line) => match serde_json::from_slice::<Reply>(&line) {
                             Ok(reply) => End::Answered(reply),
-                            Err(e) => End::Broken(format!("the worker's answer makes no sense: {e}")),
+                            // A whole line that does not parse: this run's
+                            // answer is lost, the worker is still in step.
+                            Err(e) => End::Unreadable(e.to_string()),
                         },
                         // Closed: it died (or closed fd 4); its status says which.
-                        Err(why) => match tokio::time::timeout(GRACE, self.child.wait()).await {
+                        Err(why) => match tokio::time::timeout(GRACE, self.wait()).await {
                             Ok(Ok(status)) => End::Died(status),
                             _ => End::Broken(why),
                         },
                     },
-                    status = self.child.wait() => break match status {
+                    status = reap(&mut self.child, &self.pid) => break match status {
                         Ok(status) => End::Died(status),
                         Err(e) => End::Broken(e.to_string()),
                     },
@@ -725,7 +880,7 @@ impl Worker {
                             break End::Stuck;
                         }
                         timed_out = true;
-                        signal_run(self.pid, language);
+                        signal_run(self.pid.load(Ordering::SeqCst), language);
                         deadline = Some(tokio::time::Instant::now() + GRACE);
                     }
                 }
@@ -747,8 +902,8 @@ impl Worker {
                 execution.results = cap_results(reply.results);
                 execution.error = reply.error.map(|e| CodeError {
                     name: e.name,
-                    value: e.value,
-                    traceback: e.traceback,
+                    value: cut(e.value, MAX_ERROR_TEXT),
+                    traceback: cut(e.traceback, MAX_ERROR_TEXT),
                 });
                 if let Some(code) = reply.exit_code.filter(|&c| c != 0) {
                     execution.error = Some(CodeError {
@@ -757,6 +912,19 @@ impl Worker {
                         traceback: String::new(),
                     });
                 }
+                if reply.exited {
+                    execution.restarted = Some(format!(
+                        "the shell exited (status {}); its state is lost and the next run starts a fresh one",
+                        reply.exit_code.unwrap_or(0)
+                    ));
+                }
+            }
+            End::Unreadable(why) => {
+                execution.error = Some(CodeError {
+                    name: "UnreadableResult".into(),
+                    value: format!("the run's result could not be read: {why}"),
+                    traceback: String::new(),
+                });
             }
             End::Died(status) => {
                 let how = died_how(status);
@@ -823,32 +991,61 @@ fn signal_name(sig: i32) -> String {
     }
 }
 
-/// Keeps results within [`MAX_CODE_RESULTS_LEN`]: a value past it keeps only
-/// a note in place of its data.
+/// Keeps results within [`MAX_CODE_RESULTS_LEN`]: the first that would
+/// pass it, and all after it, give way to one note.
 fn cap_results(results: Vec<ReplyResult>) -> Vec<CodeResult> {
     let mut used = 0usize;
-    results
-        .into_iter()
-        .map(|r| {
-            let size: usize = r.data.iter().map(|(k, v)| k.len() + v.len()).sum();
-            let data = if used + size <= MAX_CODE_RESULTS_LEN {
-                used += size;
-                r.data.into_iter().collect()
-            } else {
-                let note = format!(
-                    "[{} of output left out: this run's results passed {} MiB]",
-                    human_size(size),
-                    MAX_CODE_RESULTS_LEN >> 20
-                );
-                used += note.len();
-                vec![("text/plain".to_string(), note)]
-            };
-            CodeResult {
-                data,
+    let mut kept = Vec::new();
+    let mut left_out = (0usize, 0usize);
+    for r in results {
+        let size: usize = r.data.iter().map(|(k, v)| k.len() + v.len()).sum();
+        if left_out.0 == 0 && used + size <= MAX_CODE_RESULTS_LEN {
+            used += size;
+            kept.push(CodeResult {
+                data: r.data.into_iter().collect(),
                 is_main_result: r.is_main_result,
-            }
-        })
-        .collect()
+            });
+        } else {
+            left_out.0 += 1;
+            left_out.1 += size;
+        }
+    }
+    if left_out.0 > 0 {
+        kept.push(CodeResult {
+            data: vec![(
+                "text/plain".to_string(),
+                format!(
+                    "[{} more result(s), {}, left out: a run returns at most {} MiB]",
+                    left_out.0,
+                    human_size(left_out.1),
+                    MAX_CODE_RESULTS_LEN >> 20
+                ),
+            )],
+            is_main_result: false,
+        });
+    }
+    kept
+}
+
+/// `text` cut to at most `max` bytes, head and tail, on char boundaries.
+fn cut(text: String, max: usize) -> String {
+    if text.len() <= max {
+        return text;
+    }
+    let mut head = max / 2;
+    while !text.is_char_boundary(head) {
+        head -= 1;
+    }
+    let mut tail = text.len() - max / 2;
+    while !text.is_char_boundary(tail) {
+        tail += 1;
+    }
+    format!(
+        "{}\n[... {} bytes omitted ...]\n{}",
+        &text[..head],
+        tail - head,
+        &text[tail..]
+    )
 }
 
 fn human_size(bytes: usize) -> String {
@@ -900,14 +1097,21 @@ fn place_fds(read_end: RawFd, write_end: RawFd) -> std::io::Result<()> {
         if r == -1 || w == -1 || libc::dup2(r, 3) == -1 || libc::dup2(w, 4) == -1 {
             return Err(std::io::Error::last_os_error());
         }
+        // Dies with the daemon, even one killed outright. The daemon forks
+        // from its one runtime thread, which lives as long as it does (the
+        // signal follows the forking thread, not the process).
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 || libc::getppid() == 1 {
+            return Err(std::io::Error::last_os_error());
+        }
     }
     Ok(())
 }
 
 /// The worker's stdout and stderr, read all the time: while a run is on,
-/// into its captures up to the end-of-run marker; otherwise dropped.
-#[derive(Default)]
+/// into its captures up to that run's end marker; otherwise dropped.
 struct Streams {
+    /// The markers' common start (each run's adds its number).
+    base: Vec<u8>,
     state: Mutex<[StreamState; 2]>,
     changed: Notify,
 }
@@ -915,6 +1119,12 @@ struct Streams {
 #[derive(Default)]
 struct StreamState {
     capture: Option<Capture>,
+    /// The marker that ends the current (or last) run's output; empty while
+    /// the worker starts.
+    marker: Vec<u8>,
+    /// The last run's marker, not seen by the time its output was taken:
+    /// what comes before it is that run's, and is dropped.
+    skip: Option<Vec<u8>>,
     /// Bytes that may be the start of a marker.
     held: Vec<u8>,
     marked: bool,
@@ -922,13 +1132,34 @@ struct StreamState {
 }
 
 impl Streams {
+    fn new(base: Vec<u8>) -> Streams {
+        Streams {
+            base,
+            state: Mutex::default(),
+            changed: Notify::new(),
+        }
+    }
+
     fn state(&self) -> MutexGuard<'_, [StreamState; 2]> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn begin(&self, limit: usize) {
+    /// Capture without a marker (what a starting worker says).
+    fn begin_start(&self, limit: usize) {
         for s in self.state().iter_mut() {
             s.capture = Some(Capture::new(limit));
+        }
+    }
+
+    /// Capture run `seq`'s output.
+    fn begin(&self, limit: usize, seq: u64) {
+        let marker = marker(&self.base, seq);
+        for s in self.state().iter_mut() {
+            if !s.marker.is_empty() && !s.marked && !s.eof {
+                s.skip = Some(std::mem::take(&mut s.marker));
+            }
+            s.capture = Some(Capture::new(limit));
+            s.marker = marker.clone();
             s.held.clear();
             s.marked = false;
         }
@@ -938,7 +1169,6 @@ impl Streams {
         self: Arc<Self>,
         index: usize,
         mut from: Box<dyn tokio::io::AsyncRead + Unpin + Send>,
-        mark: Vec<u8>,
     ) {
         let mut buf = vec![0u8; 64 * 1024];
         loop {
@@ -949,7 +1179,7 @@ impl Streams {
                 if n == 0 {
                     s.eof = true;
                 } else {
-                    s.feed(&buf[..n], &mark);
+                    s.feed(&buf[..n]);
                 }
             }
             self.changed.notify_waiters();
@@ -985,38 +1215,75 @@ impl Streams {
     }
 }
 
+/// Run `seq`'s end marker: the worker writes the same.
+fn marker(base: &[u8], seq: u64) -> Vec<u8> {
+    let mut marker = base.to_vec();
+    marker.extend_from_slice(format!("{seq}.").as_bytes());
+    marker
+}
+
 impl StreamState {
-    fn feed(&mut self, data: &[u8], mark: &[u8]) {
-        let Some(capture) = self.capture.as_mut().filter(|_| !self.marked) else {
+    fn feed(&mut self, data: &[u8]) {
+        if self.marker.is_empty() {
+            if let Some(capture) = self.capture.as_mut() {
+                capture.push(data);
+            }
             return;
-        };
+        }
         self.held.extend_from_slice(data);
-        if let Some(at) = find(&self.held, mark) {
-            capture.push(&self.held[..at]);
-            // What follows the marker is no run's output.
+        if let Some(old) = &self.skip {
+            if let Some(at) = find(&self.held, old) {
+                self.held.drain(..at + old.len());
+                self.skip = None;
+            } else if let Some(at) = find(&self.held, &self.marker) {
+                // The old marker never came; this run's output is lost,
+                // the stream is in step again.
+                self.held.drain(..at + self.marker.len());
+                self.skip = None;
+                self.marked = true;
+                self.held.clear();
+                return;
+            } else {
+                let keep = self.marker.len().max(old.len()) - 1;
+                let n = self.held.len().saturating_sub(keep);
+                self.held.drain(..n);
+                return;
+            }
+        }
+        if self.marked {
+            // After the marker: no run's output.
+            self.held.clear();
+            return;
+        }
+        if let Some(at) = find(&self.held, &self.marker) {
+            if let Some(capture) = self.capture.as_mut() {
+                capture.push(&self.held[..at]);
+            }
             self.held.clear();
             self.marked = true;
             return;
         }
-        let keep = mark.len() - 1;
-        if self.held.len() > keep {
-            let n = self.held.len() - keep;
+        let n = self.held.len().saturating_sub(self.marker.len() - 1);
+        if let Some(capture) = self.capture.as_mut() {
             capture.push(&self.held[..n]);
-            self.held.drain(..n);
         }
+        self.held.drain(..n);
     }
 
     fn finish(&mut self) -> outpost_protocol::CapturedOutput {
         let mut capture = self.capture.take().unwrap_or_else(|| Capture::new(0));
-        if !self.marked {
+        if !self.marked && self.skip.is_none() {
             capture.push(&self.held);
+            self.held.clear();
         }
-        self.held.clear();
         capture.finish()
     }
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    if needle.is_empty() {
+        return None;
+    }
     haystack.windows(needle.len()).position(|w| w == needle)
 }
 
@@ -1024,35 +1291,49 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 mod tests {
     use super::*;
 
+    fn stream(base: &[u8], seq: u64) -> StreamState {
+        StreamState {
+            capture: Some(Capture::new(1024)),
+            marker: marker(base, seq),
+            ..StreamState::default()
+        }
+    }
+
     #[test]
     fn a_marker_split_across_reads_ends_the_output() {
-        let mark = b"\x1eEND-1234".to_vec();
-        let mut s = StreamState {
-            capture: Some(Capture::new(1024)),
-            ..StreamState::default()
-        };
-        s.feed(b"hello\n\x1eEN", &mark);
-        s.feed(b"D-12", &mark);
+        let mut s = stream(b"\x1eEND-", 1);
+        s.feed(b"hello\n\x1eEN");
+        s.feed(b"D-");
         assert!(!s.marked);
-        s.feed(b"34after", &mark);
+        s.feed(b"1.after");
         assert!(s.marked);
-        s.feed(b"more", &mark);
+        s.feed(b"more");
         assert_eq!(s.finish().head, b"hello\n");
     }
 
     #[test]
     fn output_without_a_marker_is_kept_whole() {
-        let mark = b"\x1eEND-1234".to_vec();
-        let mut s = StreamState {
-            capture: Some(Capture::new(1024)),
-            ..StreamState::default()
-        };
-        s.feed(b"partial \x1eEND", &mark);
-        assert_eq!(s.finish().head, b"partial \x1eEND");
+        let mut s = stream(b"\x1eEND-", 1);
+        s.feed(b"partial \x1eEND-12");
+        assert_eq!(s.finish().head, b"partial \x1eEND-12");
     }
 
     #[test]
-    fn results_past_the_cap_keep_a_note() {
+    fn a_late_marker_of_the_last_run_is_skipped_with_what_precedes_it() {
+        let streams = Streams::new(b"\x1eEND-".to_vec());
+        streams.begin(1024, 1);
+        streams.state()[0].feed(b"run one, not yet marked");
+        // Run 1's output was taken before its marker came.
+        let _ = streams.state()[0].finish();
+        streams.begin(1024, 2);
+        let s = &mut streams.state()[0];
+        s.feed(b" tail of one\x1eEND-1.two says hi\x1eEND-2.");
+        assert!(s.marked);
+        assert_eq!(s.finish().head, b"two says hi");
+    }
+
+    #[test]
+    fn results_past_the_cap_give_way_to_one_note() {
         let big = "x".repeat(MAX_CODE_RESULTS_LEN / 2 + 10);
         let results = (0..3)
             .map(|_| ReplyResult {
@@ -1061,8 +1342,20 @@ mod tests {
             })
             .collect();
         let capped = cap_results(results);
+        assert_eq!(capped.len(), 2);
         assert_eq!(capped[0].data[0].1.len(), big.len());
-        assert!(capped[1].data[0].1.contains("left out"));
-        assert!(capped[2].data[0].1.contains("left out"));
+        assert!(
+            capped[1].data[0].1.starts_with("[2 more result(s)"),
+            "{:?}",
+            capped[1]
+        );
+    }
+
+    #[test]
+    fn cut_keeps_char_boundaries() {
+        let text = "é".repeat(100);
+        let cut = cut(text, 51);
+        assert!(cut.contains("omitted"));
+        assert!(cut.len() < 120);
     }
 }

@@ -95,7 +95,12 @@ pub async fn forward(
             } else {
                 None
             };
-            (wait, Some(run.context.clone()))
+            // Only a run is interrupted: a collect that is cancelled just
+            // stops waiting for the run it would have collected.
+            (
+                wait,
+                Some(run.context.clone()).filter(|_| !run.code.is_empty()),
+            )
         }
         _ => (Some(Duration::ZERO), None),
     };
@@ -119,6 +124,17 @@ pub async fn forward(
                 if changed.is_ok() && *cancel.borrow() && let Some(context) = &context {
                     let interrupt = Request::CodeControl { context: context.clone(), action: CodeAction::Interrupt };
                     let _ = ask_daemon(scoped(interrupt), ANSWER_SLACK).await;
+                    // Code that ignores the interrupt keeps running; the
+                    // cancelled call answers anyway, and a later run with
+                    // empty code collects its result.
+                    let grace = contexts::GRACE + Duration::from_secs(1);
+                    return match tokio::time::timeout(grace, &mut asked).await {
+                        Ok(response) => response,
+                        Err(_) => Response::CodeRan(outpost_protocol::CodeExecution {
+                            running: true,
+                            ..Default::default()
+                        }),
+                    };
                 }
             }
         }
@@ -172,20 +188,45 @@ fn check_packages(packages: &[String]) -> Result<(), AgentError> {
         ));
     }
     for p in packages {
-        let bad = p.trim().is_empty()
-            || p.len() > MAX_PACKAGE_LEN
-            || p.trim_start().starts_with('-')
-            || p.chars().any(|c| c.is_control());
-        if bad {
+        if p.len() > MAX_PACKAGE_LEN || !is_index_requirement(p.trim()) {
             return Err(error(
                 ErrorKind::BadRequest,
                 format!(
-                    "package {p:?}: give a requirement such as `numpy` or `pandas==2.2` (no options)"
+                    "package {p:?}: give a name from the package index, e.g. numpy or pandas==2.2 (no paths, URLs or options)"
                 ),
             ));
         }
     }
     Ok(())
+}
+
+/// A PEP 508 requirement naming a package of the index: a name, optional
+/// `[extras]`, optional version specifiers. No options (`-…`), paths, URLs
+/// (`@`, `:`, `/`) or markers (`;`): those would let a name build code
+/// from somewhere the caller chose.
+fn is_index_requirement(req: &str) -> bool {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "._-".contains(c);
+    let name_end = req.find(|c: char| !plain(c)).unwrap_or(req.len());
+    let (name, mut rest) = req.split_at(name_end);
+    if !name.starts_with(|c: char| c.is_ascii_alphanumeric()) {
+        return false;
+    }
+    if let Some(extras) = rest.strip_prefix('[') {
+        let Some((inside, after)) = extras.split_once(']') else {
+            return false;
+        };
+        let extra_ok = |e: &str| !e.trim().is_empty() && e.trim().chars().all(plain);
+        if !inside.split(',').all(extra_ok) {
+            return false;
+        }
+        rest = after;
+    }
+    let spec = rest.trim();
+    spec.is_empty()
+        || (spec.starts_with(['<', '>', '=', '!', '~'])
+            && spec
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "<>=!~,.* ".contains(c)))
 }
 
 /// The shell command that installs `packages` into `venv`, making it first
@@ -198,7 +239,7 @@ fn install_command(venv: &Path, packages: &[String]) -> String {
     format!(
         "set -e\nV={v}\n\
          if command -v uv >/dev/null 2>&1; then\n\
-         \x20 [ -x \"$V/bin/python\" ] || uv venv -q --system-site-packages --python python3 \"$V\"\n\
+         \x20 [ -x \"$V/bin/python\" ] || uv venv -q --system-site-packages --python \"$(command -v python3)\" \"$V\"\n\
          \x20 exec uv pip install --python \"$V/bin/python\" {packages}\n\
          fi\n\
          [ -x \"$V/bin/python\" ] || python3 -m venv --system-site-packages \"$V\"\n\
@@ -225,16 +266,40 @@ mod tests {
 
     #[test]
     fn packages_are_never_options() {
-        assert!(check_packages(&["numpy".into(), "pandas==2.2".into()]).is_ok());
-        assert!(check_packages(&["--index-url=http://x".into()]).is_err());
-        assert!(check_packages(&[" -e .".into()]).is_err());
+        for good in [
+            "numpy",
+            "pandas==2.2",
+            "torch>=2,<3",
+            "uvicorn[standard]",
+            "a.b_c-d ~= 1.0.*",
+        ] {
+            assert!(check_packages(&[good.into()]).is_ok(), "{good}");
+        }
+        for bad in [
+            "--index-url=http://x",
+            " -e .",
+            "a\nb",
+            ".",
+            "./proj",
+            "/home/u/proj",
+            "file:///tmp/x",
+            "git+https://evil/x",
+            "x @ https://evil/x.whl",
+            "x; python_version>'3'",
+            "x[a/b]",
+            "x y",
+        ] {
+            assert!(check_packages(&[bad.into()]).is_err(), "{bad}");
+        }
         assert!(check_packages(&[]).is_err());
-        assert!(check_packages(&["a\nb".into()]).is_err());
     }
 
     #[test]
     fn the_install_command_quotes_each_package() {
-        let cmd = install_command(Path::new("/h/.venv"), &["x'; rm -rf ~; '".into()]);
-        assert!(cmd.contains(r"'x'\''; rm -rf ~; '\'''"), "{cmd}");
+        let cmd = install_command(Path::new("/h/it's/.venv"), &["x>=1".into()]);
+        assert!(
+            cmd.contains(r"V='/h/it'\''s/.venv'") && cmd.contains("'x>=1'"),
+            "{cmd}"
+        );
     }
 }

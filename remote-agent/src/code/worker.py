@@ -6,9 +6,9 @@
 # reads), so print(), os.write(1, ...) or a C extension's output can never
 # corrupt a frame, and stdin is /dev/null, so input() fails cleanly.
 #
-# After each run the worker writes a marker to fds 1 and 2: the daemon reads
-# each stream up to it, so a run's output is complete and never bleeds into
-# the next one.
+# After run N the worker writes run N's marker to fds 1 and 2: the daemon
+# reads each stream up to it, so a run's output is complete and never bleeds
+# into the next one.
 
 import ast
 import base64
@@ -29,14 +29,22 @@ import types
 WORKER_FILE = "<outpost-worker>"
 # Caps on what one value may add to an answer; the daemon caps the total.
 MAX_TEXT = 1 << 20
-MAX_TRACEBACK = 64 << 10
+MAX_ERROR = 64 << 10
+# Values one run may display; later ones are counted, not kept.
+MAX_RESULTS = 100
 
 _replies = os.fdopen(4, "wb", buffering=0)
 _mark = os.environ.pop("OUTPOST_WORKER_MARK", "").encode()
 _venv = os.environ.pop("OUTPOST_VENV", "")
 _venv_seen = {}
 _in_cell = False
+# An interrupt that came after a run was read but before its code started:
+# the code starts by raising it.
+_taking = False
+_interrupted = False
 _displayed = []
+_dropped = [0]
+_pid = os.getpid()
 
 _main = types.ModuleType("__main__")
 _main.__dict__["__builtins__"] = builtins
@@ -47,12 +55,21 @@ namespace = _main.__dict__
 def _on_interrupt(signum, frame):
     # Only the user's code is interrupted; an interrupt that arrives while
     # the worker itself answers is dropped.
+    global _interrupted
     if _in_cell:
         raise KeyboardInterrupt
+    if _taking:
+        _interrupted = True
 
 
 def _send(obj):
-    _replies.write(json.dumps(obj, separators=(",", ":")).encode() + b"\n")
+    # Lone surrogates (undecodable bytes) become U+FFFD: the line must be
+    # valid UTF-8 JSON.
+    data = json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "replace") + b"\n"
+    view = memoryview(data)
+    # A signal can cut a large write short: write the rest.
+    while view:
+        view = view[_replies.write(view) or 0 :]
 
 
 def _cut(text, limit):
@@ -146,7 +163,10 @@ def _bundle(obj, main):
 def display(*objs, **kwargs):
     """Shows each value in the run's results, as Jupyter's display() does."""
     for obj in objs:
-        _displayed.append(_bundle(obj, False))
+        if len(_displayed) < MAX_RESULTS:
+            _displayed.append(_bundle(obj, False))
+        else:
+            _dropped[0] += 1
 
 
 builtins.display = display
@@ -154,12 +174,29 @@ builtins.display = display
 
 def _figures():
     """Every open matplotlib figure as a PNG, then closed (as an inline
-    backend does), so the next run starts with none."""
+    backend does), so the next run starts with none. Interruptible: drawing
+    counts as the run's time."""
+    global _in_cell
     pyplot = sys.modules.get("matplotlib.pyplot")
     if pyplot is None:
         return []
     out = []
-    for num in pyplot.get_fignums():
+    _in_cell = True
+    try:
+        _draw(pyplot, out)
+    except BaseException as e:
+        print("figures not drawn: %s: %s" % (type(e).__name__, e), file=sys.stderr)
+    finally:
+        _in_cell = False
+        try:
+            pyplot.close("all")
+        except Exception:
+            pass
+    return out
+
+
+def _draw(pyplot, out):
+    for num in pyplot.get_fignums()[:MAX_RESULTS]:
         fig = pyplot.figure(num)
         try:
             buf = io.BytesIO()
@@ -176,8 +213,6 @@ def _figures():
             )
         except Exception as e:
             print("figure %d could not be drawn: %s: %s" % (num, type(e).__name__, e), file=sys.stderr)
-    pyplot.close("all")
-    return out
 
 
 def _describe(exc):
@@ -190,7 +225,7 @@ def _describe(exc):
         value = str(exc)
     except Exception:
         value = "<str failed>"
-    return {"name": type(exc).__name__, "value": _cut(value, MAX_TEXT), "traceback": _cut(text, MAX_TRACEBACK)}
+    return {"name": type(exc).__name__, "value": _cut(value, MAX_ERROR), "traceback": _cut(text, MAX_ERROR)}
 
 
 def _run(code, count):
@@ -211,6 +246,8 @@ def _run(code, count):
         tail = compile(last, filename, "eval", flags=flags) if last is not None else None
         _in_cell = True
         try:
+            if _interrupted:
+                raise KeyboardInterrupt
             _await(eval(body, namespace))
             if tail is not None:
                 value = _await(eval(tail, namespace))
@@ -249,7 +286,9 @@ def main():
     _refresh_venv()
     _send({"ready": True, "pid": os.getpid(), "version": sys.version.split()[0]})
     count = 0
+    global _taking, _interrupted
     while True:
+        _taking = False
         try:
             line = _in.readline()
         except KeyboardInterrupt:
@@ -257,28 +296,44 @@ def main():
         if not line:
             # The daemon is gone: so is the context.
             return
+        _taking = True
+        _interrupted = False
         request = json.loads(line)
         count += 1
         env = request.get("env") or {}
         saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
+        try:
+            os.environ.update(env)
+        except (ValueError, TypeError) as e:
+            print("env not set: %s" % e, file=sys.stderr)
         _refresh_venv()
         del _displayed[:]
+        _dropped[0] = 0
         main_result, error = _run(request["code"], count)
+        _taking = False
+        if os.getpid() != _pid:
+            # A fork the code made came back here: it must not answer.
+            os._exit(0)
         results = list(_displayed) + _figures()
+        if _dropped[0]:
+            results.append({"data": {"text/plain": "[%d more displayed values left out]" % _dropped[0]}, "is_main_result": False})
         if main_result is not None:
             results.append(main_result)
         del _displayed[:]
         for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+            try:
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+            except (ValueError, TypeError):
+                pass
         _flush()
         lost = []
+        mark = _mark + b"%d." % count
         for fd, name in ((1, "stdout"), (2, "stderr")):
             try:
-                os.write(fd, _mark)
+                os.write(fd, mark)
             except OSError:
                 lost.append(name)
         _send({"results": results, "error": error, "lost": lost})

@@ -568,9 +568,15 @@ impl Daemon {
                     } => self.code(Some(sandbox), *request).await,
                     request => self.code(None, request).await,
                 };
-                let frame =
-                    encode_frame(&AgentMessage::Response { id, body }).map_err(io::Error::other)?;
-                stream.write_all(&frame).await?;
+                // An answer too large for a frame still gets an answer.
+                let frame = encode_frame(&AgentMessage::Response { id, body }).or_else(|e| {
+                    let body = Response::Error(error(
+                        ErrorKind::Internal,
+                        format!("the answer could not be sent: {e}"),
+                    ));
+                    encode_frame(&AgentMessage::Response { id, body })
+                });
+                stream.write_all(&frame.map_err(io::Error::other)?).await?;
             }
         }
     }

@@ -85,6 +85,18 @@ fn run(dir: &Path, cwd: &Path, argv: &[String]) -> Result<i32, String> {
                 return Err(format!("fork: {}", std::io::Error::last_os_error()));
             }
             if child == 0 {
+                // The command dies with `enter`: whoever ends `enter` (a
+                // timeout, a cancel, a code context's restart) ends it too,
+                // though it lives in a pid namespace the killer cannot see.
+                // Its parent is outside that namespace (getppid is 0); a
+                // parent already gone shows as the namespace's init.
+                // SAFETY: prctl and getppid are plain syscalls.
+                if unsafe {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 || libc::getppid() != 0
+                } {
+                    // SAFETY: leave without running the parent's destructors.
+                    unsafe { libc::_exit(FAILED) };
+                }
                 let e = become_command(&mut command, cwd, setup.nproc, true);
                 eprintln!("outpost-agent enter: {program}: {e}");
                 // SAFETY: leave without running the parent's destructors.
