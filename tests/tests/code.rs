@@ -247,7 +247,7 @@ async fn execute_code_on_local_keeps_state_and_shows_plots() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_context_outlives_a_killed_ssh_connection() {
+async fn a_context_outlives_its_ssh_connection_and_its_controller() {
     let sshd = outpost_e2e::Sshd::start();
     let (env, _config) = common::mcp_client::isolated_env(&sshd);
     let (client, _home) = start(&env).await;
@@ -280,6 +280,18 @@ async fn a_context_outlives_a_killed_ssh_connection() {
         r["results"][0]["text/plain"], "42",
         "the context lost x: {r}"
     );
+
+    // A restarted controller finds the context as it was.
+    client.cancel().await.ok();
+    let (client, _home2) = start(&env).await;
+    let (err, r, _) = run(
+        &client,
+        "execute_code",
+        json!({"code": "x", "sandbox_name": "box"}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    assert_eq!(r["results"][0]["text/plain"], "41", "{r}");
 
     // A bwrap sandbox over SSH, deleted by create_run_close.
     let (err, r, images) = run(
