@@ -579,7 +579,7 @@ async fn answer(
             no_jobs()
         }
         request @ (Request::CodeRun(_) | Request::CodeContexts | Request::CodeControl { .. }) => {
-            code::forward(request, scope.as_ref(), cancel).await
+            jobs::client::ask_code(request, scope.as_ref(), cancel).await
         }
         Request::CodeInstall(req) => code::install(id, req, &outbox, cancel, scope).await,
         Request::JobStart(mut spec) => {

@@ -21,12 +21,11 @@
 //! through the same `permit` as `exec_bash`.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use outpost_protocol::{CodeContextInfo, CodeExecution, ExecProgress, ExecResult};
+use outpost_protocol::{CodeContextInfo, CodeExecution, ExecResult};
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{CallToolResult, ContentBlock, RequestMetaObject};
 use rmcp::{Json, RoleServer, tool, tool_router};
@@ -34,7 +33,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize, Serializer};
 
 use super::OutpostServer;
-use super::exec::exec_report;
+use super::exec::exec_ticker;
 use super::progress::{AGENT_EVERY_MS, Progress, Report, Ticker};
 use crate::ops::code::{self, RunRequest};
 use crate::ops::exec::{DEFAULT_MAX_OUTPUT, shell_status};
@@ -654,14 +653,7 @@ impl OutpostServer {
             }
         }
         let timeout_s = req.timeout_ms.map(|ms| ms as f64 / 1000.0);
-        let latest: Arc<Mutex<Option<ExecProgress>>> = Arc::default();
-        let _ticker = progress.every({
-            let latest = latest.clone();
-            move || {
-                let seen = latest.lock().unwrap_or_else(|p| p.into_inner()).clone();
-                async move { exec_report(seen, timeout_s) }
-            }
-        });
+        let (_ticker, latest) = exec_ticker(&progress, timeout_s);
         if progress.wanted() {
             req.progress_ms = Some(AGENT_EVERY_MS);
         }
@@ -1224,7 +1216,7 @@ mod tests {
             vec![crate::config::SandboxConfig::local()],
             std::env::temp_dir().join("outpost-code-test/known_hosts"),
         );
-        let server = OutpostServer::new(Arc::new(crate::fleet::Fleet::new(config)));
+        let server = OutpostServer::new(std::sync::Arc::new(crate::fleet::Fleet::new(config)));
         let tools = server.tool_router.list_all();
         let mut total = 0;
         for name in ["execute_code", "install_package", "create_run_close"] {

@@ -124,6 +124,23 @@ fn policy_text(p: &ExecParams) -> String {
 
 /// A progress notification from the agent's last report: seconds elapsed
 /// (of the timeout), output so far and its last line.
+/// A ticker reporting the latest [`ExecProgress`] an exec gave, and the slot
+/// each one goes into as it arrives.
+pub(super) fn exec_ticker(
+    progress: &Progress,
+    timeout_s: Option<f64>,
+) -> (super::progress::Ticker, Arc<Mutex<Option<ExecProgress>>>) {
+    let latest: Arc<Mutex<Option<ExecProgress>>> = Arc::default();
+    let ticker = progress.every({
+        let latest = latest.clone();
+        move || {
+            let seen = latest.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            async move { exec_report(seen, timeout_s) }
+        }
+    });
+    (ticker, latest)
+}
+
 pub(super) fn exec_report(seen: Option<ExecProgress>, timeout_s: Option<f64>) -> Report {
     let Some(p) = seen else {
         return Report {
@@ -333,14 +350,7 @@ impl OutpostServer {
                         groups: None,
                     }));
                 }
-                let latest: Arc<Mutex<Option<ExecProgress>>> = Arc::default();
-                let _ticker = progress.every({
-                    let latest = latest.clone();
-                    move || {
-                        let seen = latest.lock().unwrap_or_else(|p| p.into_inner()).clone();
-                        async move { exec_report(seen, timeout_s) }
-                    }
-                });
+                let (_ticker, latest) = exec_ticker(&progress, timeout_s);
                 if progress.wanted() {
                     req.progress_ms = Some(AGENT_EVERY_MS);
                 }

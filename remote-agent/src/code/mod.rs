@@ -1,8 +1,9 @@
 //! Code contexts: interpreters that keep their state between runs, for
 //! `execute_code`. The job daemon holds them ([`contexts`]), so they outlive
 //! the SSH connection and the controller; `serve` only forwards `CodeRun`,
-//! `CodeContexts` and `CodeControl` to it ([`forward`]), and answers
-//! `CodeInstall` itself by running pip or uv like any command ([`install`]).
+//! `CodeContexts` and `CodeControl` to it
+//! ([`crate::jobs::client::ask_code`]), and answers `CodeInstall` itself by
+//! running pip or uv like any command ([`install`]).
 //!
 //! The workers are carried in this binary: [`PYTHON_WORKER`] runs under the
 //! host's `python3` (sent on fd 3 after a one-line bootstrap, so nothing is
@@ -17,15 +18,11 @@
 pub mod contexts;
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use outpost_protocol::limits::MAX_CODE_CONTEXT_LEN;
-use outpost_protocol::{
-    AgentError, CodeAction, CodeInstall, ErrorKind, ExecRequest, Request, Response,
-};
+use outpost_protocol::{AgentError, CodeInstall, ErrorKind, ExecRequest, Response};
 use tokio::sync::watch;
 
-use crate::jobs::client::ask_daemon;
 use crate::outbox::Outbox;
 use crate::sandbox::Scope;
 use crate::{exec, paths};
@@ -41,8 +38,6 @@ pub const BASH_WORKER: &str = include_str!("worker.sh");
 /// Most packages one install names, and the longest name.
 const MAX_PACKAGES: usize = 64;
 const MAX_PACKAGE_LEN: usize = 256;
-/// Time the daemon gets beyond a run's own limits to answer.
-const ANSWER_SLACK: Duration = Duration::from_secs(10);
 
 pub(crate) fn error(kind: ErrorKind, message: impl Into<String>) -> AgentError {
     AgentError {
@@ -75,69 +70,6 @@ pub fn venv(scope: Option<&Scope>) -> Result<PathBuf, AgentError> {
         None => paths::state_dir()
             .map(|s| s.join("venv"))
             .ok_or_else(|| error(ErrorKind::Internal, "no state directory ($HOME unset)")),
-    }
-}
-
-/// `CodeRun`, `CodeContexts` or `CodeControl`, asked of the daemon (in the
-/// sandbox `scope`, if any). A cancelled request interrupts its run; the
-/// answer still comes.
-pub async fn forward(
-    request: Request,
-    scope: Option<&Scope>,
-    mut cancel: watch::Receiver<bool>,
-) -> Response {
-    let (wait, context) = match &request {
-        Request::CodeRun(run) => {
-            let wait = if run.wait_ms > 0 {
-                Some(Duration::from_millis(run.wait_ms))
-            } else if run.timeout_ms > 0 {
-                Some(Duration::from_millis(run.timeout_ms) + contexts::GRACE + contexts::START_WAIT)
-            } else {
-                None
-            };
-            // Only a run is interrupted: a collect that is cancelled just
-            // stops waiting for the run it would have collected.
-            (
-                wait,
-                Some(run.context.clone()).filter(|_| !run.code.is_empty()),
-            )
-        }
-        _ => (Some(Duration::ZERO), None),
-    };
-    // Unbounded runs wait as long as a sandbox may live.
-    let wait = wait.map_or(Duration::from_secs(7 * 24 * 3600), |w| w + ANSWER_SLACK);
-    let scoped = |request: Request| match scope {
-        Some(scope) => Request::InSandbox {
-            id: scope.dirs.id.clone(),
-            request: Box::new(request),
-        },
-        None => request,
-    };
-    let asked = ask_daemon(scoped(request), wait);
-    tokio::pin!(asked);
-    let mut interrupted = false;
-    loop {
-        tokio::select! {
-            response = &mut asked => return response,
-            changed = cancel.changed(), if !interrupted => {
-                interrupted = true;
-                if changed.is_ok() && *cancel.borrow() && let Some(context) = &context {
-                    let interrupt = Request::CodeControl { context: context.clone(), action: CodeAction::Interrupt };
-                    let _ = ask_daemon(scoped(interrupt), ANSWER_SLACK).await;
-                    // Code that ignores the interrupt keeps running; the
-                    // cancelled call answers anyway, and a later run with
-                    // empty code collects its result.
-                    let grace = contexts::GRACE + Duration::from_secs(1);
-                    return match tokio::time::timeout(grace, &mut asked).await {
-                        Ok(response) => response,
-                        Err(_) => Response::CodeRan(outpost_protocol::CodeExecution {
-                            running: true,
-                            ..Default::default()
-                        }),
-                    };
-                }
-            }
-        }
     }
 }
 

@@ -1,8 +1,9 @@
 //! The `serve` side of the job daemon: finding it, starting it (in its own
-//! systemd scope where that helps), and handing it `JobStart`.
+//! systemd scope where that helps), and handing it `JobStart`,
+//! `SandboxCreate` and the code context requests ([`ask_code`]).
 //!
-//! Only `JobStart` needs the daemon; everything else `serve` answers from
-//! the job files. A daemon that does not answer is started, and the request
+//! Of the job requests only `JobStart` needs the daemon; everything else
+//! `serve` answers from the job files. A daemon that does not answer is started, and the request
 //! retried for a few seconds; a request is never sent twice, so a job never
 //! starts twice.
 
@@ -21,7 +22,9 @@ use tokio::net::UnixStream;
 
 use super::daemon::{DaemonInfo, info_path, socket_path};
 use super::store::{self, error};
+use crate::code::contexts::{GRACE, START_WAIT};
 use crate::paths;
+use crate::sandbox::Scope;
 
 /// How long `serve` keeps trying to reach a daemon it just started.
 const CONNECT_WAIT: Duration = Duration::from_secs(3);
@@ -32,6 +35,74 @@ const LEAVE_WAIT: Duration = Duration::from_secs(2);
 
 pub const STARTED_BY_SYSTEMD: &str = "systemd-run --user --scope";
 pub const STARTED_BY_FORK: &str = "double fork";
+
+/// Time the daemon gets beyond a code run's own limits to answer.
+const CODE_ANSWER_SLACK: Duration = Duration::from_secs(10);
+
+/// `CodeRun`, `CodeContexts` or `CodeControl`, asked of the daemon (in the
+/// sandbox `scope`, if any). A cancelled request interrupts its run; the
+/// answer still comes.
+pub async fn ask_code(
+    request: Request,
+    scope: Option<&Scope>,
+    mut cancel: tokio::sync::watch::Receiver<bool>,
+) -> Response {
+    let (wait, context) = match &request {
+        Request::CodeRun(run) => {
+            let wait = if run.wait_ms > 0 {
+                Some(Duration::from_millis(run.wait_ms))
+            } else if run.timeout_ms > 0 {
+                Some(Duration::from_millis(run.timeout_ms) + GRACE + START_WAIT)
+            } else {
+                None
+            };
+            // Only a run is interrupted: a collect that is cancelled just
+            // stops waiting for the run it would have collected.
+            (
+                wait,
+                Some(run.context.clone()).filter(|_| !run.code.is_empty()),
+            )
+        }
+        _ => (Some(Duration::ZERO), None),
+    };
+    // Unbounded runs wait as long as a sandbox may live.
+    let wait = wait.map_or(Duration::from_secs(7 * 24 * 3600), |w| {
+        w + CODE_ANSWER_SLACK
+    });
+    let scoped = |request: Request| match scope {
+        Some(scope) => Request::InSandbox {
+            id: scope.dirs.id.clone(),
+            request: Box::new(request),
+        },
+        None => request,
+    };
+    let asked = ask_daemon(scoped(request), wait);
+    tokio::pin!(asked);
+    let mut interrupted = false;
+    loop {
+        tokio::select! {
+            response = &mut asked => return response,
+            changed = cancel.changed(), if !interrupted => {
+                interrupted = true;
+                if changed.is_ok() && *cancel.borrow() && let Some(context) = &context {
+                    let interrupt = Request::CodeControl { context: context.clone(), action: outpost_protocol::CodeAction::Interrupt };
+                    let _ = ask_daemon(scoped(interrupt), CODE_ANSWER_SLACK).await;
+                    // Code that ignores the interrupt keeps running; the
+                    // cancelled call answers anyway, and a later run with
+                    // empty code collects its result.
+                    let grace = GRACE + Duration::from_secs(1);
+                    return match tokio::time::timeout(grace, &mut asked).await {
+                        Ok(response) => response,
+                        Err(_) => Response::CodeRan(outpost_protocol::CodeExecution {
+                            running: true,
+                            ..Default::default()
+                        }),
+                    };
+                }
+            }
+        }
+    }
+}
 
 /// Sends `JobStart` to the daemon, starting the daemon if none answers.
 pub async fn start_job(spec: JobSpec) -> Response {
