@@ -28,6 +28,10 @@ use ssh_config::SshConfigFile;
 /// Name of the built-in sandbox that runs on the controller's own machine.
 pub const LOCAL_SANDBOX: &str = "local";
 
+/// The agent's state directory on a host unless `remote_dir` says (`~` is
+/// the host's home).
+pub const DEFAULT_REMOTE_DIR: &str = "~/.outpost";
+
 /// Live isolated sandboxes one user may have on a host, unless the file says.
 pub const DEFAULT_MAX_SANDBOXES_PER_HOST: u32 = 8;
 
@@ -139,6 +143,60 @@ pub struct SandboxConfig {
 pub enum Target {
     Local,
     Ssh(SshTarget),
+    /// A command that gives the agent's stdin and stdout (`kubectl exec -i`,
+    /// `docker exec -i`, `srun`, …).
+    Command(CommandTarget),
+}
+
+/// The placeholder a command template's shell command goes into.
+pub const COMMAND_PLACEHOLDER: &str = "{command}";
+
+/// A host reached by running a command on this machine.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CommandTarget {
+    /// The argv template: exactly one element is [`COMMAND_PLACEHOLDER`],
+    /// replaced by a shell command that the template hands to a shell.
+    pub argv: Vec<String>,
+    /// The agent's state directory in the target; `~` is its home.
+    pub remote_dir: String,
+}
+
+impl CommandTarget {
+    /// Checks `argv` as a template: a program, and `{command}` once as a
+    /// whole element.
+    pub fn new(argv: Vec<String>, remote_dir: String) -> Result<CommandTarget, String> {
+        let Some(program) = argv.first() else {
+            return Err("\"command\" is empty; give the program and its arguments, one of them \"{command}\", e.g. [\"kubectl\", \"exec\", \"-i\", \"POD\", \"--\", \"sh\", \"-c\", \"{command}\"]".into());
+        };
+        if program.trim().is_empty() {
+            return Err("\"command\" starts with an empty program name".into());
+        }
+        if program == COMMAND_PLACEHOLDER {
+            return Err("\"command\" must start with a program, not \"{command}\" (e.g. [\"sh\", \"-c\", \"{command}\"])".into());
+        }
+        if let Some(part) = argv
+            .iter()
+            .find(|a| a.contains(COMMAND_PLACEHOLDER) && *a != COMMAND_PLACEHOLDER)
+        {
+            return Err(format!(
+                "\"command\" has {part:?}: \"{{command}}\" must be an element of its own (the whole shell command goes there, e.g. [\"sh\", \"-c\", \"{{command}}\"])"
+            ));
+        }
+        match argv.iter().filter(|a| *a == COMMAND_PLACEHOLDER).count() {
+            1 => Ok(CommandTarget { argv, remote_dir }),
+            0 => Err(format!(
+                "\"command\" {argv:?} has no \"{{command}}\" element: put it where the shell command goes, e.g. [\"docker\", \"exec\", \"-i\", \"CTR\", \"sh\", \"-c\", \"{{command}}\"]"
+            )),
+            n => Err(format!(
+                "\"command\" {argv:?} has \"{{command}}\" {n} times; it must appear exactly once"
+            )),
+        }
+    }
+
+    /// The program the template runs.
+    pub fn program(&self) -> &str {
+        &self.argv[0]
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -184,11 +242,13 @@ impl SandboxConfig {
         }
     }
 
-    /// (host, port, user) as listed to MCP clients.
+    /// (host, port, user) as listed to MCP clients. A command target has
+    /// its program as the host, and no port (0) or user (empty).
     pub fn address(&self) -> (String, u16, String) {
         match &self.target {
             Target::Local => ("localhost".into(), 0, current_user()),
             Target::Ssh(t) => (t.host.clone(), t.port, t.user.clone()),
+            Target::Command(t) => (t.program().to_string(), 0, String::new()),
         }
     }
 }
@@ -198,7 +258,10 @@ impl SandboxConfig {
 #[serde(deny_unknown_fields)]
 struct RawSandbox {
     name: Option<String>,
-    host: String,
+    host: Option<String>,
+    /// Instead of SSH: an argv template with one `{command}` element that
+    /// gives the agent's stdin and stdout (`kubectl exec -i …`).
+    command: Option<Vec<String>>,
     port: Option<u16>,
     user: Option<String>,
     password: Option<String>,
@@ -373,7 +436,12 @@ impl Config {
             .iter_mut()
             .filter_map(|r| {
                 let rules = r.policy.take()?;
-                Some((r.name.clone().unwrap_or_else(|| r.host.clone()), rules))
+                let name = r
+                    .name
+                    .clone()
+                    .or_else(|| r.host.clone())
+                    .unwrap_or_default();
+                Some((name, rules))
             })
             .collect();
         let mut sources = vec![source]
@@ -400,7 +468,7 @@ impl Config {
                 None => None,
             };
             raw.push(RawSandbox {
-                host,
+                host: Some(host),
                 port,
                 user: env.var("REMOTE_USER"),
                 password: env.var("REMOTE_PASSWORD"),
@@ -537,15 +605,26 @@ fn resolve(
     default_user: &str,
     strict_default: bool,
 ) -> Result<SandboxConfig> {
-    if raw.host.trim().is_empty() {
+    if raw.command.is_some() {
+        let ssh = ssh_fields(&raw);
+        let argv = raw.command.unwrap_or_default();
+        return resolve_command(raw.name, argv, raw.remote_dir, ssh);
+    }
+    let Some(host) = raw.host.clone() else {
+        bail!(
+            "a sandbox{} has neither \"host\" (reached over SSH) nor \"command\" (reached through a command)",
+            raw.name.map(|n| format!(" ({n:?})")).unwrap_or_default()
+        );
+    };
+    if host.trim().is_empty() {
         bail!("a sandbox has an empty \"host\"");
     }
-    let name = raw.name.clone().unwrap_or_else(|| raw.host.clone());
+    let name = raw.name.clone().unwrap_or_else(|| host.clone());
     if name == LOCAL_SANDBOX {
         bail!("the name {LOCAL_SANDBOX:?} is reserved for the built-in local sandbox");
     }
     let mut unusable: Option<String> = None;
-    let params = match ssh_config.map(|c| c.query(&raw.host, raw.user.as_deref(), default_user)) {
+    let params = match ssh_config.map(|c| c.query(&host, raw.user.as_deref(), default_user)) {
         Some(Ok(p)) => Some(p),
         Some(Err(e)) => {
             unusable = Some(format!("{e:#}"));
@@ -553,13 +632,13 @@ fn resolve(
         }
         None => None,
     };
-    if let Some(Err(e)) = params.as_ref().map(|p| refuse_unsupported(&raw.host, p)) {
+    if let Some(Err(e)) = params.as_ref().map(|p| refuse_unsupported(&host, p)) {
         unusable = Some(format!("{e:#}"));
     }
     let hostname = params
         .as_ref()
         .and_then(|p| p.host_name.clone())
-        .unwrap_or_else(|| raw.host.clone());
+        .unwrap_or_else(|| host.clone());
     let port = raw
         .port
         .or_else(|| params.as_ref().and_then(|p| p.port))
@@ -618,10 +697,7 @@ fn resolve(
                 Vec::new()
             })
     };
-    let user_known_hosts = match params
-        .as_ref()
-        .map(|p| user_known_hosts(&raw.host, p, home))
-    {
+    let user_known_hosts = match params.as_ref().map(|p| user_known_hosts(&host, p, home)) {
         Some(Ok(files)) => files,
         Some(Err(e)) => {
             unusable.get_or_insert(format!("{e:#}"));
@@ -632,7 +708,7 @@ fn resolve(
     Ok(SandboxConfig {
         name,
         target: Target::Ssh(SshTarget {
-            host: raw.host,
+            host,
             hostname,
             port,
             user,
@@ -643,11 +719,58 @@ fn resolve(
             identities_only: params.as_ref().is_some_and(identities_only),
             connect_timeout: params.as_ref().and_then(ssh_connect_timeout),
             strict_host_keys,
-            remote_dir: raw.remote_dir.unwrap_or_else(|| "~/.outpost".into()),
+            remote_dir: raw.remote_dir.unwrap_or_else(|| DEFAULT_REMOTE_DIR.into()),
             jump,
             user_known_hosts,
             unusable,
         }),
+    })
+}
+
+/// The SSH fields an entry sets, by name: none may go with `command`.
+fn ssh_fields(raw: &RawSandbox) -> Vec<&'static str> {
+    [
+        ("host", raw.host.is_some()),
+        ("port", raw.port.is_some()),
+        ("user", raw.user.is_some()),
+        ("password", raw.password.is_some()),
+        ("key_file", raw.key_file.is_some()),
+        ("key_passphrase", raw.key_passphrase.is_some()),
+        ("strict_host_keys", raw.strict_host_keys.is_some()),
+        ("proxy_jump", raw.proxy_jump.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(field, set)| set.then_some(field))
+    .collect()
+}
+
+/// A sandbox reached through a command (`command = [...]`).
+fn resolve_command(
+    name: Option<String>,
+    argv: Vec<String>,
+    remote_dir: Option<String>,
+    ssh_fields: Vec<&str>,
+) -> Result<SandboxConfig> {
+    let Some(name) = name.filter(|n| !n.trim().is_empty()) else {
+        bail!("a sandbox with \"command\" needs a \"name\"");
+    };
+    if name == LOCAL_SANDBOX {
+        bail!("the name {LOCAL_SANDBOX:?} is reserved for the built-in local sandbox");
+    }
+    if !ssh_fields.is_empty() {
+        bail!(
+            "sandbox {name:?} has \"command\" and SSH settings ({}): a sandbox is reached either through its command or over SSH; for SSH inside the command, put ssh in the command (e.g. [\"ssh\", \"-p\", \"2222\", \"user@host\", \"{{command}}\"])",
+            ssh_fields.join(", ")
+        );
+    }
+    let target = CommandTarget::new(
+        argv,
+        remote_dir.unwrap_or_else(|| DEFAULT_REMOTE_DIR.into()),
+    )
+    .map_err(|e| anyhow::anyhow!("sandbox {name:?}: {e}"))?;
+    Ok(SandboxConfig {
+        name,
+        target: Target::Command(target),
     })
 }
 
@@ -1004,7 +1127,7 @@ mod tests {
     fn ssh(c: &SandboxConfig) -> &SshTarget {
         match &c.target {
             Target::Ssh(t) => t,
-            Target::Local => panic!("expected ssh"),
+            other => panic!("expected ssh, got {other:?}"),
         }
     }
 
@@ -1189,6 +1312,69 @@ Host plain
         ];
         let err = Config::load_from(&env).unwrap_err().to_string();
         assert!(err.contains("two sandboxes"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn command_sandboxes_and_their_mistakes() {
+        let dir = std::env::temp_dir().join(format!("outpost-cmdcfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("c.toml");
+        let p = path.to_string_lossy().to_string();
+        let load = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            Config::load_from(&[("HOME", "/h"), ("OUTPOST_CONFIG", p.as_str())])
+                .map_err(|e| format!("{e:#}"))
+        };
+        let cfg = load(
+            "[[sandbox]]\nname = \"pod\"\ncommand = [\"kubectl\", \"exec\", \"-i\", \"p\", \"--\", \"sh\", \"-c\", \"{command}\"]\n\
+             [[sandbox]]\nname = \"job\"\ncommand = [\"srun\", \"--jobid=7\", \"sh\", \"-c\", \"{command}\"]\nremote_dir = \"/scratch/o\"\n",
+        )
+        .unwrap();
+        let Target::Command(pod) = &cfg.sandboxes[0].target else {
+            panic!("{:?}", cfg.sandboxes[0]);
+        };
+        assert_eq!(pod.program(), "kubectl");
+        assert_eq!(pod.argv.len(), 8);
+        assert_eq!(pod.remote_dir, DEFAULT_REMOTE_DIR);
+        assert_eq!(
+            cfg.sandboxes[0].address(),
+            ("kubectl".to_string(), 0, String::new())
+        );
+        let Target::Command(job) = &cfg.sandboxes[1].target else {
+            panic!("{:?}", cfg.sandboxes[1]);
+        };
+        assert_eq!(job.remote_dir, "/scratch/o");
+
+        let entry = |rest: &str| load(&format!("[[sandbox]]\nname = \"x\"\n{rest}\n"));
+        for (rest, says) in [
+            (
+                "command = [\"docker\", \"exec\", \"-i\", \"c\", \"sh\"]",
+                "no \"{command}\" element",
+            ),
+            (
+                "command = [\"sh\", \"{command}\", \"{command}\"]",
+                "2 times",
+            ),
+            (
+                "command = [\"sh\", \"-c\", \"cd /w && {command}\"]",
+                "an element of its own",
+            ),
+            ("command = []", "\"command\" is empty"),
+            ("command = [\"\", \"{command}\"]", "empty program"),
+            ("command = [\"{command}\"]", "must start with a program"),
+            (
+                "command = [\"sh\", \"-c\", \"{command}\"]\nhost = \"h\"\nport = 22",
+                "SSH settings (host, port)",
+            ),
+            ("user = \"u\"", "neither \"host\""),
+        ] {
+            let err = entry(rest).unwrap_err();
+            assert!(err.contains(says), "{rest}: {err}");
+            assert!(err.contains("\"x\""), "names the sandbox: {err}");
+        }
+        let err = load("[[sandbox]]\ncommand = [\"sh\", \"-c\", \"{command}\"]\n").unwrap_err();
+        assert!(err.contains("needs a \"name\""), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

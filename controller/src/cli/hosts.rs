@@ -38,7 +38,9 @@ pub(super) async fn hosts(fleet: &Fleet, resources: bool, json: bool) -> Result<
         let state = if r.connection_alive { "ok" } else { "error" };
         let problem = r.connection_error.as_deref().unwrap_or("");
         if !resources {
-            let addr = if r.port == 0 {
+            let addr = if r.user.is_empty() {
+                r.host.clone()
+            } else if r.port == 0 {
                 format!("{}@{}", r.user, r.host)
             } else {
                 format!("{}@{}:{}", r.user, r.host, r.port)

@@ -28,6 +28,8 @@ use outpost::ops::code as code_defaults;
 /// or REMOTE_HOST/REMOTE_PORT/REMOTE_USER/REMOTE_PASSWORD/REMOTE_KEY_FILE/
 /// REMOTE_KEY_PASSPHRASE), or a TOML file ($OUTPOST_CONFIG, else
 /// ~/.config/outpost/config.toml); host aliases resolve through ~/.ssh/config.
+/// A sandbox in the file may instead be reached through a command that gives
+/// a shell in it (kubectl exec -i, docker exec -i, srun): see the README.
 /// Logs go to stderr; set OUTPOST_LOG (e.g. debug) for more.
 #[derive(Parser)]
 #[command(name = "outpost", version, about, long_about)]
@@ -208,8 +210,8 @@ enum Command {
     /// raise host_unreachable after [hooks] alert_after_failures failed checks
     /// in a row. Runs well under systemd --user or launchd.
     Watch {
-        /// Sandboxes to follow (default: every SSH sandbox, or `local` when
-        /// there is none).
+        /// Sandboxes to follow (default: every sandbox but `local`, or
+        /// `local` when there is no other).
         sandboxes: Vec<String>,
     },
     /// Isolated, expiring sandboxes made on a host, named HOST/ID (e.g.

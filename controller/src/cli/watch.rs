@@ -10,13 +10,17 @@ use outpost::ops::{events, jobs};
 
 pub(super) async fn watch(fleet: Arc<Fleet>, names: Vec<String>) -> Result<ExitCode> {
     let names = if names.is_empty() {
-        let ssh: Vec<String> = fleet
+        let remote: Vec<String> = fleet
             .sessions()
             .iter()
-            .filter(|s| matches!(s.config.target, Target::Ssh(_)))
+            .filter(|s| !matches!(s.config.target, Target::Local))
             .map(|s| s.name().to_string())
             .collect();
-        if ssh.is_empty() { fleet.names() } else { ssh }
+        if remote.is_empty() {
+            fleet.names()
+        } else {
+            remote
+        }
     } else {
         for n in &names {
             fleet.get(Some(n)).map_err(anyhow::Error::msg)?;

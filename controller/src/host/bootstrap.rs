@@ -7,8 +7,9 @@
 //!    directory (`<arch>-linux-gnu` for glibc ≥ its `min-glibc`, `<arch>-linux-musl`).
 //! 3. The installed agent lives at `<remote_dir>/agents/<version>-<hash12>/outpost-agent`.
 //!    It is started first; only when it is missing, or reports another build hash
-//!    or protocol version, is it uploaded over SFTP (temp name, mode 0700,
-//!    rename) and started again.
+//!    or protocol version, is it copied in ([`Host::copy_in`]: over SFTP, or
+//!    through a command host's own stream; temp name, mode 0700, rename) and
+//!    started again.
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -17,7 +18,7 @@ use std::time::Duration;
 use outpost_protocol::Hello;
 
 use super::link::{LinkReader, read_hello};
-use super::{AgentLink, Host};
+use super::{AgentLink, CapturedRun, Host};
 
 const PROBE_MARKER: &str = "__OUTPOST_PROBE__";
 
@@ -338,7 +339,7 @@ pub async fn start_installed(
         .run(&probe_command())
         .await
         .map_err(|e| format!("host probe failed: {e}"))?;
-    let facts = parse_probe(&probe.stdout)?;
+    let facts = parse_probe(&probe.stdout).map_err(|e| probe_failure(e, &probe))?;
     let artifact = artifacts.pick(&facts)?;
     let hash = artifact
         .hash()
@@ -379,6 +380,37 @@ pub async fn start_installed(
         Err(reason) => Err(format!(
             "the freshly installed agent at {agent_path} does not start: {reason}"
         )),
+    }
+}
+
+/// A probe without a usable answer, explained by how it exited and the end
+/// of its stderr: where a host that cannot be reached (a pod that is gone, a
+/// job that ended) says why.
+fn probe_failure(why: String, probe: &CapturedRun) -> String {
+    let stderr = String::from_utf8_lossy(&probe.stderr);
+    let mut stderr = stderr.trim();
+    let mut start = stderr.len().saturating_sub(1000);
+    while !stderr.is_char_boundary(start) {
+        start += 1;
+    }
+    stderr = &stderr[start..];
+    match (probe.exit_status, stderr.is_empty()) {
+        (Some(0), true) => why,
+        (Some(0), false) => format!("{why}; stderr: {stderr}"),
+        (status, _) => {
+            let how = match status {
+                Some(code) => format!("exited with status {code}"),
+                None => "ended without an exit status".to_string(),
+            };
+            if stderr.is_empty() {
+                format!(
+                    "host probe {how} and printed {:?}",
+                    String::from_utf8_lossy(&probe.stdout)
+                )
+            } else {
+                format!("host probe {how}: {stderr}")
+            }
+        }
     }
 }
 
@@ -456,6 +488,32 @@ mod tests {
         let err = arts.pick(&arm).unwrap_err();
         assert!(err.contains("aarch64-linux-gnu"), "{err}");
         assert!(err.contains("scripts/build-agents"), "{err}");
+    }
+
+    #[test]
+    fn a_failed_probe_says_how_it_ended() {
+        let why = parse_probe(b"").unwrap_err();
+        let run = |status, stderr: &str| CapturedRun {
+            exit_status: status,
+            stdout: Vec::new(),
+            stderr: stderr.as_bytes().to_vec(),
+        };
+        let gone = probe_failure(why.clone(), &run(Some(1), "error: pods \"p\" not found\n"));
+        assert_eq!(
+            gone,
+            "host probe exited with status 1: error: pods \"p\" not found"
+        );
+        let quiet = probe_failure(why.clone(), &run(None, ""));
+        assert_eq!(
+            quiet,
+            "host probe ended without an exit status and printed \"\""
+        );
+        assert_eq!(probe_failure(why.clone(), &run(Some(0), "")), why);
+        let noisy = probe_failure(why.clone(), &run(Some(0), "motd"));
+        assert!(
+            noisy.starts_with(&why) && noisy.ends_with("stderr: motd"),
+            "{noisy}"
+        );
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The `local` sandbox's host: this machine, the agent a child process over
-//! pipes.
+//! pipes. `spawn_agent` links to any local child process, so the command
+//! transport (`command.rs`) starts its agents with it too.
 
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
@@ -47,7 +48,9 @@ impl Host for LocalHost {
     }
 
     fn open<'a>(&'a self, command: &'a str) -> BoxFuture<'a, Result<AgentLink, String>> {
-        Box::pin(async move { spawn_agent(shell(command)).map_err(|e| e.to_string()) })
+        Box::pin(async move {
+            spawn_agent(shell(command), "local agent closed its output").map_err(|e| e.to_string())
+        })
     }
 
     fn disconnect(&self) -> BoxFuture<'_, ()> {
@@ -88,8 +91,13 @@ fn copy_file(from: &Path, dirs: &[String], to: &str) -> Result<(), String> {
     }
 }
 
-/// Starts `command` as a local child process and links to it.
-fn spawn_agent(mut command: tokio::process::Command) -> std::io::Result<AgentLink> {
+/// Starts `command` as a local child process and links to it: its stdin and
+/// stdout are the link, its stderr arrives as [`LinkEvent::Stderr`], and
+/// `closed` is the reason given when its stdout ends.
+pub(super) fn spawn_agent(
+    mut command: tokio::process::Command,
+    closed: &str,
+) -> std::io::Result<AgentLink> {
     let mut child = command
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -100,12 +108,15 @@ fn spawn_agent(mut command: tokio::process::Command) -> std::io::Result<AgentLin
     let stderr = child.stderr.take().expect("piped stderr");
     let (tx, rx) = mpsc::channel(256);
     let err_tx = tx.clone();
-    tokio::spawn(pump(stderr, err_tx, LinkEvent::Stderr));
+    let stderr_done = tokio::spawn(pump(stderr, err_tx, LinkEvent::Stderr));
+    let closed = closed.to_string();
     tokio::spawn(async move {
         pump(stdout, tx.clone(), LinkEvent::Stdout).await;
-        let _ = tx
-            .send(LinkEvent::Closed("local agent closed its output".into()))
-            .await;
+        // What a dying process printed last on stderr says why; give it a
+        // moment to arrive, but never wait on a stderr that something else
+        // keeps open.
+        let _ = tokio::time::timeout(Duration::from_millis(500), stderr_done).await;
+        let _ = tx.send(LinkEvent::Closed(closed)).await;
     });
     Ok(AgentLink {
         events: rx,
@@ -114,8 +125,9 @@ fn spawn_agent(mut command: tokio::process::Command) -> std::io::Result<AgentLin
     })
 }
 
-/// Reaps the local agent when its link goes. Its stdin is closed by then, so it
-/// stops its commands and exits by itself; it is killed only if it lingers.
+/// Reaps the child when its link goes. Its stdin is closed by then, so an
+/// agent (or the command carrying it) stops its commands and exits by
+/// itself; it is killed only if it lingers.
 struct LocalChild(Option<tokio::process::Child>);
 
 impl Drop for LocalChild {

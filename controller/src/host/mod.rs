@@ -7,16 +7,20 @@
 //! the agent's hello and frames off the pipe; the session layer above sees
 //! only the link.
 //!
-//! Implementations: [`ssh`] (russh: connect, host keys, auth, SFTP) and
-//! [`local`] (this machine, a child process). [`start`] picks one from the
-//! sandbox's [`Target`]. Tests also have `memory` (an in-process agent over
-//! an in-memory pipe), which [`start`] asks first in test builds only.
+//! Implementations: [`ssh`] (russh: connect, host keys, auth, SFTP),
+//! [`local`] (this machine, a child process) and [`command`] (any command
+//! that gives a shell in the target on its stdin and stdout: `kubectl exec
+//! -i`, `docker exec -i`, `srun`, `ssh`; the agent copied in through that
+//! same stream). [`start`] picks one from the sandbox's [`Target`]. Tests
+//! also have `memory` (an in-process agent over an in-memory pipe), which
+//! [`start`] asks first in test builds only.
 //!
 //! Architecture invariant: only `host/ssh` knows russh. Adding a transport is
 //! one module here that implements [`Host`], one [`Target`] variant in
 //! `config`, and one arm in [`start`].
 
 pub mod bootstrap;
+pub mod command;
 pub mod link;
 pub mod local;
 #[cfg(test)]
@@ -159,18 +163,28 @@ pub async fn start(target: &Target, ctx: &HostContext) -> Result<(Arc<dyn Host>,
                     .await
                     .map_err(|e| e.to_string())?,
             );
-            let started = tokio::time::timeout(
-                ctx.connect_timeout * 3,
-                bootstrap::start_installed(
-                    &*host,
-                    &target.remote_dir,
-                    &ctx.artifacts,
-                    ctx.connect_timeout,
-                ),
-            )
-            .await
-            .map_err(|_| "starting the agent timed out".to_string())??;
+            let started = start_installed(&*host, &target.remote_dir, ctx).await?;
+            Ok((host, started))
+        }
+        Target::Command(target) => {
+            let host: Arc<dyn Host> = Arc::new(command::CommandHost::new(target.clone()));
+            let started = start_installed(&*host, &target.remote_dir, ctx).await?;
             Ok((host, started))
         }
     }
+}
+
+/// Probes `host` and starts its agent under `remote_dir`, installing it
+/// first if needed, all within a bound of Outpost's own.
+async fn start_installed(
+    host: &dyn Host,
+    remote_dir: &str,
+    ctx: &HostContext,
+) -> Result<Started, String> {
+    tokio::time::timeout(
+        ctx.connect_timeout * 3,
+        bootstrap::start_installed(host, remote_dir, &ctx.artifacts, ctx.connect_timeout),
+    )
+    .await
+    .map_err(|_| "starting the agent timed out".to_string())?
 }
