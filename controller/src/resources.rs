@@ -3,7 +3,7 @@
 //! The field names under `cpu`, `memory` and `gpu[]` are remote-sandbox-mcp's;
 //! everything else is added beside them, so its users' prompts keep working.
 
-use outpost_protocol::{GpuSource, HostMetrics};
+use outpost_protocol::{GpuSource, HostMetrics, SlurmSummary};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Serialize)]
@@ -23,6 +23,73 @@ pub struct Resources {
     pub uptime_s: u64,
     /// 0 = fully busy, 1 = fully idle. See ARCHITECTURE.md for the formula.
     pub idle_score: f64,
+    /// The cluster's partitions, when the host is a Slurm login node.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slurm: Option<SlurmResources>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SlurmResources {
+    pub partitions: Vec<PartitionResources>,
+    /// Why `sinfo` gave nothing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PartitionResources {
+    pub name: String,
+    /// Where jobs without `--partition` go.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub default: bool,
+    pub up: bool,
+    pub nodes: PartitionNodes,
+    pub cpus: PartitionCpus,
+    /// e.g. `gpu:a100:4`.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub gres: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PartitionNodes {
+    pub idle: u32,
+    /// Allocated or mixed.
+    pub allocated: u32,
+    /// Down, drained, reserved…
+    pub other: u32,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PartitionCpus {
+    pub idle: u32,
+    pub total: u32,
+}
+
+impl SlurmResources {
+    fn from_summary(s: &SlurmSummary) -> SlurmResources {
+        SlurmResources {
+            partitions: s
+                .partitions
+                .iter()
+                .map(|p| PartitionResources {
+                    name: p.name.clone(),
+                    default: p.default,
+                    up: p.up,
+                    nodes: PartitionNodes {
+                        idle: p.nodes_idle,
+                        allocated: p.nodes_allocated,
+                        other: p.nodes_other,
+                    },
+                    cpus: PartitionCpus {
+                        idle: p.cpus_idle,
+                        total: p.cpus_total,
+                    },
+                    gres: p.gres.clone(),
+                })
+                .collect(),
+            error: s.error.clone(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -180,6 +247,7 @@ impl Resources {
             processes: m.process_count,
             uptime_s: m.uptime_s,
             idle_score,
+            slurm: m.slurm.as_ref().map(SlurmResources::from_summary),
         }
     }
 
@@ -317,6 +385,7 @@ mod tests {
             processes: 1,
             uptime_s: 1,
             idle_score: idle,
+            slurm: None,
         }
     }
 
@@ -330,6 +399,52 @@ mod tests {
         let failed = res(1.0, 50.0, vec![], true).idle_score;
         assert_eq!(failed, 0.5);
         assert!(failed < res(1.0, 50.0, vec![(0.0, 0.0)], false).idle_score);
+    }
+
+    #[test]
+    fn slurm_partitions_are_compact() {
+        use outpost_protocol::SlurmPartition;
+        let m = HostMetrics {
+            slurm: Some(SlurmSummary {
+                partitions: vec![
+                    SlurmPartition {
+                        name: "batch".into(),
+                        default: true,
+                        up: true,
+                        nodes_idle: 2,
+                        nodes_allocated: 1,
+                        nodes_other: 0,
+                        cpus_idle: 40,
+                        cpus_total: 48,
+                        gres: String::new(),
+                    },
+                    SlurmPartition {
+                        name: "gpu".into(),
+                        up: false,
+                        nodes_other: 1,
+                        cpus_total: 64,
+                        gres: "gpu:a100:4".into(),
+                        ..Default::default()
+                    },
+                ],
+                error: None,
+            }),
+            ..Default::default()
+        };
+        let json = serde_json::to_value(Resources::from_metrics(&m)).unwrap();
+        assert_eq!(
+            json["slurm"],
+            serde_json::json!({"partitions": [
+                {"name": "batch", "default": true, "up": true,
+                 "nodes": {"idle": 2, "allocated": 1, "other": 0},
+                 "cpus": {"idle": 40, "total": 48}},
+                {"name": "gpu", "up": false,
+                 "nodes": {"idle": 0, "allocated": 0, "other": 1},
+                 "cpus": {"idle": 0, "total": 64}, "gres": "gpu:a100:4"},
+            ]})
+        );
+        let none = serde_json::to_value(Resources::from_metrics(&HostMetrics::default())).unwrap();
+        assert!(none.get("slurm").is_none());
     }
 
     #[test]

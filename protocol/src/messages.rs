@@ -924,6 +924,35 @@ pub struct HostMetrics {
     pub gpu: GpuReport,
     /// How old the snapshot is.
     pub age_ms: u32,
+    /// The cluster's partitions, when the host is a Slurm login node (has
+    /// `sinfo`); None otherwise.
+    pub slurm: Option<SlurmSummary>,
+}
+
+/// What `sinfo` says about the cluster the host submits to.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlurmSummary {
+    pub partitions: Vec<SlurmPartition>,
+    /// Why `sinfo` gave nothing usable (first line of its stderr, a timeout…);
+    /// `partitions` is then empty.
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlurmPartition {
+    pub name: String,
+    /// Where jobs go that name no partition.
+    pub default: bool,
+    pub up: bool,
+    pub nodes_idle: u32,
+    /// Allocated or mixed (partly allocated).
+    pub nodes_allocated: u32,
+    /// Down, drained, draining, reserved, unknown…
+    pub nodes_other: u32,
+    pub cpus_idle: u32,
+    pub cpus_total: u32,
+    /// Generic resources as `sinfo` prints them (`gpu:a100:4`); empty for none.
+    pub gres: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

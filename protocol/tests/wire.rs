@@ -369,6 +369,20 @@ fn sample_messages() -> (Hello, Vec<ClientMessage>, Vec<AgentMessage>) {
                     problems: vec!["nvidia-smi: not found".into()],
                 },
                 age_ms: 420,
+                slurm: Some(SlurmSummary {
+                    partitions: vec![SlurmPartition {
+                        name: "gpu".into(),
+                        default: true,
+                        up: true,
+                        nodes_idle: 1,
+                        nodes_allocated: 2,
+                        nodes_other: 1,
+                        cpus_idle: 40,
+                        cpus_total: 256,
+                        gres: "gpu:a100:4".into(),
+                    }],
+                    error: None,
+                }),
             }),
         },
         AgentMessage::Response {

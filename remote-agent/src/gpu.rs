@@ -60,8 +60,8 @@ pub fn gpus() -> &'static Gpus {
     GPUS.get_or_init(Gpus::new)
 }
 
-/// Kills `nvidia-smi` runs still in flight; for the end of `serve`, which
-/// exits without waiting for them.
+/// Kills `nvidia-smi` and `sinfo` runs still in flight; for the end of
+/// `serve`, which exits without waiting for them.
 pub fn shutdown() {
     for pgid in lock(&SMI_RUNNING).drain(..) {
         // SAFETY: plain syscall on a process group we started and still hold
@@ -356,7 +356,7 @@ struct SmiRun {
     hung: bool,
 }
 
-/// Process groups of `nvidia-smi` runs in flight.
+/// Process groups of [`run_bounded`] runs in flight.
 static SMI_RUNNING: Mutex<Vec<i32>> = Mutex::new(Vec::new());
 /// Runs that survived SIGKILL (stuck in the kernel); no new run starts while
 /// one is, or they would pile up.
@@ -434,7 +434,14 @@ fn run_smi(path: &Path) -> SmiRun {
         return done(Err(problem.into()), true);
     }
     let deadline = started + SMI_TIMEOUT;
-    let text = match run_bounded(path, &[SMI_QUERY_GPUS, SMI_FORMAT], deadline) {
+    let text = match run_bounded(
+        "nvidia-smi",
+        path,
+        &[SMI_QUERY_GPUS, SMI_FORMAT],
+        deadline,
+        SMI_TIMEOUT,
+        &SMI_STUCK,
+    ) {
         Ok(text) => text,
         Err(Failure { problem, hung }) => return done(Err(problem), hung),
     };
@@ -447,7 +454,14 @@ fn run_smi(path: &Path) -> SmiRun {
     };
     let mut notes = Vec::new();
     if !gpus.is_empty() {
-        match run_bounded(path, &[SMI_QUERY_APPS, SMI_FORMAT], deadline) {
+        match run_bounded(
+            "nvidia-smi",
+            path,
+            &[SMI_QUERY_APPS, SMI_FORMAT],
+            deadline,
+            SMI_TIMEOUT,
+            &SMI_STUCK,
+        ) {
             Ok(text) => {
                 if let Err(line) = attach_apps(&mut gpus, &text) {
                     notes.push(format!("nvidia-smi: unexpected process list: {line}"));
@@ -459,9 +473,10 @@ fn run_smi(path: &Path) -> SmiRun {
     done(Ok((gpus, notes)), false)
 }
 
-struct Failure {
-    problem: String,
-    hung: bool,
+pub(crate) struct Failure {
+    pub problem: String,
+    /// Killed at the deadline.
+    pub hung: bool,
 }
 
 fn failure(problem: impl Into<String>) -> Failure {
@@ -472,8 +487,17 @@ fn failure(problem: impl Into<String>) -> Failure {
 }
 
 /// Runs `path args` in its own process group and returns its stdout, or why
-/// not. Past `deadline` the whole group is killed.
-fn run_bounded(path: &Path, args: &[&str], deadline: Instant) -> Result<String, Failure> {
+/// not (messages start with `name`). Past `deadline` the whole group is
+/// killed; `timeout` is what the message says it was. A run that survives
+/// SIGKILL is counted in `stuck` until it is reaped.
+pub(crate) fn run_bounded(
+    name: &str,
+    path: &Path,
+    args: &[&str],
+    deadline: Instant,
+    timeout: Duration,
+    stuck: &'static AtomicUsize,
+) -> Result<String, Failure> {
     let mut child = Command::new(path)
         .args(args)
         .stdin(Stdio::null())
@@ -481,7 +505,7 @@ fn run_bounded(path: &Path, args: &[&str], deadline: Instant) -> Result<String, 
         .stderr(Stdio::piped())
         .process_group(0)
         .spawn()
-        .map_err(|e| failure(format!("nvidia-smi: cannot start: {e}")))?;
+        .map_err(|e| failure(format!("{name}: cannot start: {e}")))?;
     let pid = child.id() as i32;
     lock(&SMI_RUNNING).push(pid);
     let stdout = read_all(child.stdout.take());
@@ -493,23 +517,23 @@ fn run_bounded(path: &Path, args: &[&str], deadline: Instant) -> Result<String, 
     unsafe { libc::killpg(pid, libc::SIGKILL) };
     lock(&SMI_RUNNING).retain(|&p| p != pid);
     if !exited {
-        reap_killed(child);
-        let secs = SMI_TIMEOUT.as_secs();
+        reap_killed(child, name, stuck);
+        let secs = timeout.as_secs();
         return Err(Failure {
-            problem: format!("nvidia-smi: timed out after {secs} s"),
+            problem: format!("{name}: timed out after {secs} s"),
             hung: true,
         });
     }
     let status = child
         .wait()
-        .map_err(|e| failure(format!("nvidia-smi: cannot wait: {e}")))?;
+        .map_err(|e| failure(format!("{name}: cannot wait: {e}")))?;
     // The group is dead, so the pipes close at once.
     let grace = Duration::from_secs(1);
     let out = stdout.recv_timeout(grace).unwrap_or_default();
     let err = stderr.recv_timeout(grace).unwrap_or_default();
     if !status.success() {
         return Err(failure(format!(
-            "nvidia-smi: {}{}",
+            "{name}: {}{}",
             describe_status(status),
             first_line(&err, &out)
         )));
@@ -545,7 +569,7 @@ fn wait_exit(pid: i32, deadline: Instant) -> bool {
 
 /// Reaps a child that was sent SIGKILL. One stuck in the kernel is left to a
 /// thread that waits for it, and blocks new runs meanwhile.
-fn reap_killed(mut child: Child) {
+fn reap_killed(mut child: Child, name: &str, stuck: &'static AtomicUsize) {
     let until = Instant::now() + Duration::from_secs(1);
     while Instant::now() < until {
         if !matches!(child.try_wait(), Ok(None)) {
@@ -553,15 +577,15 @@ fn reap_killed(mut child: Child) {
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    SMI_STUCK.fetch_add(1, Ordering::Relaxed);
+    stuck.fetch_add(1, Ordering::Relaxed);
     let waiter = std::thread::Builder::new()
-        .name("nvidia-smi-reaper".into())
+        .name("bounded-reaper".into())
         .spawn(move || {
             let _ = child.wait();
-            SMI_STUCK.fetch_sub(1, Ordering::Relaxed);
+            stuck.fetch_sub(1, Ordering::Relaxed);
         });
     if waiter.is_err() {
-        eprintln!("outpost-agent: nvidia-smi is stuck and cannot be reaped");
+        eprintln!("outpost-agent: {name} is stuck and cannot be reaped");
     }
 }
 

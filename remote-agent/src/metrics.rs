@@ -6,21 +6,35 @@
 //! sysinfo `System` is kept for CPU usage, which is a delta between two reads
 //! of `/proc/stat`; everything else comes straight from `/proc`, `statvfs` and
 //! [`crate::gpu`]; with NVML the sampler costs about 0.1% of one core.
+//!
+//! On a Slurm login node (`sinfo` on PATH) the snapshot also carries the
+//! cluster's partitions. `sinfo` asks slurmctld, so it runs at most every
+//! [`SINFO_INTERVAL`] under a hard [`SINFO_TIMEOUT`], on the sampler thread,
+//! and its last result is reused in between.
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use outpost_protocol::{DiskUsage, HostMetrics};
+use outpost_protocol::{DiskUsage, HostMetrics, SlurmPartition, SlurmSummary};
 use sysinfo::{CpuRefreshKind, MINIMUM_CPU_UPDATE_INTERVAL, MemoryRefreshKind, System};
 
 use crate::{gpu, paths};
 
 /// How often the background sampler refreshes the snapshot.
 const TICK: Duration = Duration::from_secs(1);
+/// Longest one `sinfo` run may take before it is killed.
+const SINFO_TIMEOUT: Duration = Duration::from_secs(2);
+/// Shortest time between two `sinfo` runs: every tick would load slurmctld,
+/// which every login node of a cluster shares.
+const SINFO_INTERVAL: Duration = Duration::from_secs(10);
+/// One line per partition and node state; `%C` is CPUs
+/// allocated/idle/other/total.
+const SINFO_FORMAT: &str = "%P|%a|%D|%T|%C|%G";
 
 /// Reads the host's resources; CPU usage needs two reads at least
 /// [`MINIMUM_CPU_UPDATE_INTERVAL`] apart.
@@ -31,6 +45,7 @@ pub struct Sampler {
     cpu_read_at: Instant,
     /// Total and per-core use over the last interval, once there is one.
     cpu_usage: Option<(f32, Vec<f32>)>,
+    slurm: SlurmProbe,
 }
 
 impl Sampler {
@@ -47,10 +62,14 @@ impl Sampler {
             cpu_count,
             cpu_read_at: Instant::now(),
             cpu_usage: None,
+            slurm: SlurmProbe {
+                sinfo: paths::which("sinfo"),
+                last: None,
+            },
         })
     }
 
-    /// Everything but the GPUs, which [`Monitor`] adds.
+    /// Everything but the GPUs and Slurm, which [`Monitor`] adds.
     pub fn sample_host(&mut self) -> HostMetrics {
         if self.cpu_usage.is_none() {
             // The first figure needs a second read of the CPU times: a first
@@ -91,6 +110,7 @@ impl Sampler {
             process_count: process_count(),
             gpu: Default::default(),
             age_ms: 0,
+            slurm: None,
         }
     }
 
@@ -171,7 +191,112 @@ impl Monitor {
 fn sample(sampler: &mut Sampler) -> HostMetrics {
     let mut metrics = sampler.sample_host();
     metrics.gpu = gpu::gpus().report();
+    metrics.slurm = sampler.slurm.summary();
     metrics
+}
+
+/// `sinfo` and its last answer.
+struct SlurmProbe {
+    sinfo: Option<PathBuf>,
+    last: Option<(Instant, SlurmSummary)>,
+}
+
+/// `sinfo` runs that survived SIGKILL; none starts while one is.
+static SINFO_STUCK: AtomicUsize = AtomicUsize::new(0);
+
+impl SlurmProbe {
+    /// The partitions, at most [`SINFO_INTERVAL`] old; None without `sinfo`.
+    /// Blocks for up to [`SINFO_TIMEOUT`] when a run is due.
+    fn summary(&mut self) -> Option<SlurmSummary> {
+        let sinfo = self.sinfo.as_ref()?;
+        if let Some((at, last)) = &self.last
+            && at.elapsed() < SINFO_INTERVAL
+        {
+            return Some(last.clone());
+        }
+        let summary = if SINFO_STUCK.load(std::sync::atomic::Ordering::Relaxed) > 0 {
+            slurm_error("sinfo: an earlier run is stuck and could not be killed".into())
+        } else {
+            let deadline = Instant::now() + SINFO_TIMEOUT;
+            let args = ["-h", "-o", SINFO_FORMAT];
+            match gpu::run_bounded("sinfo", sinfo, &args, deadline, SINFO_TIMEOUT, &SINFO_STUCK) {
+                Ok(text) => parse_sinfo(&text).unwrap_or_else(|line| {
+                    slurm_error(format!("sinfo: unexpected output: {line}"))
+                }),
+                Err(failure) => slurm_error(failure.problem),
+            }
+        };
+        self.last = Some((Instant::now(), summary.clone()));
+        Some(summary)
+    }
+}
+
+fn slurm_error(problem: String) -> SlurmSummary {
+    SlurmSummary {
+        partitions: Vec::new(),
+        error: Some(problem),
+    }
+}
+
+/// Sums `sinfo -h -o SINFO_FORMAT` per partition, in the order partitions
+/// first appear; the offending line on garbage.
+fn parse_sinfo(text: &str) -> Result<SlurmSummary, String> {
+    let mut partitions: Vec<SlurmPartition> = Vec::new();
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let bad = || line.chars().take(120).collect::<String>();
+        let fields: Vec<&str> = line.split('|').collect();
+        let [name, avail, nodes, state, cpus, gres] = fields[..] else {
+            return Err(bad());
+        };
+        let nodes: u32 = nodes.parse().map_err(|_| bad())?;
+        let cpus: Vec<u32> = cpus
+            .split('/')
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .map_err(|_| bad())?;
+        let [_, cpus_idle, _, cpus_total] = cpus[..] else {
+            return Err(bad());
+        };
+        let (name, default) = match name.strip_suffix('*') {
+            Some(name) => (name, true),
+            None => (name, false),
+        };
+        let i = match partitions.iter().position(|p| p.name == name) {
+            Some(i) => i,
+            None => {
+                partitions.push(SlurmPartition {
+                    name: name.to_string(),
+                    default,
+                    up: avail == "up",
+                    ..Default::default()
+                });
+                partitions.len() - 1
+            }
+        };
+        let p = &mut partitions[i];
+        // Flags trail the state: `*` not responding, `~` powered off, `#`
+        // powering up, `!`/`%` powering down, `$` maintenance, `@` reboot.
+        let base = state.trim_end_matches(|c: char| !c.is_ascii_alphanumeric());
+        let responding = !state.ends_with('*');
+        match base {
+            "idle" if responding => p.nodes_idle += nodes,
+            "allocated" | "mixed" | "completing" => p.nodes_allocated += nodes,
+            _ => p.nodes_other += nodes,
+        }
+        p.cpus_idle += cpus_idle;
+        p.cpus_total += cpus_total;
+        // Nodes of one partition may differ; keep each kind once.
+        if gres != "(null)" && !gres.is_empty() && !p.gres.split(',').any(|g| g == gres) {
+            if !p.gres.is_empty() {
+                p.gres.push(',');
+            }
+            p.gres.push_str(gres);
+        }
+    }
+    Ok(SlurmSummary {
+        partitions,
+        error: None,
+    })
 }
 
 /// Processes on the host: the numeric entries of `/proc` (threads are not
@@ -297,6 +422,96 @@ mod tests {
         assert_eq!(of("/home/u"), Some(PathBuf::from("/home")));
         assert_eq!(of("/homer"), Some(PathBuf::from("/")));
         assert_eq!(of("/"), Some(PathBuf::from("/")));
+    }
+
+    #[test]
+    fn sinfo_sums_node_states_per_partition() {
+        let text = "\
+batch*|up|3|idle|0/96/0/96|(null)
+batch*|up|2|mixed|40/24/0/64|(null)
+batch*|up|1|allocated|32/0/0/32|(null)
+batch*|up|1|drained|0/0/32/32|(null)
+batch*|up|1|idle*|0/0/32/32|(null)
+gpu|up|1|mixed|8/56/0/64|gpu:4
+gpu|up|1|down*|0/0/64/64|gpu:4
+gpu|up|1|idle|0/64/0/64|gpu:a100:8
+old|down|2|down|0/0/16/16|(null)
+";
+        let s = parse_sinfo(text).unwrap();
+        assert_eq!(s.error, None);
+        let names: Vec<&str> = s.partitions.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["batch", "gpu", "old"]);
+        assert_eq!(
+            s.partitions[0],
+            SlurmPartition {
+                name: "batch".into(),
+                default: true,
+                up: true,
+                nodes_idle: 3,
+                nodes_allocated: 3,
+                nodes_other: 2,
+                cpus_idle: 120,
+                cpus_total: 256,
+                gres: String::new(),
+            }
+        );
+        let gpu = &s.partitions[1];
+        assert!(!gpu.default && gpu.up);
+        assert_eq!(
+            (gpu.nodes_idle, gpu.nodes_allocated, gpu.nodes_other),
+            (1, 1, 1)
+        );
+        assert_eq!((gpu.cpus_idle, gpu.cpus_total), (120, 192));
+        assert_eq!(gpu.gres, "gpu:4,gpu:a100:8");
+        let old = &s.partitions[2];
+        assert!(!old.up);
+        assert_eq!((old.nodes_idle, old.nodes_other), (0, 2));
+        assert_eq!(parse_sinfo("").unwrap().partitions, vec![]);
+    }
+
+    #[test]
+    fn sinfo_garbage_is_an_error() {
+        assert_eq!(
+            parse_sinfo("batch*|up|1|idle|0/4/0/4|(null)\nPARTITION AVAIL\n"),
+            Err("PARTITION AVAIL".into())
+        );
+        assert!(parse_sinfo("batch|up|x|idle|0/4/0/4|(null)").is_err());
+        assert!(parse_sinfo("batch|up|1|idle|0/4/0|(null)").is_err());
+    }
+
+    #[test]
+    fn sinfo_failure_is_reported_and_cached() {
+        let dir = std::env::temp_dir().join(format!("outpost-sinfo-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fake = dir.join("sinfo");
+        std::fs::write(
+            &fake,
+            "#!/bin/sh\necho 'slurm_load_partitions: Unable to contact slurm controller' >&2\nexit 1\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let mut probe = SlurmProbe {
+            sinfo: Some(fake.clone()),
+            last: None,
+        };
+        let s = probe.summary().unwrap();
+        assert!(s.partitions.is_empty());
+        let error = s.error.unwrap();
+        assert!(
+            error.starts_with("sinfo: exit status 1: slurm_load_partitions: Unable"),
+            "{error}"
+        );
+        // Within the interval the cached answer comes back without a run.
+        std::fs::remove_file(&fake).unwrap();
+        assert_eq!(probe.summary().unwrap().error.unwrap(), error);
+        std::fs::remove_dir_all(&dir).ok();
+
+        let mut none = SlurmProbe {
+            sinfo: None,
+            last: None,
+        };
+        assert_eq!(none.summary(), None);
     }
 
     #[test]

@@ -190,3 +190,63 @@ async fn srun_steps_carry_the_agent_through_the_command_transport() {
     );
     client.cancel().await.ok();
 }
+
+/// The `local` sandbox's partitions as `list_sandboxes(check_resources=true)`
+/// reports them.
+async fn local_partitions(client: &Client) -> Vec<Value> {
+    let (err, r) = timed_call(client, "list_sandboxes", json!({"check_resources": true})).await;
+    assert!(!err, "{r}");
+    let local = r["sandboxes"]
+        .as_array()
+        .and_then(|rows| rows.iter().find(|row| row["name"] == "local"))
+        .unwrap_or_else(|| panic!("no local row: {r}"));
+    let slurm = &local["resources"]["slurm"];
+    assert!(slurm.get("error").is_none(), "{r}");
+    slurm["partitions"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no partitions: {r}"))
+        .clone()
+}
+
+/// A login node's `list_sandboxes(check_resources=true)` carries its
+/// cluster's partitions, and an allocation shows there within the agent's
+/// `sinfo` interval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_resources_reports_slurm_partitions() {
+    let Some(slurm) = Slurm::start() else {
+        return;
+    };
+    let (client, _home) = start(&slurm.env()).await;
+
+    let partitions = local_partitions(&client).await;
+    assert_eq!(partitions.len(), 1, "{partitions:?}");
+    let test = &partitions[0];
+    assert_eq!(test["name"], "test", "{test}");
+    assert_eq!(test["default"], true, "{test}");
+    assert_eq!(test["up"], true, "{test}");
+    assert_eq!(test["nodes"]["idle"], 1, "{test}");
+    assert_eq!(test["cpus"]["idle"], 16, "{test}");
+    assert_eq!(test["cpus"]["total"], 16, "{test}");
+    assert!(test.get("gres").is_none(), "{test}");
+
+    let job = slurm.hold(5);
+    // The agent runs sinfo at most every 10 s.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let last = loop {
+        let partitions = local_partitions(&client).await;
+        let test = partitions[0].clone();
+        if test["nodes"]["allocated"] == 1 && test["cpus"]["idle"].as_u64() < Some(16) {
+            break test;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "job {job} not seen after 30 s: {test}\n{}",
+            slurm.logs()
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    assert_eq!(last["nodes"]["idle"], 0, "{last}");
+    assert_eq!(last["cpus"]["total"], 16, "{last}");
+    slurm.cancel(job);
+    client.cancel().await.ok();
+}

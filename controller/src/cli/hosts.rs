@@ -84,6 +84,29 @@ pub(super) async fn hosts(fleet: &Fleet, resources: bool, json: bool) -> Result<
                     .map_or(String::new(), |l| format!("leased by {l}"))
             );
         }
+        if let Some(slurm) = &res.slurm {
+            if let Some(e) = &slurm.error {
+                println!("      slurm: {e}");
+            }
+            for p in &slurm.partitions {
+                // `*` marks the default partition, as in sinfo.
+                let name = format!("{}{}", p.name, if p.default { "*" } else { "" });
+                println!(
+                    "      partition {name:<15} {:<4} nodes {} idle, {} alloc, {} other  cpus {}/{} idle{}",
+                    if p.up { "up" } else { "down" },
+                    p.nodes.idle,
+                    p.nodes.allocated,
+                    p.nodes.other,
+                    p.cpus.idle,
+                    p.cpus.total,
+                    if p.gres.is_empty() {
+                        String::new()
+                    } else {
+                        format!("  {}", p.gres)
+                    },
+                );
+            }
+        }
     }
     Ok(status)
 }

@@ -94,6 +94,49 @@ pub struct ResourcesShape {
     uptime_s: u64,
     /// 0 = fully busy, 1 = fully idle.
     idle_score: f64,
+    /// The cluster's partitions, on a Slurm login node.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    slurm: Option<SlurmShape>,
+}
+
+#[derive(JsonSchema)]
+#[schemars(rename = "SlurmResources")]
+#[allow(dead_code)]
+struct SlurmShape {
+    partitions: Vec<PartitionShape>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+#[derive(JsonSchema)]
+#[schemars(rename = "PartitionResources")]
+#[allow(dead_code)]
+struct PartitionShape {
+    name: String,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    default: bool,
+    up: bool,
+    nodes: PartitionNodesShape,
+    cpus: PartitionCpusShape,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    gres: String,
+}
+
+#[derive(JsonSchema)]
+#[schemars(rename = "PartitionNodes")]
+#[allow(dead_code)]
+struct PartitionNodesShape {
+    idle: u32,
+    allocated: u32,
+    other: u32,
+}
+
+#[derive(JsonSchema)]
+#[schemars(rename = "PartitionCpus")]
+#[allow(dead_code)]
+struct PartitionCpusShape {
+    idle: u32,
+    total: u32,
 }
 
 #[derive(JsonSchema)]
