@@ -42,6 +42,19 @@ async fn run<H: rmcp::ClientHandler>(
     (result.is_error.unwrap_or(false), value, images)
 }
 
+/// SIGKILLs every process whose environment has this `HOME=…` when dropped
+/// (the daemon; its interpreters die with it).
+struct KillWithHome(String);
+
+impl Drop for KillWithHome {
+    fn drop(&mut self) {
+        for pid in outpost_e2e::pids_with_env(&self.0) {
+            // SAFETY: plain kill of a test's own leftover.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+}
+
 fn png_size(png: &[u8]) -> (u32, u32) {
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "not a PNG");
     (
@@ -53,6 +66,9 @@ fn png_size(png: &[u8]) -> (u32, u32) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn execute_code_on_local_keeps_state_and_shows_plots() {
     let (client, home) = start(&[]).await;
+    // The local agent's daemon holds the contexts for an hour; this test's
+    // end, pass or fail, is theirs.
+    let _daemon = KillWithHome(format!("HOME={}", home.path().display()));
 
     let (err, r, _) = run(&client, "execute_code", json!({"code": "x = 2"})).await;
     assert!(!err, "{r}");
