@@ -8,7 +8,7 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{Agent, BIN, TempDir, kill, procs_with_env};
+use common::{Agent, BIN, TempDir, kill, procs_with_env, test_account};
 use outpost_protocol::{
     CodeAction, CodeContextInfo, CodeExecution, CodeLanguage, CodeRun, ErrorKind, Isolation,
     Request, Response, SandboxSpec,
@@ -23,12 +23,44 @@ struct Host {
 impl Host {
     fn new(label: &str) -> Host {
         let home = TempDir::new(label);
-        let agent = start(&home);
+        let agent = start(&home, None);
         Host {
             home,
             agent,
             next_id: 0,
         }
+    }
+
+    /// An agent run as the unprivileged test account when this runs as
+    /// root, as bwrap needs, with a secret in its home the sandbox must not
+    /// see. None (the test is skipped) without the account.
+    fn unprivileged(label: &str) -> Option<Host> {
+        let home = TempDir::new(label);
+        std::fs::create_dir_all(home.path().join(".ssh")).unwrap();
+        std::fs::write(home.path().join(".ssh/id_ed25519"), "SECRET KEY\n").unwrap();
+        // SAFETY: getuid cannot fail.
+        let user = if unsafe { libc::getuid() } == 0 {
+            let Some((uid, gid)) = test_account() else {
+                eprintln!("skipped: needs the outpost-test account (scripts/setup-test-env)");
+                return None;
+            };
+            for path in [
+                home.path().to_path_buf(),
+                home.path().join(".ssh"),
+                home.path().join(".ssh/id_ed25519"),
+            ] {
+                std::os::unix::fs::chown(&path, Some(uid), Some(gid)).unwrap();
+            }
+            Some((uid, gid))
+        } else {
+            None
+        };
+        let agent = start(&home, user);
+        Some(Host {
+            home,
+            agent,
+            next_id: 0,
+        })
     }
 
     fn call(&mut self, body: Request) -> Response {
@@ -75,9 +107,14 @@ impl Host {
     }
 }
 
-fn start(home: &TempDir) -> Agent {
+/// `outpost-agent serve` with `home` as HOME, as `user` (uid, gid) if given.
+fn start(home: &TempDir, user: Option<(u32, u32)>) -> Agent {
     let mut cmd = Command::new(BIN);
     cmd.env("HOME", home.path()).env_remove("XDG_RUNTIME_DIR");
+    if let Some((uid, gid)) = user {
+        std::os::unix::process::CommandExt::uid(&mut cmd, uid);
+        std::os::unix::process::CommandExt::gid(&mut cmd, gid);
+    }
     Agent::start_with(&mut cmd)
 }
 
@@ -376,7 +413,7 @@ fn a_context_outlives_its_connection_and_a_long_run_is_collected_later() {
     let pid = host.agent.child.id() as i32;
     kill(pid, libc::SIGKILL);
     let _ = host.agent.child.wait();
-    host.agent = start(&host.home);
+    host.agent = start(&host.home, None);
     assert_eq!(plain(&host.py("kept")), Some("'still here'"));
 
     // A run that outlasts its call's wait is collected by an empty run.
@@ -463,7 +500,7 @@ fn contexts_are_listed_interrupted_and_removed() {
 
 #[test]
 fn a_sandbox_context_runs_inside_it_and_ends_with_it() {
-    let Some(mut host) = Sandboxed::new("code-sandbox") else {
+    let Some(mut host) = Host::unprivileged("code-sandbox") else {
         return;
     };
     let spec = SandboxSpec {
@@ -476,7 +513,7 @@ fn a_sandbox_context_runs_inside_it_and_ends_with_it() {
     let Response::Sandbox(info) = host.call(Request::SandboxCreate(spec)) else {
         panic!()
     };
-    let inside = |host: &mut Sandboxed, code: &str| {
+    let inside = |host: &mut Host, code: &str| {
         let run = CodeRun {
             context: "default".into(),
             code: code.into(),
@@ -514,72 +551,4 @@ fn a_sandbox_context_runs_inside_it_and_ends_with_it() {
         panic!()
     };
     assert!(rows.is_empty());
-}
-
-/// An agent run as the unprivileged test account, as bwrap needs.
-struct Sandboxed {
-    home: TempDir,
-    agent: Agent,
-    next_id: u64,
-}
-
-impl Sandboxed {
-    fn new(label: &str) -> Option<Sandboxed> {
-        let home = TempDir::new(label);
-        std::fs::create_dir_all(home.path().join(".ssh")).unwrap();
-        std::fs::write(home.path().join(".ssh/id_ed25519"), "SECRET KEY\n").unwrap();
-        let mut cmd = Command::new(BIN);
-        cmd.env("HOME", home.path()).env_remove("XDG_RUNTIME_DIR");
-        // SAFETY: getuid cannot fail.
-        if unsafe { libc::getuid() } == 0 {
-            let Some((uid, gid)) = test_account() else {
-                eprintln!("skipped: needs the outpost-test account (scripts/setup-test-env)");
-                return None;
-            };
-            for path in [
-                home.path().to_path_buf(),
-                home.path().join(".ssh"),
-                home.path().join(".ssh/id_ed25519"),
-            ] {
-                std::os::unix::fs::chown(&path, Some(uid), Some(gid)).unwrap();
-            }
-            std::os::unix::process::CommandExt::uid(&mut cmd, uid);
-            std::os::unix::process::CommandExt::gid(&mut cmd, gid);
-        }
-        let agent = Agent::start_with(&mut cmd);
-        Some(Sandboxed {
-            home,
-            agent,
-            next_id: 0,
-        })
-    }
-
-    fn call(&mut self, body: Request) -> Response {
-        self.next_id += 1;
-        let id = self.next_id;
-        self.agent.request(id, body);
-        self.agent.last(id, Duration::from_secs(90))
-    }
-}
-
-impl Drop for Sandboxed {
-    fn drop(&mut self) {
-        for _ in 0..3 {
-            for pid in procs_with_env(&format!("HOME={}", self.home.path().display())) {
-                kill(pid, libc::SIGKILL);
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-fn test_account() -> Option<(u32, u32)> {
-    let id = |flag: &str| -> Option<u32> {
-        let out = Command::new("id")
-            .args([flag, "outpost-test"])
-            .output()
-            .ok()?;
-        String::from_utf8_lossy(&out.stdout).trim().parse().ok()
-    };
-    Some((id("-u")?, id("-g")?))
 }

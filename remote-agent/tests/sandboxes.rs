@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Agent, BIN, TempDir, json, kill, procs_with_env};
+use common::{Agent, BIN, TempDir, json, kill, procs_with_env, test_account};
 use outpost_protocol::{
     ErrorKind, ExecRequest, ExecResult, Isolation, JobSpec, ReadFiles, ReadSpec, Request, Response,
     SandboxInfo, SandboxLimits, SandboxSpec, SandboxState, ScanRequest,
@@ -660,26 +660,6 @@ fn renew_moves_the_expiry_from_now() {
     assert!(renewed.expires_unix >= info.expires_unix + 55);
     std::thread::sleep(Duration::from_millis(2500));
     assert_eq!(host.status(&info.id).state, SandboxState::Running);
-}
-
-/// The unprivileged test account scripts/setup-test-env makes, when this
-/// runs as root and it exists.
-fn test_account() -> Option<(u32, u32)> {
-    // SAFETY: getuid cannot fail.
-    if unsafe { libc::getuid() } != 0 {
-        return None;
-    }
-    let out = Command::new("id")
-        .args(["-u", "outpost-test"])
-        .output()
-        .ok()?;
-    let uid: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().ok()?;
-    let out = Command::new("id")
-        .args(["-g", "outpost-test"])
-        .output()
-        .ok()?;
-    let gid: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().ok()?;
-    Some((uid, gid))
 }
 
 #[test]

@@ -72,11 +72,7 @@ impl Host for CommandHost {
                 .output()
                 .await
                 .map_err(|e| self.spawn_error(e))?;
-            Ok(CapturedRun {
-                exit_status: out.status.code().map(|c| c as u32),
-                stdout: out.stdout,
-                stderr: out.stderr,
-            })
+            Ok(CapturedRun::from(out))
         })
     }
 

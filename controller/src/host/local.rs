@@ -25,11 +25,7 @@ impl Host for LocalHost {
                 .output()
                 .await
                 .map_err(|e| format!("cannot run /bin/sh: {e}"))?;
-            Ok(CapturedRun {
-                exit_status: out.status.code().map(|c| c as u32),
-                stdout: out.stdout,
-                stderr: out.stderr,
-            })
+            Ok(CapturedRun::from(out))
         })
     }
 

@@ -64,6 +64,16 @@ pub struct CapturedRun {
     pub stderr: Vec<u8>,
 }
 
+impl From<std::process::Output> for CapturedRun {
+    fn from(out: std::process::Output) -> Self {
+        CapturedRun {
+            exit_status: out.status.code().map(|c| c as u32),
+            stdout: out.stdout,
+            stderr: out.stderr,
+        }
+    }
+}
+
 /// A place an agent can be started.
 pub trait Host: Send + Sync {
     /// Runs `command` with the host's shell and collects what it printed.

@@ -257,3 +257,23 @@ impl Drop for TempDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// The unprivileged test account scripts/setup-test-env makes, when this
+/// runs as root and it exists.
+pub fn test_account() -> Option<(u32, u32)> {
+    // SAFETY: getuid cannot fail.
+    if unsafe { libc::getuid() } != 0 {
+        return None;
+    }
+    let out = Command::new("id")
+        .args(["-u", "outpost-test"])
+        .output()
+        .ok()?;
+    let uid: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().ok()?;
+    let out = Command::new("id")
+        .args(["-g", "outpost-test"])
+        .output()
+        .ok()?;
+    let gid: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().ok()?;
+    Some((uid, gid))
+}
