@@ -22,7 +22,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+mod slurm;
 mod ssh_config;
+pub use slurm::{SlurmDefaults, check_name as check_slurm_name, check_time as check_slurm_time};
 use ssh_config::SshConfigFile;
 
 /// Name of the built-in sandbox that runs on the controller's own machine.
@@ -135,6 +137,9 @@ impl Default for Hooks {
 pub struct SandboxConfig {
     pub name: String,
     pub target: Target,
+    /// Set for a cluster's login node: `create_sandbox` on it is a Slurm
+    /// allocation.
+    pub slurm: Option<SlurmDefaults>,
 }
 
 // One per sandbox: the size of a boxed-or-not target does not matter.
@@ -239,6 +244,7 @@ impl SandboxConfig {
         SandboxConfig {
             name: LOCAL_SANDBOX.into(),
             target: Target::Local,
+            slurm: None,
         }
     }
 
@@ -274,6 +280,8 @@ struct RawSandbox {
     proxy_jump: Option<String>,
     /// Command rules for this sandbox (config file only).
     policy: Option<RawRules>,
+    /// A cluster's login node: allocation defaults (config file only).
+    slurm: Option<slurm::RawSlurm>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -492,14 +500,19 @@ impl Config {
         let default_user = env.var("USER").unwrap_or_else(current_user);
         let strict_default = file.strict_host_keys.unwrap_or(false);
         let mut sandboxes = Vec::new();
-        for r in raw {
-            let sandbox = resolve(
+        for mut r in raw {
+            let slurm = r.slurm.take();
+            let mut sandbox = resolve(
                 r,
                 ssh_config.as_ref(),
                 home.as_deref(),
                 &default_user,
                 strict_default,
             )?;
+            sandbox.slurm = slurm
+                .map(slurm::RawSlurm::resolve)
+                .transpose()
+                .map_err(|e| anyhow::anyhow!("sandbox {:?}: {e}", sandbox.name))?;
             if sandboxes
                 .iter()
                 .any(|s: &SandboxConfig| s.name == sandbox.name)
@@ -707,6 +720,7 @@ fn resolve(
     };
     Ok(SandboxConfig {
         name,
+        slurm: None,
         target: Target::Ssh(SshTarget {
             host,
             hostname,
@@ -771,6 +785,7 @@ fn resolve_command(
     Ok(SandboxConfig {
         name,
         target: Target::Command(target),
+        slurm: None,
     })
 }
 

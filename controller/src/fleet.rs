@@ -68,6 +68,18 @@ pub struct SandboxStatus {
     pub resources: Option<Resources>,
 }
 
+/// The Slurm job an allocation's id (`job-N`) names, on the cluster `login`.
+pub fn allocation_job(login: &str, id: &str) -> Result<u64, String> {
+    id.strip_prefix("job-")
+        .and_then(|n| n.parse::<u64>().ok())
+        .filter(|n| *n > 0)
+        .ok_or_else(|| {
+            format!(
+                "{login} is a Slurm cluster: its sandboxes are named {login}/job-N (N the Slurm job id), not {login}/{id}"
+            )
+        })
+}
+
 impl Fleet {
     /// The fleet of `config`, or why its policy does not compile.
     pub fn try_new(config: Config) -> anyhow::Result<Fleet> {
@@ -136,10 +148,17 @@ impl Fleet {
             Some((host, Some(id))) => {
                 check_sandbox_id(id)?;
                 let host = configured(host).expect("configured");
+                let job = match host.config.slurm {
+                    Some(_) => Some(allocation_job(host.name(), id)?),
+                    None => None,
+                };
                 let mut isolated = self.isolated.lock().unwrap();
                 Ok(isolated
                     .entry(name.clone())
-                    .or_insert_with(|| Arc::new(Session::isolated(host.clone(), id)))
+                    .or_insert_with(|| match job {
+                        Some(job) => Arc::new(Session::allocation(host.clone(), job)),
+                        None => Arc::new(Session::isolated(host.clone(), id)),
+                    })
                     .clone())
             }
             None => Err(format!(

@@ -71,11 +71,24 @@ pub fn resolve_cwd(cwd: Option<&str>) -> PathBuf {
     }
 }
 
-/// The agent's state dir: `<dir>` when this binary runs from
+/// Names the state dir outright. The controller sets it for the agent of
+/// one cluster allocation (`<dir>/slurm/<job>`), whose jobs, contexts and
+/// leases must stay apart from the login node's even where both share a
+/// home directory and so the installed binary.
+pub const STATE_DIR_ENV: &str = "OUTPOST_STATE_DIR";
+
+/// The agent's state dir: [`STATE_DIR_ENV`] when set to an absolute path,
+/// else `<dir>` when this binary runs from
 /// `<dir>/agents/<version>/outpost-agent` (the controller may install into a
 /// custom remote dir), else `~/.outpost`. Host-wide state such as GPU leases
 /// lives here, so every agent started by any controller finds the same files.
 pub fn state_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os(STATE_DIR_ENV)
+        .map(PathBuf::from)
+        .filter(|d| d.is_absolute())
+    {
+        return Some(dir);
+    }
     running_exe()
         .as_deref()
         .and_then(install_root)

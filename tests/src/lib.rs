@@ -61,6 +61,8 @@ pub struct Sshd {
     other_key: PathBuf,
     /// Set when sshd runs inside a network namespace of its own.
     netns: Option<Netns>,
+    /// Set in every session (`SetEnv`), as a login node's profile would.
+    env: Vec<(String, String)>,
 }
 
 /// Why one launch attempt failed.
@@ -73,16 +75,22 @@ enum LaunchError {
 impl Sshd {
     /// Starts a fresh sshd; panics with a diagnostic on any failure.
     pub fn start() -> Sshd {
-        Sshd::start_with(None)
+        Sshd::start_with(None, &[])
+    }
+
+    /// Starts a fresh sshd whose sessions all get `env` (a private Slurm's
+    /// `SLURM_CONF`, as a cluster's login profile sets its own).
+    pub fn start_with_env(env: &[(&str, String)]) -> Sshd {
+        Sshd::start_with(None, env)
     }
 
     /// Starts sshd inside a network namespace of its own, reached from here
     /// through a veth pair, so a test can cut the link ([`Netns::cut`]).
     pub fn start_in_netns() -> Sshd {
-        Sshd::start_with(Some(Netns::new()))
+        Sshd::start_with(Some(Netns::new()), &[])
     }
 
-    fn start_with(netns: Option<Netns>) -> Sshd {
+    fn start_with(netns: Option<Netns>, env: &[(&str, String)]) -> Sshd {
         check_prerequisites();
         let dir = make_unique_dir("outpost-sshd");
         // sshd reads authorized_keys as the logged-in user, so the directory
@@ -121,6 +129,10 @@ impl Sshd {
             client_key_with_passphrase,
             other_key,
             netns,
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect(),
         };
 
         // Picking a port and sshd binding it is racy against other tests, so
@@ -429,8 +441,14 @@ impl Sshd {
 
     fn config_text(&self) -> String {
         let dir = self.dir.display();
-        format!(
-            "# Private sshd for Outpost's end-to-end tests.\n\
+        let set_env: String = self
+            .env
+            .iter()
+            .map(|(k, v)| format!("SetEnv {k}={v}\n"))
+            .collect();
+        set_env
+            + &format!(
+                "# Private sshd for Outpost's end-to-end tests.\n\
              ListenAddress {addr}\n\
              Port {port}\n\
              HostKey {host_key}\n\
@@ -450,11 +468,11 @@ impl Sshd {
              UseDNS no\n\
              PrintMotd no\n\
              PrintLastLog no\n",
-            addr = self.host(),
-            port = self.port,
-            host_key = self.host_key.display(),
-            user = TEST_USER,
-        )
+                addr = self.host(),
+                port = self.port,
+                host_key = self.host_key.display(),
+                user = TEST_USER,
+            )
     }
 
     /// SIGKILLs the listener and everything below it, then reaps it.
@@ -1348,7 +1366,7 @@ SchedulerParameters=batch_sched_delay=0
 ReturnToService=2
 # More CPUs than the machine has, so that several holder jobs fit.
 SlurmdParameters=config_overrides
-NodeName=localhost NodeHostname=localhost NodeAddr=127.0.0.1 CPUs=16 CoresPerSocket=16 ThreadsPerCore=1 State=UNKNOWN
+NodeName=localhost NodeHostname=localhost NodeAddr=127.0.0.1 CPUs=16 CoresPerSocket=16 ThreadsPerCore=1 RealMemory=4000 State=UNKNOWN
 PartitionName=test Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 ",
             // ClusterName: lower case, at most 40 characters.

@@ -21,6 +21,7 @@ fn fleet_of(hosts: &[&Sshd], state: &TempDir, connect_timeout: Duration) -> Flee
         .map(|(i, sshd)| SandboxConfig {
             name: format!("h{i:02}"),
             target: Target::Ssh(target(sshd)),
+            slurm: None,
         })
         .collect();
     sandboxes.push(SandboxConfig::local());

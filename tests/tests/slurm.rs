@@ -16,7 +16,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::mcp_client::{Client, call, start};
-use outpost_e2e::{Slurm, TempDir, kill_processes_under, pids_with_cmdline, wait_until};
+use outpost_e2e::{Slurm, Sshd, TempDir, kill_processes_under, pids_with_cmdline, wait_until};
 use serde_json::{Value, json};
 
 /// Bounds each MCP call, so a hang fails the test instead of stalling it.
@@ -249,4 +249,275 @@ async fn check_resources_reports_slurm_partitions() {
     assert_eq!(last["cpus"]["total"], 16, "{last}");
     slurm.cancel(job);
     client.cancel().await.ok();
+}
+
+/// A config whose sandbox `hpc` is `sshd` as a Slurm cluster's login node.
+fn cluster_config(sshd: &Sshd) -> (Vec<(&'static str, String)>, TempDir) {
+    let dir = TempDir::new("slurm-cluster-config");
+    let path = dir.path().join("config.toml");
+    let text = format!(
+        "{}[sandbox.slurm]\ntime = \"10\"\n",
+        sshd.sandbox_toml("hpc")
+    );
+    fs::write(&path, text).unwrap();
+    (vec![("OUTPOST_CONFIG", path.display().to_string())], dir)
+}
+
+/// Processes whose command line names `needle`, with those command lines.
+fn processes_naming(needle: &str) -> Vec<String> {
+    pids_with_cmdline(needle)
+        .iter()
+        .map(|p| {
+            fs::read_to_string(format!("/proc/{p}/cmdline"))
+                .unwrap_or_default()
+                .replace('\0', " ")
+        })
+        .filter(|cmdline| !cmdline.is_empty())
+        .collect()
+}
+
+/// A command no other test runs (`sleep <unusual number>`), killed when
+/// the test ends, passed or not: a failed test must leave nothing behind.
+struct Marker(String);
+
+impl Marker {
+    fn new(base: u32) -> Marker {
+        Marker(format!("sleep {}", base + std::process::id() % 1000))
+    }
+}
+
+impl Drop for Marker {
+    fn drop(&mut self) {
+        for pid in pids_with_cmdline(&self.0) {
+            // SAFETY: kill has no memory-safety preconditions.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+}
+
+/// `exec_bash` on `sandbox`, once more after a connection error (the call
+/// that meets a connection killed under it may fail; the next reconnects).
+async fn exec_reconnecting(client: &Client, sandbox: &str, command: &str) -> Value {
+    let args = json!({"command": command, "sandbox_name": sandbox});
+    let (err, r) = timed_call(client, "exec_bash", args.clone()).await;
+    if !err && r["exit_code"] == 0 {
+        return r;
+    }
+    eprintln!("first call after the cut: {r}");
+    let (err, r) = timed_call(client, "exec_bash", args).await;
+    assert!(!err && r["exit_code"] == 0, "{r}");
+    r
+}
+
+/// A sandbox on a cluster is a Slurm allocation, end to end over SSH to the
+/// login node: create → exec on the allocated node → sync → a background
+/// job → the SSH connection killed (the next call reconnects; the job and
+/// the allocation live on) → renew → delete, after which the allocation is
+/// gone from squeue and nothing it ran is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_sandbox_is_an_allocation_over_ssh() {
+    let Some(slurm) = Slurm::start() else {
+        return;
+    };
+    let sshd = Sshd::start_with_env(&slurm.env());
+    let (env, _config) = cluster_config(&sshd);
+    let (client, _home) = start(&env).await;
+    let sleeper = Marker::new(31_000);
+
+    let (err, r) = timed_call(
+        &client,
+        "create_sandbox",
+        json!({"host": "hpc", "ttl_s": 600, "limits": {"cpus": 2, "memory_mb": 500}}),
+    )
+    .await;
+    assert!(!err, "{r}\n{}", slurm.logs());
+    let name = r["sandbox_name"].as_str().unwrap().to_string();
+    let job: u32 = name
+        .strip_prefix("hpc/job-")
+        .and_then(|j| j.parse().ok())
+        .unwrap_or_else(|| panic!("{r}"));
+    assert_eq!(r["state"], "running", "{r}");
+    assert_eq!(r["isolation"], "slurm", "{r}");
+    assert_eq!(r["limits"]["cpus"], 2.0, "{r}");
+    assert_eq!(r["limits"]["memory_mb"], 500, "{r}");
+    assert_eq!(slurm.state(job).as_deref(), Some("RUNNING"));
+    let state_dir = sshd.remote_dir().join(format!("slurm/{job}"));
+    assert!(
+        state_dir.join("owner.pid").is_file(),
+        "{}",
+        state_dir.display()
+    );
+
+    // Commands run in the allocation, as the login user.
+    let (err, r) = timed_call(
+        &client,
+        "exec_bash",
+        json!({"command": "echo $SLURM_JOB_ID; id -un", "sandbox_name": name}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    assert_eq!(r["stdout"], format!("{job}\n{}\n", sshd.user()), "{r}");
+
+    // A tree synced to the node's filesystem.
+    let local = TempDir::new("slurm-sync-src");
+    fs::create_dir_all(local.path().join("src")).unwrap();
+    fs::write(local.path().join("src/main.py"), "print('hi')\n").unwrap();
+    fs::write(local.path().join("data.bin"), vec![7u8; 300_000]).unwrap();
+    let remote = sshd.remote_dir().join("synced");
+    let (err, r) = timed_call(
+        &client,
+        "sync_local_to_remote",
+        json!({"local_path": local.path(), "remote_path": remote, "sandbox_name": name}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    assert_eq!(
+        fs::read(remote.join("data.bin")).unwrap(),
+        vec![7u8; 300_000]
+    );
+    assert_eq!(
+        fs::read_to_string(remote.join("src/main.py")).unwrap(),
+        "print('hi')\n"
+    );
+
+    // A background job in the allocation survives the login connection.
+    let (err, r) = timed_call(
+        &client,
+        "exec_bash_background",
+        json!({"command": format!("echo started; exec {}", sleeper.0), "sandbox_name": name}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    let task = r["tmux_session"].as_str().unwrap().to_string();
+    assert!(
+        wait_until(Duration::from_secs(10), || !processes_naming(&sleeper.0)
+            .is_empty()),
+        "the job did not start"
+    );
+    sshd.kill_connections();
+    let r = exec_reconnecting(&client, &name, "echo $SLURM_JOB_ID").await;
+    assert_eq!(r["stdout"], format!("{job}\n"), "{r}");
+    let (err, r) = timed_call(
+        &client,
+        "check_background_task",
+        json!({"tmux_session": task, "sandbox_name": name}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    assert_eq!(r["state"], "running", "{r}");
+    assert_eq!(slurm.state(job).as_deref(), Some("RUNNING"));
+
+    // Listed under its cluster, renewable.
+    let (err, r) = timed_call(&client, "list_sandboxes", json!({})).await;
+    assert!(!err, "{r}");
+    let hpc = r["sandboxes"]
+        .as_array()
+        .and_then(|rows| rows.iter().find(|row| row["name"] == "hpc"))
+        .unwrap_or_else(|| panic!("{r}"));
+    assert_eq!(hpc["sandboxes"][0]["sandbox_name"], name.as_str(), "{r}");
+    let (err, r) = timed_call(
+        &client,
+        "renew_sandbox",
+        json!({"sandbox_name": name, "ttl_s": 900}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    assert_eq!(r["state"], "running", "{r}");
+    // Slurm's 10-minute limit comes before a 15-minute TTL.
+    let deadline: u64 = fs::read_to_string(state_dir.join("deadline"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(
+        (now + 890..=now + 910).contains(&deadline),
+        "{deadline} vs {now}"
+    );
+
+    // Deleted: the allocation leaves squeue; its job, agent and dir go too.
+    let (err, r) = timed_call(&client, "delete_sandbox", json!({"sandbox_name": name})).await;
+    assert!(!err, "{r}");
+    assert_eq!(r["state"], "deleted", "{r}");
+    assert!(
+        wait_until(Duration::from_secs(15), || slurm
+            .state(job)
+            .is_none_or(|s| s != "RUNNING" && s != "COMPLETING")),
+        "job {job} still {:?}",
+        slurm.state(job)
+    );
+    assert!(
+        wait_until(Duration::from_secs(15), || processes_naming(&sleeper.0)
+            .is_empty()),
+        "the job outlived its allocation: {:?}\ndaemon log: {}",
+        processes_naming(&sleeper.0),
+        fs::read_to_string(state_dir.join("run/daemon.log")).unwrap_or_default()
+    );
+    let needle = state_dir.display().to_string();
+    assert!(
+        wait_until(Duration::from_secs(15), || processes_naming(&needle)
+            .is_empty()
+            && !state_dir.exists()),
+        "left: {:?}, dir there: {}",
+        processes_naming(&needle),
+        state_dir.exists()
+    );
+    let (err, r) = timed_call(
+        &client,
+        "exec_bash",
+        json!({"command": "true", "sandbox_name": name}),
+    )
+    .await;
+    assert!(err || r["exit_code"] != 0, "{r}");
+    client.cancel().await.ok();
+}
+
+/// An allocation ends at its TTL with no controller connected, and takes
+/// what it ran along.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_sandbox_ends_at_its_ttl_without_a_controller() {
+    let Some(slurm) = Slurm::start() else {
+        return;
+    };
+    let sshd = Sshd::start_with_env(&slurm.env());
+    let (env, _config) = cluster_config(&sshd);
+    let (client, _home) = start(&env).await;
+    let sleeper = Marker::new(32_000);
+    let (err, r) = timed_call(
+        &client,
+        "create_sandbox",
+        json!({"host": "hpc", "ttl_s": 8}),
+    )
+    .await;
+    assert!(!err, "{r}\n{}", slurm.logs());
+    let name = r["sandbox_name"].as_str().unwrap().to_string();
+    let job: u32 = name.strip_prefix("hpc/job-").unwrap().parse().unwrap();
+    let (err, r) = timed_call(
+        &client,
+        "exec_bash_background",
+        json!({"command": format!("exec {}", sleeper.0), "sandbox_name": name}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    client.cancel().await.ok();
+
+    assert!(
+        wait_until(Duration::from_secs(40), || slurm
+            .state(job)
+            .is_none_or(|s| s != "RUNNING" && s != "COMPLETING")),
+        "job {job} still {:?} past its TTL",
+        slurm.state(job)
+    );
+    let state_dir = sshd.remote_dir().join(format!("slurm/{job}"));
+    assert!(
+        wait_until(Duration::from_secs(15), || processes_naming(&sleeper.0)
+            .is_empty()
+            && !state_dir.exists()),
+        "left: {:?}, dir there: {}",
+        processes_naming(&sleeper.0),
+        state_dir.exists()
+    );
 }

@@ -344,6 +344,12 @@ pub(super) enum SandboxAction {
         /// Leave its files on the host when it ends.
         #[arg(long)]
         keep_files: bool,
+        /// Slurm cluster: the allocation's time limit (2:00:00, 1-00:00:00).
+        #[arg(long, value_name = "TIME")]
+        time: Option<String>,
+        /// Slurm cluster: the partition (default: the cluster's).
+        #[arg(long, value_name = "NAME")]
+        partition: Option<String>,
     },
     /// NAME STATE EXPIRES ISOLATION WORK_DIR of each sandbox, live or
     /// recently ended, on every host (asked in parallel).

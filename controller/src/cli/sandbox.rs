@@ -26,6 +26,8 @@ pub(super) async fn sandbox_cli(fleet: &Fleet, action: SandboxAction) -> Result<
             gpus,
             env,
             keep_files,
+            time,
+            partition,
         } => {
             let request = CreateRequest {
                 host,
@@ -42,8 +44,12 @@ pub(super) async fn sandbox_cli(fleet: &Fleet, action: SandboxAction) -> Result<
                 gpus,
                 env: env.iter().map(|kv| env_pair(kv)).collect::<Result<_>>()?,
                 keep_files,
+                time,
+                partition,
             };
-            let view = sandboxes::create(fleet, request)
+            // Only a Slurm allocation waits long enough to say why.
+            let progress = |m: String| eprintln!("outpost: {m}");
+            let view = sandboxes::create(fleet, request, &progress)
                 .await
                 .map_err(|e| msg(flags(&e)))?;
             print_view(&view);

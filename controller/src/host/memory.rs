@@ -106,6 +106,7 @@ impl MemoryHost {
             .insert(hostname.clone(), Arc::clone(self));
         SandboxConfig {
             name: name.to_string(),
+            slurm: None,
             target: Target::Ssh(SshTarget {
                 host: name.to_string(),
                 hostname,

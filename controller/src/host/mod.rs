@@ -11,7 +11,8 @@
 //! [`local`] (this machine, a child process) and [`command`] (any command
 //! that gives a shell in the target on its stdin and stdout: `kubectl exec
 //! -i`, `docker exec -i`, `srun`, `ssh`; the agent copied in through that
-//! same stream). [`start`] picks one from the sandbox's [`Target`]. Tests
+//! same stream) and [`srun`] (the node of a Slurm allocation, each command a
+//! job step started through the login node's host). [`start`] picks one from the sandbox's [`Target`]. Tests
 //! also have `memory` (an in-process agent over an in-memory pipe), which
 //! [`start`] asks first in test builds only.
 //!
@@ -25,6 +26,7 @@ pub mod link;
 pub mod local;
 #[cfg(test)]
 pub mod memory;
+pub mod srun;
 pub mod ssh;
 
 use std::path::{Path, PathBuf};
@@ -182,6 +184,28 @@ pub async fn start(target: &Target, ctx: &HostContext) -> Result<(Arc<dyn Host>,
             Ok((host, started))
         }
     }
+}
+
+/// Starts an agent on the node of Slurm allocation `job`, each command a
+/// job step started through `login` (the login node's host, reached as
+/// `login_target`); the agent binary is looked for, or installed, under the
+/// login node's remote dir as the node sees it.
+pub async fn start_in_allocation(
+    login: Arc<dyn Host>,
+    login_target: &Target,
+    job: u64,
+    ctx: &HostContext,
+) -> Result<(Arc<dyn Host>, Started), String> {
+    let remote_dir = match login_target {
+        Target::Ssh(t) => t.remote_dir.as_str(),
+        Target::Command(t) => t.remote_dir.as_str(),
+        Target::Local => crate::config::DEFAULT_REMOTE_DIR,
+    };
+    let host: Arc<dyn Host> = Arc::new(srun::SrunHost::new(login, job, remote_dir));
+    let started = start_installed(&*host, remote_dir, ctx)
+        .await
+        .map_err(|e| format!("starting the agent in Slurm job {job}: {e}"))?;
+    Ok((host, started))
 }
 
 /// Probes `host` and starts its agent under `remote_dir`, installing it

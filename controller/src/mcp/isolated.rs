@@ -11,7 +11,13 @@ use rmcp::{Json, tool, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use std::sync::{Arc, Mutex};
+
+use rmcp::model::RequestMetaObject;
+use rmcp::{Peer, RoleServer};
+
 use super::OutpostServer;
+use super::progress::{Progress, Report};
 use super::shape::{SandboxShape, Shaped};
 use crate::ops::sandboxes::{self, CreateRequest, Limits, SandboxView};
 
@@ -34,6 +40,10 @@ pub struct CreateParams {
     /// Keep its files after it ends.
     #[serde(default)]
     pub keep_files_on_expiry: bool,
+    /// Slurm cluster: time limit (2:00:00).
+    pub time: Option<String>,
+    /// Slurm cluster.
+    pub partition: Option<String>,
 }
 
 // A misspelt limit is an error, never a limit silently not set.
@@ -114,6 +124,8 @@ impl CreateParams {
             gpus: self.gpus.unwrap_or(defaults.gpus),
             env: self.env.unwrap_or_default().into_iter().collect(),
             keep_files: self.keep_files_on_expiry,
+            time: self.time.filter(|t| !t.is_empty()),
+            partition: self.partition.filter(|p| !p.is_empty()),
         }
     }
 }
@@ -132,8 +144,26 @@ impl OutpostServer {
     async fn create_sandbox(
         &self,
         Parameters(p): Parameters<CreateParams>,
+        peer: Peer<RoleServer>,
+        meta: RequestMetaObject,
     ) -> Result<Json<Shaped<SandboxView, SandboxShape>>, String> {
-        shaped(sandboxes::create(&self.fleet, p.request()).await)
+        // Only a Slurm allocation waits long enough to say why.
+        let waiting = Arc::new(Mutex::new(String::new()));
+        let _ticker = Progress::of(&peer, &meta).every({
+            let waiting = waiting.clone();
+            move || {
+                let message = waiting.lock().unwrap().clone();
+                async move {
+                    Report {
+                        done: 0.0,
+                        total: None,
+                        message,
+                    }
+                }
+            }
+        });
+        let progress = move |m: String| *waiting.lock().unwrap() = m;
+        shaped(sandboxes::create(&self.fleet, p.request(), &progress).await)
     }
 
     #[tool(description = "An isolated sandbox's state and expiry.")]

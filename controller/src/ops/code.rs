@@ -365,6 +365,12 @@ pub async fn create_run_close(
     r.ttl_s = ONE_SHOT_TTL_S;
     r.keep_files = false;
     let host = sandboxes::pick_host(fleet, &r.host, r.gpus).await?;
+    if host.config.slurm.is_some() {
+        return Err(format!(
+            "{} is a Slurm cluster: a one-shot run waits for no queue; create_sandbox there, then execute_code in it",
+            host.name()
+        ));
+    }
     let id = one_shot_id();
     let name = format!("{}/{id}", host.name());
     if fleet.names().contains(&name) {

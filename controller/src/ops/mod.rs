@@ -27,6 +27,7 @@ pub mod files;
 pub mod jobs;
 pub mod localpath;
 pub mod sandboxes;
+pub mod slurm;
 pub mod transfers;
 
 /// Bytes for people: "512 B", "3.4 KiB", "12.0 MiB", "1.5 GiB".

@@ -53,6 +53,10 @@ pub struct CreateRequest {
     pub env: Vec<(String, String)>,
     /// Leave its files on the host when it ends.
     pub keep_files: bool,
+    /// Slurm clusters only: the allocation's time limit (`2:00:00`) and
+    /// partition; None: the cluster's defaults.
+    pub time: Option<String>,
+    pub partition: Option<String>,
 }
 
 impl Default for CreateRequest {
@@ -67,6 +71,8 @@ impl Default for CreateRequest {
             gpus: 0,
             env: Vec::new(),
             keep_files: false,
+            time: None,
+            partition: None,
         }
     }
 }
@@ -271,10 +277,25 @@ pub fn spec(r: &CreateRequest, max_sandboxes: u32) -> Result<SandboxSpec, String
 }
 
 /// Makes a sandbox on `r.host` (for [`AUTO`], the idlest configured host
-/// with `r.gpus` GPUs free; the active sandbox stays as it is).
-pub async fn create(fleet: &Fleet, r: CreateRequest) -> Result<SandboxView, String> {
-    let spec = spec(&r, fleet.config.max_sandboxes_per_host)?;
+/// with `r.gpus` GPUs free; the active sandbox stays as it is). On a Slurm
+/// cluster it is an allocation ([`super::slurm`]); `progress` hears what
+/// that waits for.
+pub async fn create(
+    fleet: &Fleet,
+    r: CreateRequest,
+    progress: &(dyn Fn(String) + Send + Sync),
+) -> Result<SandboxView, String> {
     let host = pick_host(fleet, &r.host, r.gpus).await?;
+    if let Some(defaults) = host.config.slurm.clone() {
+        return super::slurm::create(fleet, &host, &defaults, &r, progress).await;
+    }
+    if r.time.is_some() || r.partition.is_some() {
+        return Err(format!(
+            "time and partition are for Slurm clusters; {} is not one",
+            host.name()
+        ));
+    }
+    let spec = spec(&r, fleet.config.max_sandboxes_per_host)?;
     // HOST/ID must name this sandbox and nothing configured.
     let configured = |id: &str| fleet.names().contains(&format!("{}/{id}", host.name()));
     if let Some(id) = &spec.id
@@ -325,7 +346,10 @@ pub async fn pick_host(fleet: &Fleet, host: &str, gpus: u32) -> Result<Arc<Sessi
 /// The sandbox named `name` (`HOST/ID`), live or recently ended.
 pub async fn status(fleet: &Fleet, name: &str) -> Result<SandboxView, String> {
     let (host, id) = fleet.isolated(name)?;
-    let all = list_on(&host).await.map_err(|e| e.to_string())?;
+    if let Some(job) = allocation(&host, &id)? {
+        return super::slurm::status(&host, job).await;
+    }
+    let all = list_on(&host).await?;
     all.into_iter()
         .find(|s| s.sandbox_name == name)
         .ok_or_else(|| format!("no sandbox {id} on {} (ended, or never made)", host.name()))
@@ -335,6 +359,9 @@ pub async fn status(fleet: &Fleet, name: &str) -> Result<SandboxView, String> {
 pub async fn renew(fleet: &Fleet, name: &str, ttl_s: f64) -> Result<SandboxView, String> {
     let ttl_ms = ttl_ms(ttl_s)?;
     let (host, id) = fleet.isolated(name)?;
+    if let Some(job) = allocation(&host, &id)? {
+        return super::slurm::renew(fleet, &host, job, ttl_s).await;
+    }
     let answer = ask(&host, Request::SandboxRenew { id, ttl_ms }).await;
     one(host.name(), answer, "renewing a sandbox")
 }
@@ -343,19 +370,36 @@ pub async fn renew(fleet: &Fleet, name: &str, ttl_s: f64) -> Result<SandboxView,
 /// them).
 pub async fn delete(fleet: &Fleet, name: &str) -> Result<SandboxView, String> {
     let (host, id) = fleet.isolated(name)?;
+    if let Some(job) = allocation(&host, &id)? {
+        return super::slurm::delete(fleet, &host, job).await;
+    }
     let answer = ask(&host, Request::SandboxDelete { id }).await;
     one(host.name(), answer, "deleting a sandbox")
 }
 
 /// This user's sandboxes on `host` (a configured sandbox), live and
 /// recently ended, newest first.
-pub async fn list_on(host: &Session) -> Result<Vec<SandboxView>, crate::session::CallError> {
-    match ask(host, Request::SandboxList).await? {
+pub async fn list_on(host: &Session) -> Result<Vec<SandboxView>, String> {
+    if host.config.slurm.is_some() {
+        return super::slurm::list_on(host).await;
+    }
+    match ask(host, Request::SandboxList)
+        .await
+        .map_err(|e| e.to_string())?
+    {
         Response::Sandboxes(all) => Ok(all
             .into_iter()
             .map(|info| SandboxView::of(host.name(), info))
             .collect()),
-        other => Err(unexpected("listing sandboxes", other)),
+        other => Err(unexpected("listing sandboxes", other).to_string()),
+    }
+}
+
+/// The Slurm job of sandbox `id` on `host`, when `host` is a cluster.
+fn allocation(host: &Session, id: &str) -> Result<Option<u64>, String> {
+    match host.config.slurm {
+        Some(_) => crate::fleet::allocation_job(host.name(), id).map(Some),
+        None => Ok(None),
     }
 }
 
@@ -371,7 +415,7 @@ pub async fn list(
         let listed = async {
             let host = fleet.get(Some(name))?;
             match tokio::time::timeout(deadline, list_on(&host)).await {
-                Ok(result) => result.map_err(|e| e.to_string()),
+                Ok(result) => result,
                 Err(_) => Err(format!("no answer within {:.0} s", deadline.as_secs_f64())),
             }
         };

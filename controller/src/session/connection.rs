@@ -45,6 +45,12 @@ pub struct Connection {
 }
 
 impl Connection {
+    /// The host this connection's agent runs on, for starting more there
+    /// (a Slurm step through a login node's connection).
+    pub fn host(&self) -> Arc<dyn Host> {
+        Arc::clone(&self.host)
+    }
+
     pub(super) fn open(
         link: AgentLink,
         reader: LinkReader,

@@ -10,6 +10,12 @@
 //! no connection of its own: it is a view of HOST's session whose requests
 //! go out inside `InSandbox` ([`ScopedConn`]), all but GPU leases.
 //!
+//! The session of a Slurm allocation `CLUSTER/job-N` ([`Session::allocation`])
+//! has a connection of its own, to an agent on the allocated node started
+//! as a job step through the login node's live connection
+//! ([`crate::host::srun`]); when either drops, the next call reconnects
+//! both as needed.
+//!
 //! Architecture invariant: a request is sent at most once. Connecting is retried
 //! by the next call; a request whose connection died is reported, never re-sent,
 //! so no command runs twice.
@@ -47,6 +53,14 @@ enum Place {
     /// An isolated sandbox made on a configured one: that one's connection,
     /// every request inside the sandbox `id`.
     Isolated { host: Arc<Session>, id: Arc<str> },
+    /// A Slurm allocation made on a cluster's login node `login`: its own
+    /// connection, through the login node's.
+    Allocation {
+        login: Arc<Session>,
+        job: u64,
+        id: Arc<str>,
+        link: HostLink,
+    },
 }
 
 /// A configured sandbox's connection, made on demand.
@@ -93,6 +107,7 @@ impl Session {
             config: SandboxConfig {
                 name: format!("{}/{id}", host.name()),
                 target: host.config.target.clone(),
+                slurm: None,
             },
             place: Place::Isolated {
                 host,
@@ -101,25 +116,68 @@ impl Session {
         }
     }
 
+    /// The Slurm allocation `job` on the cluster whose login node is
+    /// `login` (a configured sandbox), named `LOGIN/job-N`. Nothing is asked
+    /// of the cluster until the first request.
+    ///
+    /// # Panics
+    ///
+    /// If `login` is not a configured sandbox.
+    pub fn allocation(login: Arc<Session>, job: u64) -> Session {
+        assert!(
+            login.isolated_in().is_none(),
+            "an allocation is made on a configured login node"
+        );
+        let ctx = Arc::clone(&login.link().ctx);
+        let id: Arc<str> = format!("job-{job}").into();
+        Session {
+            config: SandboxConfig {
+                name: format!("{}/{id}", login.name()),
+                target: login.config.target.clone(),
+                slurm: None,
+            },
+            place: Place::Allocation {
+                login,
+                job,
+                id,
+                link: HostLink {
+                    ctx,
+                    current: tokio::sync::Mutex::new(None),
+                    last_error: Mutex::new(None),
+                },
+            },
+        }
+    }
+
     pub fn name(&self) -> &str {
         &self.config.name
     }
 
-    /// For an isolated sandbox, its host's session and its id.
+    /// For a sandbox made on a configured one (isolated, or a Slurm
+    /// allocation), that one's session and the sandbox's id.
     pub fn isolated_in(&self) -> Option<(&Arc<Session>, &str)> {
         match &self.place {
             Place::Host(_) => None,
             Place::Isolated { host, id } => Some((host, id)),
+            Place::Allocation { login, id, .. } => Some((login, id)),
+        }
+    }
+
+    /// For a Slurm allocation, its job id.
+    pub fn allocation_job(&self) -> Option<u64> {
+        match &self.place {
+            Place::Allocation { job, .. } => Some(*job),
+            _ => None,
         }
     }
 
     /// The connection state this session uses: its own, or its host's.
     fn link(&self) -> &HostLink {
         match &self.place {
-            Place::Host(link) => link,
+            Place::Host(link) | Place::Allocation { link, .. } => link,
             Place::Isolated { host, .. } => match &host.place {
                 Place::Host(link) => link,
-                Place::Isolated { .. } => unreachable!("a sandbox is made on a host"),
+                _ => unreachable!("a sandbox is made on a host"),
             },
         }
     }
@@ -127,7 +185,7 @@ impl Session {
     /// The configured sandbox that owns the connection.
     fn host_config(&self) -> &SandboxConfig {
         match &self.place {
-            Place::Host(_) => &self.config,
+            Place::Host(_) | Place::Allocation { .. } => &self.config,
             Place::Isolated { host, .. } => &host.config,
         }
     }
@@ -158,7 +216,7 @@ impl Session {
     pub async fn connection(&self) -> Result<ScopedConn, CallError> {
         let conn = self.bare_connection().await?;
         let sandbox = match &self.place {
-            Place::Host(_) => None,
+            Place::Host(_) | Place::Allocation { .. } => None,
             Place::Isolated { id, .. } => Some(Arc::clone(id)),
         };
         Ok(ScopedConn::new(conn, sandbox))
@@ -166,32 +224,46 @@ impl Session {
 
     /// The host's live connection, connecting first if there is none;
     /// requests sent on it run on the host, outside any sandbox.
-    async fn bare_connection(&self) -> Result<Arc<Connection>, CallError> {
-        let link = self.link();
-        let mut current = link.current.lock().await;
-        if let Some(conn) = current.as_ref()
-            && conn.closed_reason().is_none()
-        {
-            return Ok(conn.clone());
-        }
-        *current = None;
-        match self.connect(&link.ctx).await {
-            Ok(conn) => {
-                *link.last_error.lock().unwrap() = None;
-                *current = Some(conn.clone());
-                Ok(conn)
+    /// Boxed: an allocation's connecting connects its login node's.
+    fn bare_connection(
+        &self,
+    ) -> futures::future::BoxFuture<'_, Result<Arc<Connection>, CallError>> {
+        Box::pin(async move {
+            let link = self.link();
+            let mut current = link.current.lock().await;
+            if let Some(conn) = current.as_ref()
+                && conn.closed_reason().is_none()
+            {
+                return Ok(conn.clone());
             }
-            Err(e) => {
-                *link.last_error.lock().unwrap() = Some(e.clone());
-                Err(CallError::Connect(e))
+            *current = None;
+            match self.connect(&link.ctx).await {
+                Ok(conn) => {
+                    *link.last_error.lock().unwrap() = None;
+                    *current = Some(conn.clone());
+                    Ok(conn)
+                }
+                Err(e) => {
+                    *link.last_error.lock().unwrap() = Some(e.clone());
+                    Err(CallError::Connect(e))
+                }
             }
-        }
+        })
     }
 
     async fn connect(&self, ctx: &HostContext) -> Result<Arc<Connection>, String> {
         let config = self.host_config();
         let began = Instant::now();
-        let (host, started) = host::start(&config.target, ctx).await?;
+        let (host, started) = match &self.place {
+            Place::Allocation { login, job, .. } => {
+                let through = login
+                    .bare_connection()
+                    .await
+                    .map_err(|e| format!("cannot reach the login node {}: {e}", login.name()))?;
+                host::start_in_allocation(through.host(), &login.config.target, *job, ctx).await?
+            }
+            _ => host::start(&config.target, ctx).await?,
+        };
         let conn = Connection::open(
             started.link,
             started.reader,
@@ -346,7 +418,7 @@ impl Session {
     /// Drops the connection (the agent sees EOF and stops what it runs).
     /// An isolated sandbox's is its host's, which it leaves alone.
     pub async fn disconnect(&self) {
-        let Place::Host(link) = &self.place else {
+        let (Place::Host(link) | Place::Allocation { link, .. }) = &self.place else {
             return;
         };
         if let Some(conn) = link.current.lock().await.take() {

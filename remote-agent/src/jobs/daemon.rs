@@ -57,6 +57,22 @@ const LEFTOVER_GRACE: Duration = Duration::from_millis(500);
 /// The daemon log is rotated at start once it is this big.
 const LOG_MAX: u64 = 1024 * 1024;
 
+/// In a cluster allocation's state dir: the pid of the allocation's holder
+/// (the batch script the controller submits writes it). What this daemon
+/// runs lives no longer than that process: once it is gone (the allocation
+/// cancelled, past its time limit, or past its TTL) every job and code
+/// context of the state dir is ended and the dir removed, also where the
+/// scheduler's process tracking misses processes that left the job's
+/// process tree (a daemon, a job's shim).
+pub const OWNER_FILE: &str = "owner.pid";
+
+/// The holder named by [`OWNER_FILE`]: None without that file (a plain
+/// host); Some(None) when the holder is gone already.
+fn owner(state: &Path) -> Option<Option<ProcId>> {
+    let text = fs::read_to_string(state.join(OWNER_FILE)).ok()?;
+    Some(text.trim().parse::<i32>().ok().and_then(ProcId::of))
+}
+
 /// `run/daemon.json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DaemonInfo {
@@ -273,6 +289,7 @@ pub fn main(started_by: &str) -> i32 {
             return 1;
         }
     };
+    let owner = owner(&state);
     let Some(me) = ProcId::of(std::process::id() as i32) else {
         eprintln!("outpost-agent daemon: cannot read /proc/self/stat");
         return 1;
@@ -322,7 +339,7 @@ pub fn main(started_by: &str) -> i32 {
             }
         };
         let daemon = Arc::new(Daemon::new(root));
-        daemon.serve(listener, &socket, &state).await;
+        daemon.serve(listener, &socket, &state, owner).await;
         0
     });
     drop(lock);
@@ -437,7 +454,18 @@ impl Daemon {
         !self.watched().is_empty() || !self.pending().is_empty() || !self.contexts.is_empty()
     }
 
-    async fn serve(self: Arc<Self>, listener: UnixListener, socket: &Path, state: &Path) {
+    async fn serve(
+        self: Arc<Self>,
+        listener: UnixListener,
+        socket: &Path,
+        state: &Path,
+        owner: Option<Option<ProcId>>,
+    ) {
+        let owner_gone = || {
+            owner
+                .as_ref()
+                .is_some_and(|o| !o.as_ref().is_some_and(ProcId::alive))
+        };
         let mut term = Signal::new(tokio::signal::unix::SignalKind::terminate());
         let mut int = Signal::new(tokio::signal::unix::SignalKind::interrupt());
         // Re-adopt what a previous daemon (or a reboot) left behind, while
@@ -447,7 +475,7 @@ impl Daemon {
         // Ticks are kept apart from accepts: a steady stream of clients
         // must not postpone the checks.
         let mut last_tick = Instant::now();
-        loop {
+        while !owner_gone() {
             let tick = if self.busy() { TICK_BUSY } else { TICK_IDLE };
             let due = tokio::time::Instant::from_std(last_tick + tick);
             tokio::select! {
@@ -474,6 +502,11 @@ impl Daemon {
         // No interpreter outlives the daemon that holds its context.
         let contexts = Arc::clone(&self.contexts);
         let _ = tokio::task::spawn_blocking(move || contexts.shutdown()).await;
+        let ended_with_owner = owner_gone();
+        if ended_with_owner {
+            let root = self.root.clone();
+            let _ = tokio::task::spawn_blocking(move || end_all_jobs(&root)).await;
+        }
         // Stop being findable first, then answer whoever connected in the
         // meantime, so no request is dropped unanswered.
         let _ = fs::remove_file(socket);
@@ -494,6 +527,13 @@ impl Daemon {
         let deadline = Instant::now() + ANSWER_WAIT;
         while self.clients.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        if ended_with_owner {
+            eprintln!(
+                "outpost-agent daemon: the allocation's holder is gone; jobs ended, removing {}",
+                state.display()
+            );
+            let _ = fs::remove_dir_all(state);
         }
         eprintln!("outpost-agent daemon: pid {} exits", std::process::id());
     }
@@ -780,6 +820,18 @@ impl Daemon {
 }
 
 /// Whether a lost job is to be resumed now or after its delay.
+/// Cancels every running job under `root` (their whole trees), as
+/// `JobCancel` would, so none outlives the allocation that ran it.
+fn end_all_jobs(root: &Path) {
+    for snap in store::all(root) {
+        if snap.state == JobState::Running
+            && let Err(e) = super::cancel(&snap.name, 0)
+        {
+            eprintln!("outpost-agent daemon: ending {}: {}", snap.name, e.message);
+        }
+    }
+}
+
 fn resumable(snap: &Snapshot) -> bool {
     let watch = &snap.record.spec.watch;
     watch.auto_resume

@@ -47,6 +47,7 @@ pub fn config(target: SshTarget, state: &Path) -> Config {
         SandboxConfig {
             name: BOX.into(),
             target: Target::Ssh(target),
+            slurm: None,
         },
         SandboxConfig::local(),
     ];
