@@ -255,23 +255,14 @@ impl Fleet {
         }
     }
 
-    /// Measures every sandbox concurrently and makes the idlest one that meets
-    /// `req` active. Returns its name and resources, or why none fits.
-    /// `answered` counts the sandboxes measured (or given up on) so far.
-    pub async fn select_auto(
-        &self,
-        req: &Requirements,
-        deadline: Duration,
-        answered: &AtomicUsize,
-    ) -> Result<(String, Resources), String> {
-        let (name, resources) = self.idlest(req, deadline, answered).await?;
-        self.select(&name)?;
-        Ok((name, resources))
-    }
-
     /// Measures every configured sandbox concurrently; the idlest one that
     /// meets `req`, with its resources, or why none fits. `answered` counts
     /// the sandboxes measured (or given up on) so far.
+    ///
+    /// A Slurm cluster is a candidate only when `req` asks for GPUs, and
+    /// only after every host: it fits when a partition has an idle node
+    /// with that many GPUs (its login node's own load and memory do not
+    /// count), and what it offers is an allocation, which may queue.
     pub async fn idlest(
         &self,
         req: &Requirements,
@@ -281,14 +272,35 @@ impl Fleet {
         let measured = futures::future::join_all(self.sessions.iter().map(|s| async move {
             let result = Self::resources(s, deadline).await;
             answered.fetch_add(1, Ordering::Relaxed);
-            (s.name().to_string(), result)
+            (s.name().to_string(), s.config.slurm.is_some(), result)
         }))
         .await;
+        let need_gpus = req.min_gpus.unwrap_or(0);
         let mut best: Option<(String, Resources)> = None;
+        let mut cluster: Option<(String, Resources, u32)> = None;
         let mut rejected = Vec::new();
-        for (name, result) in measured {
+        for (name, is_cluster, result) in measured {
             match result {
                 Err(e) => rejected.push(format!("{name}: unreachable ({e})")),
+                Ok(_) if is_cluster && need_gpus == 0 => rejected.push(format!(
+                    "{name}: a Slurm cluster (picked for min_gpus only)"
+                )),
+                Ok(r) if is_cluster => {
+                    let idle = r
+                        .slurm
+                        .as_ref()
+                        .and_then(|s| s.partition_for(need_gpus))
+                        .map(|p| p.nodes.idle);
+                    match idle {
+                        Some(idle) if cluster.as_ref().is_none_or(|(_, _, i)| idle > *i) => {
+                            cluster = Some((name, r, idle));
+                        }
+                        Some(_) => {}
+                        None => rejected.push(format!(
+                            "{name}: no partition with an idle node of {need_gpus} GPUs"
+                        )),
+                    }
+                }
                 Ok(r) => match req.misfit(&r) {
                     Some(why) => rejected.push(format!("{name}: {why}")),
                     None => {
@@ -302,7 +314,8 @@ impl Fleet {
                 },
             }
         }
-        best.ok_or_else(|| format!("no sandbox fits: {}", rejected.join("; ")))
+        best.or(cluster.map(|(name, r, _)| (name, r)))
+            .ok_or_else(|| format!("no sandbox fits: {}", rejected.join("; ")))
     }
 
     /// Runs `req` on each named sandbox concurrently.

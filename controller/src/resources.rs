@@ -66,6 +66,16 @@ pub struct PartitionCpus {
 }
 
 impl SlurmResources {
+    /// The partition where an allocation of `gpus` GPUs on one node could
+    /// start now: up, with an idle node whose GRES has that many GPUs. The
+    /// default partition first, then the one with the most idle nodes.
+    pub fn partition_for(&self, gpus: u32) -> Option<&PartitionResources> {
+        self.partitions
+            .iter()
+            .filter(|p| p.up && p.nodes.idle > 0 && gpus_per_node(&p.gres) >= gpus)
+            .max_by_key(|p| (p.default, p.nodes.idle))
+    }
+
     fn from_summary(s: &SlurmSummary) -> SlurmResources {
         SlurmResources {
             partitions: s
@@ -90,6 +100,21 @@ impl SlurmResources {
             error: s.error.clone(),
         }
     }
+}
+
+/// GPUs per node in a GRES list as `sinfo` writes it: `gpu:4`,
+/// `gpu:a100:4(S:0-1)`, `gpu:a100:2,gpu:v100:2`, `(null)`.
+pub fn gpus_per_node(gres: &str) -> u32 {
+    gres.split(',')
+        .filter_map(|entry| {
+            let entry = entry.split('(').next()?;
+            let mut parts = entry.split(':');
+            if parts.next()? != "gpu" {
+                return None;
+            }
+            parts.last()?.parse::<u32>().ok()
+        })
+        .sum()
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -399,6 +424,41 @@ mod tests {
         let failed = res(1.0, 50.0, vec![], true).idle_score;
         assert_eq!(failed, 0.5);
         assert!(failed < res(1.0, 50.0, vec![(0.0, 0.0)], false).idle_score);
+    }
+
+    #[test]
+    fn gres_lists_count_gpus_per_node() {
+        assert_eq!(gpus_per_node("gpu:4"), 4);
+        assert_eq!(gpus_per_node("gpu:a100:4(S:0-1)"), 4);
+        assert_eq!(gpus_per_node("gpu:a100:2,gpu:v100:2"), 4);
+        assert_eq!(gpus_per_node("gpu:a100:2(S:0),mps:100"), 2);
+        for none in ["", "(null)", "mps:100", "gpu"] {
+            assert_eq!(gpus_per_node(none), 0, "{none}");
+        }
+        let part = |name: &str, default: bool, idle: u32, gres: &str| PartitionResources {
+            name: name.into(),
+            default,
+            up: true,
+            nodes: PartitionNodes {
+                idle,
+                allocated: 0,
+                other: 0,
+            },
+            cpus: PartitionCpus { idle: 8, total: 8 },
+            gres: gres.into(),
+        };
+        let cluster = SlurmResources {
+            partitions: vec![
+                part("cpu", true, 9, ""),
+                part("small", false, 3, "gpu:2"),
+                part("big", false, 1, "gpu:a100:8"),
+                part("busy", false, 0, "gpu:8"),
+            ],
+            error: None,
+        };
+        assert_eq!(cluster.partition_for(1).unwrap().name, "small");
+        assert_eq!(cluster.partition_for(4).unwrap().name, "big");
+        assert!(cluster.partition_for(9).is_none());
     }
 
     #[test]

@@ -521,3 +521,77 @@ async fn a_cluster_sandbox_ends_at_its_ttl_without_a_controller() {
         state_dir.exists()
     );
 }
+
+/// An allocation that cannot start yet is listed as pending with Slurm's
+/// reason while `create_sandbox` waits, and starts once resources free up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_sandbox_waits_in_the_queue_and_says_why() {
+    let Some(slurm) = Slurm::start() else {
+        return;
+    };
+    let sshd = Sshd::start_with_env(&slurm.env());
+    let (env, _config) = cluster_config(&sshd);
+    let (client, _home) = start(&env).await;
+    // The node has 16 CPUs: the first takes them all.
+    let whole_node = json!({"host": "hpc", "limits": {"cpus": 16}});
+    let (err, first) = timed_call(&client, "create_sandbox", whole_node.clone()).await;
+    assert!(!err, "{first}\n{}", slurm.logs());
+    let first = first["sandbox_name"].as_str().unwrap().to_string();
+
+    let second = timed_call(&client, "create_sandbox", whole_node);
+    let watch = async {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let pending = loop {
+            let (err, r) = timed_call(&client, "list_sandboxes", json!({})).await;
+            assert!(!err, "{r}");
+            let listed = r["sandboxes"]
+                .as_array()
+                .and_then(|rows| rows.iter().find(|row| row["name"] == "hpc"))
+                .and_then(|row| row["sandboxes"].as_array().cloned())
+                .unwrap_or_default();
+            // Right after the submit Slurm gives no reason yet.
+            if let Some(p) = listed.iter().find(|s| {
+                s["state"] == "pending" && s["note"].as_str().is_some_and(|n| n.contains(": "))
+            }) {
+                break p.clone();
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no pending sandbox listed: {r}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        let note = pending["note"].as_str().unwrap_or_default();
+        assert!(
+            note.contains("Resources") || note.contains("Priority"),
+            "{pending}"
+        );
+        let (err, r) = timed_call(&client, "delete_sandbox", json!({"sandbox_name": first})).await;
+        assert!(!err, "{r}");
+        pending["sandbox_name"].as_str().unwrap().to_string()
+    };
+    let ((err, r), listed_name) = tokio::join!(second, watch);
+    assert!(!err, "{r}");
+    assert_eq!(r["state"], "running", "{r}");
+    assert_eq!(r["sandbox_name"], listed_name.as_str(), "{r}");
+    let (err, r) = timed_call(
+        &client,
+        "exec_bash",
+        json!({"command": "echo $SLURM_JOB_ID", "sandbox_name": listed_name}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    assert_eq!(
+        r["stdout"],
+        format!("{}\n", listed_name.strip_prefix("hpc/job-").unwrap()),
+        "{r}"
+    );
+    let (err, r) = timed_call(
+        &client,
+        "delete_sandbox",
+        json!({"sandbox_name": listed_name}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    client.cancel().await.ok();
+}

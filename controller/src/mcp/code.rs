@@ -696,7 +696,7 @@ impl OutpostServer {
         }
         sandboxes::parse_isolation(&create.isolation)?;
         // The sandbox will be under its host's rules: ask them first.
-        let host = sandboxes::pick_host(&self.fleet, &create.host, create.gpus).await?;
+        let (host, _) = sandboxes::pick_host(&self.fleet, &create.host, create.gpus).await?;
         create.host = host.name().to_string();
         self.permit_code(&peer, host.name(), &code::policy_text(&req))
             .await?;

@@ -267,13 +267,16 @@ impl OutpostServer {
     /// follower starts with the first such call. The connection is made here,
     /// in the call, where an unknown host key can be put to the person, and
     /// not first by the follower's own task. An isolated sandbox's jobs are
-    /// its host's user's, whose events its host's follower reports.
+    /// its host's user's, whose events its host's follower reports; a Slurm
+    /// allocation's are its node's.
     async fn job_session(&self, sandbox: Option<&str>) -> Result<Arc<Session>, String> {
         let session = self.fleet.get(sandbox)?;
         session.connection().await.map_err(|e| e.to_string())?;
-        let host = session
-            .isolated_in()
-            .map_or(session.name(), |(h, _)| h.name());
+        // A Slurm allocation's jobs are its node's, with a daemon of their own.
+        let host = match session.isolated_in() {
+            Some((h, _)) if session.allocation_job().is_none() => h.name(),
+            _ => session.name(),
+        };
         self.watcher.follow(host);
         Ok(session)
     }

@@ -146,11 +146,15 @@ impl OutpostServer {
                     }
                 }
             });
-            let (_, r) = self
-                .fleet
-                .select_auto(&p.requirements(), deadline, &answered)
-                .await?;
-            idle_score = Some(r.idle_score);
+            let (_, score) = crate::ops::sandboxes::select_auto(
+                &self.fleet,
+                &p.requirements(),
+                deadline,
+                &answered,
+                &|_| {},
+            )
+            .await?;
+            idle_score = Some(score);
         } else {
             self.fleet.select(&p.sandbox_name)?;
         }

@@ -364,7 +364,7 @@ pub async fn create_run_close(
     req.wait_ms = 0;
     r.ttl_s = ONE_SHOT_TTL_S;
     r.keep_files = false;
-    let host = sandboxes::pick_host(fleet, &r.host, r.gpus).await?;
+    let (host, _) = sandboxes::pick_host(fleet, &r.host, r.gpus).await?;
     if host.config.slurm.is_some() {
         return Err(format!(
             "{} is a Slurm cluster: a one-shot run waits for no queue; create_sandbox there, then execute_code in it",

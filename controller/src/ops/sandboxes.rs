@@ -137,7 +137,8 @@ impl Limits {
 pub struct SandboxView {
     /// `HOST/ID`: the `sandbox_name` every other tool takes.
     pub sandbox_name: String,
-    /// `running`, `expired`, `deleted` or `failed`.
+    /// `running`, `expired`, `deleted` or `failed`; a Slurm allocation
+    /// may be `pending` (the reason in `note`).
     pub state: &'static str,
     /// UTC.
     pub expires_at: String,
@@ -179,8 +180,9 @@ impl SandboxView {
         }
     }
 
+    /// Running, or (a Slurm allocation) queued to run.
     pub fn is_live(&self) -> bool {
-        self.state == state_name(SandboxState::Running)
+        self.state == state_name(SandboxState::Running) || self.state == "pending"
     }
 }
 
@@ -285,8 +287,12 @@ pub async fn create(
     r: CreateRequest,
     progress: &(dyn Fn(String) + Send + Sync),
 ) -> Result<SandboxView, String> {
-    let host = pick_host(fleet, &r.host, r.gpus).await?;
+    let (host, partition) = pick_host(fleet, &r.host, r.gpus).await?;
     if let Some(defaults) = host.config.slurm.clone() {
+        let r = CreateRequest {
+            partition: r.partition.clone().or(partition),
+            ..r
+        };
         return super::slurm::create(fleet, &host, &defaults, &r, progress).await;
     }
     if r.time.is_some() || r.partition.is_some() {
@@ -321,18 +327,22 @@ pub async fn create(
 
 /// The host a sandbox would be made on: `host` itself (a configured
 /// sandbox), or for [`AUTO`] the idlest configured one with `gpus` GPUs
-/// free.
-pub async fn pick_host(fleet: &Fleet, host: &str, gpus: u32) -> Result<Arc<Session>, String> {
-    let host = if host == AUTO && fleet.get(Some(AUTO)).is_err() {
+/// free; for a Slurm cluster picked so, also the partition that has them.
+pub async fn pick_host(
+    fleet: &Fleet,
+    host: &str,
+    gpus: u32,
+) -> Result<(Arc<Session>, Option<String>), String> {
+    let (host, partition) = if host == AUTO && fleet.get(Some(AUTO)).is_err() {
         let need = Requirements {
             min_gpus: (gpus > 0).then_some(gpus),
             ..Requirements::default()
         };
         let deadline = fleet.config.connect_timeout + MEASURE_EXTRA;
-        let (name, _) = fleet.idlest(&need, deadline, &AtomicUsize::new(0)).await?;
-        fleet.get(Some(&name))?
+        let (name, resources) = fleet.idlest(&need, deadline, &AtomicUsize::new(0)).await?;
+        (fleet.get(Some(&name))?, gpu_partition(&resources, gpus))
     } else {
-        fleet.get(Some(host))?
+        (fleet.get(Some(host))?, None)
     };
     if host.isolated_in().is_some() {
         return Err(format!(
@@ -340,7 +350,42 @@ pub async fn pick_host(fleet: &Fleet, host: &str, gpus: u32) -> Result<Arc<Sessi
             fleet.names().join(", ")
         ));
     }
-    Ok(host)
+    Ok((host, partition))
+}
+
+/// The partition of a cluster measured as `resources` where `gpus` GPUs
+/// are free on one node.
+fn gpu_partition(resources: &crate::resources::Resources, gpus: u32) -> Option<String> {
+    let slurm = resources.slurm.as_ref()?;
+    Some(slurm.partition_for(gpus)?.name.clone())
+}
+
+/// Makes the idlest configured sandbox that meets `req` active (see
+/// [`Fleet::idlest`]); a Slurm cluster picked for GPUs gets an allocation
+/// of them, made active. Its name and idle score, or why none fits.
+pub async fn select_auto(
+    fleet: &Fleet,
+    req: &Requirements,
+    deadline: Duration,
+    answered: &AtomicUsize,
+    progress: &(dyn Fn(String) + Send + Sync),
+) -> Result<(String, f64), String> {
+    let (name, resources) = fleet.idlest(req, deadline, answered).await?;
+    let host = fleet.get(Some(&name))?;
+    if host.config.slurm.is_none() {
+        fleet.select(&name)?;
+        return Ok((name, resources.idle_score));
+    }
+    let gpus = req.min_gpus.unwrap_or(0);
+    let request = CreateRequest {
+        host: name,
+        gpus,
+        partition: gpu_partition(&resources, gpus),
+        ..CreateRequest::default()
+    };
+    let view = create(fleet, request, progress).await?;
+    fleet.select(&view.sandbox_name)?;
+    Ok((view.sandbox_name, resources.idle_score))
 }
 
 /// The sandbox named `name` (`HOST/ID`), live or recently ended.

@@ -343,7 +343,11 @@ fn view(login: &str, q: &QueuedJob, deadline: Option<u64>, work_dir: String) -> 
         gpus: Vec::new(),
         work_dir,
         kept_files: false,
-        note: (q.state == "PENDING").then(|| format!("waiting for Slurm: {}", q.reason)),
+        note: (q.state == "PENDING").then(|| match q.reason.as_str() {
+            // Not yet looked at by the scheduler.
+            "None" | "" => "waiting for Slurm".to_string(),
+            reason => format!("waiting for Slurm: {reason}"),
+        }),
     }
 }
 

@@ -32,14 +32,21 @@
 //!   exec_bash('python3 -c …'), the first run of a context (worker start
 //!   included), a bash context, and the worker's RSS.
 //!
+//! * a Slurm cluster (a private single-node Slurm, its login node over the
+//!   private sshd): create_sandbox to the first exec_bash result on the
+//!   idle cluster, and exec_bash('true') in the allocation (the agent an
+//!   `srun --overlap` step) vs on the login node over plain SSH, vs a new
+//!   `srun --overlap` per command.
+//!
 //! `outpost-bench sync`, `outpost-bench jobs`, `outpost-bench calls`,
-//! `outpost-bench sandboxes` or `outpost-bench code` runs only that part.
+//! `outpost-bench sandboxes`, `outpost-bench code` or `outpost-bench slurm`
+//! runs only that part.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use outpost_e2e::{McpHttp, Sshd, TempDir, noise, pids_with_cmdline, target_bin};
+use outpost_e2e::{McpHttp, Slurm, Sshd, TempDir, noise, pids_with_cmdline, target_bin};
 use rmcp::ServiceExt;
 use rmcp::model::CallToolRequestParams;
 use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
@@ -194,9 +201,75 @@ async fn main() {
     if only.is_none() || only.as_deref() == Some("code") {
         code().await;
     }
+    if only.is_none() || only.as_deref() == Some("slurm") {
+        slurm().await;
+    }
     if only.is_none() || only.as_deref() == Some("sync") {
         sync_vs_rsync();
     }
+}
+
+async fn slurm() {
+    const CREATE_ROUNDS: usize = 5;
+    const EXEC_ROUNDS: usize = 50;
+    let Some(cluster) = Slurm::start() else {
+        println!("slurm: skipped (no Slurm here; scripts/setup-test-env installs it)");
+        return;
+    };
+    let sshd = Sshd::start_with_env(&cluster.env());
+    let scratch = TempDir::new("bench-slurm");
+    let home = scratch.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let config = scratch.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "{}[sandbox.slurm]\ntime = \"30\"\n",
+            sshd.sandbox_toml("hpc")
+        ),
+    )
+    .unwrap();
+    let client = mcp_client(&home, Some(&config)).await;
+    // Warm: the login node's connection and agent.
+    exec_true_in(&client, "hpc", "true", 5).await;
+
+    let mut first_exec = Vec::new();
+    for _ in 0..CREATE_ROUNDS {
+        let t = Instant::now();
+        let made = tool(&client, "create_sandbox", json!({"host": "hpc"})).await;
+        let name = made["sandbox_name"].as_str().unwrap().to_string();
+        exec_true_in(&client, &name, "true", 1).await;
+        first_exec.push(t.elapsed());
+        tool(&client, "delete_sandbox", json!({"sandbox_name": name})).await;
+    }
+
+    let made = tool(&client, "create_sandbox", json!({"host": "hpc"})).await;
+    let name = made["sandbox_name"].as_str().unwrap().to_string();
+    let job = name.trim_start_matches("hpc/job-").to_string();
+    let by_hand = format!("srun --jobid={job} --overlap -N1 -n1 true");
+    exec_true_in(&client, &name, "true", 5).await;
+    // Interleaved, so drift hits all alike.
+    let (mut step, mut login, mut per_command) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..EXEC_ROUNDS {
+        step.push(exec_true_in(&client, &name, "true", 1).await);
+        login.push(exec_true_in(&client, "hpc", "true", 1).await);
+        per_command.push(exec_true_in(&client, "hpc", &by_hand, 1).await);
+    }
+    tool(&client, "delete_sandbox", json!({"sandbox_name": name})).await;
+    let (step, login, per_command) = (median(step), median(login), median(per_command));
+    println!("slurm (single-node cluster, login node over the private sshd):");
+    println!(
+        "  create_sandbox → first exec_bash result, idle cluster: {} median of {CREATE_ROUNDS}",
+        ms(median(first_exec))
+    );
+    println!(
+        "  exec_bash('true') in the allocation (srun --overlap step): {} vs the login node over SSH {} ({:.2}x); a new srun --overlap per command {} ({:.1}x the step)",
+        ms(step),
+        ms(login),
+        step.as_secs_f64() / login.as_secs_f64(),
+        ms(per_command),
+        per_command.as_secs_f64() / step.as_secs_f64()
+    );
 }
 
 /// A tool's structured result (panics on a tool error: a benchmark of a
