@@ -72,7 +72,8 @@ pub struct SandboxStatus {
 pub fn allocation_job(login: &str, id: &str) -> Result<u64, String> {
     id.strip_prefix("job-")
         .and_then(|n| n.parse::<u64>().ok())
-        .filter(|n| *n > 0)
+        // One name per job: no `job-017` beside `job-17`.
+        .filter(|n| *n > 0 && id == format!("job-{n}"))
         .ok_or_else(|| {
             format!(
                 "{login} is a Slurm cluster: its sandboxes are named {login}/job-N (N the Slurm job id), not {login}/{id}"

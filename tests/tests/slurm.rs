@@ -394,6 +394,10 @@ async fn a_cluster_sandbox_is_an_allocation_over_ssh() {
             .is_empty()),
         "the job did not start"
     );
+    // Its daemon is the holder's (in the batch step, which lasts as long as
+    // the allocation), not one of a serve's step.
+    let daemon = fs::read_to_string(state_dir.join("run/daemon.json")).unwrap();
+    assert!(daemon.contains("slurm-holder"), "{daemon}");
     sshd.kill_connections();
     let r = exec_reconnecting(&client, &name, "echo $SLURM_JOB_ID").await;
     assert_eq!(r["stdout"], format!("{job}\n"), "{r}");

@@ -178,7 +178,7 @@ pub fn copy_in_command(dirs: &[String], to: &str, tmp: &str, size: u64) -> Strin
 
 /// A temp name beside `to`, unique to this process and moment, so
 /// controllers installing at once never share one.
-fn temp_name(to: &str) -> String {
+pub(super) fn temp_name(to: &str) -> String {
     let (dir, name) = to.rsplit_once('/').unwrap_or((".", to));
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

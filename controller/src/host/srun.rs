@@ -7,7 +7,12 @@
 //! `-u` passes bytes as they come (without it srun holds output until a
 //! newline, and the protocol is binary); `--overlap` shares the
 //! allocation's CPUs with the holder instead of waiting for free ones;
-//! `--quiet` keeps srun's own notes off the stream.
+//! `--whole` gives the step all of the allocation's CPUs, memory and GPUs
+//! (a plain `-n1` step is bound to one CPU where tasks are confined);
+//! `--quiet` keeps srun's own notes off the stream. Before each step the
+//! login node checks that the job is an Outpost holder and runs, so a
+//! pending, ended or foreign job is an error that says so, never a step
+//! that waits or lands in someone's training run.
 //!
 //! The agent there keeps its state in the allocation's own directory
 //! (`OUTPOST_STATE_DIR`, `<dir>/slurm/<job>`), apart from the login node's
@@ -26,6 +31,12 @@ use super::{AgentLink, CapturedRun, Host, LinkEvent};
 
 /// The variable that gives the node's agent its state dir.
 const STATE_DIR_ENV: &str = "OUTPOST_STATE_DIR";
+/// Where the holder writes its pid, in the allocation's state dir (the
+/// agent's `OWNER_FILE`).
+pub const OWNER_FILE: &str = "owner.pid";
+/// The holder jobs' name: how this user's sandboxes are told apart from
+/// their other jobs.
+pub const HOLDER_JOB_NAME: &str = "outpost-sandbox";
 
 /// One allocation's node, through its login node.
 pub struct SrunHost {
@@ -48,15 +59,25 @@ impl SrunHost {
     }
 
     /// `command` as a step of the allocation, as the login node's shell
-    /// reads it.
+    /// reads it. On the node it waits (at most 5 s) for the holder's pid
+    /// file, so that the agent's daemon is tied to the holder from its start.
     fn step(&self, command: &str) -> String {
         let inner = format!(
-            "{STATE_DIR_ENV}={}; export {STATE_DIR_ENV}; {command}",
+            "{STATE_DIR_ENV}={}; export {STATE_DIR_ENV}; i=0; \
+             while [ ! -e \"${STATE_DIR_ENV}/{OWNER_FILE}\" ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i+1)); done; \
+             {command}",
             self.state_dir
         );
+        let job = self.job;
         format!(
-            "exec srun --jobid={} --overlap -u --quiet -N1 -n1 sh -c {}",
-            self.job,
+            "s=$(squeue -h -j {job} -o '%T|%j|%r' 2>&1) || {{ echo \"Slurm job {job} has ended ($s)\" >&2; exit 1; }}; \
+             case \"$s\" in \
+             'RUNNING|{HOLDER_JOB_NAME}|'*) ;; \
+             '') echo 'Slurm job {job} has ended' >&2; exit 1 ;; \
+             *'|{HOLDER_JOB_NAME}|'*) echo \"Slurm job {job} is not running: $s\" >&2; exit 1 ;; \
+             *) echo 'Slurm job {job} is not an Outpost sandbox' >&2; exit 1 ;; \
+             esac; \
+             exec srun --jobid={job} --overlap --whole -u --quiet -N1 -n1 sh -c {}",
             shell_quote(&inner)
         )
     }
@@ -96,7 +117,7 @@ impl Host for SrunHost {
                 .await
                 .map_err(|e| format!("cannot read {}: {e}", from.display()))?
                 .len();
-            let tmp = format!("{to}.{}.tmp", std::process::id());
+            let tmp = super::command::temp_name(to);
             let mut link = self.open(&copy_in_command(dirs, to, &tmp, size)).await?;
             let mut writer = link.writer;
             let feed = async move {
@@ -106,7 +127,12 @@ impl Host for SrunHost {
                     if n == 0 {
                         break;
                     }
-                    writer.write_all(&buf[..n]).await?;
+                    if let Err(e) = writer.write_all(&buf[..n]).await {
+                        // End the step's input all the same: its `cat` must
+                        // not wait for bytes that will never come.
+                        let _ = writer.shutdown().await;
+                        return Err(e);
+                    }
                 }
                 writer.shutdown().await
             };
@@ -168,9 +194,16 @@ mod tests {
     fn a_step_carries_the_command_whole() {
         let host = SrunHost::new(Arc::new(super::super::local::LocalHost), 42, "~/.outpost");
         let step = host.step("exec '/a b/outpost-agent' serve");
-        assert_eq!(
-            step,
-            r#"exec srun --jobid=42 --overlap -u --quiet -N1 -n1 sh -c 'OUTPOST_STATE_DIR="$HOME"/'\''.outpost/slurm'\''/42; export OUTPOST_STATE_DIR; exec '\''/a b/outpost-agent'\'' serve'"#
+        assert!(
+            step.contains(
+                r#"exec srun --jobid=42 --overlap --whole -u --quiet -N1 -n1 sh -c 'OUTPOST_STATE_DIR="$HOME"/'\''.outpost/slurm'\''/42; export OUTPOST_STATE_DIR;"#
+            ),
+            "{step}"
         );
+        assert!(
+            step.ends_with(r#"exec '\''/a b/outpost-agent'\'' serve'"#),
+            "{step}"
+        );
+        assert!(step.starts_with("s=$(squeue -h -j 42 "), "{step}");
     }
 }

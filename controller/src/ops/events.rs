@@ -301,6 +301,9 @@ struct FollowerState {
     last_seq: AtomicU64,
     failures: AtomicU32,
     last_error: Mutex<Option<String>>,
+    /// The follower stopped (a Slurm allocation out of reach: deleted,
+    /// expired, or its login node down); the next job tool starts another.
+    ended: AtomicBool,
 }
 
 #[derive(Debug, Serialize)]
@@ -350,7 +353,10 @@ impl Watcher {
         };
         let state = {
             let mut followers = self.followers.lock().unwrap();
-            if followers.contains_key(sandbox) {
+            if followers
+                .get(sandbox)
+                .is_some_and(|s| !s.ended.load(Ordering::Relaxed))
+            {
                 return;
             }
             let state = Arc::new(FollowerState::default());
@@ -507,6 +513,14 @@ impl Follower {
                     }
                     self.state.last_seq.store(seen, Ordering::Relaxed);
                     if full { Duration::ZERO } else { POLL }
+                }
+                // An allocation that cannot be reached has usually ended: no
+                // endless retries (each a job step started on the login
+                // node) and no alert for it.
+                Err(e) if e.is_connection() && self.session.allocation_job().is_some() => {
+                    tracing::debug!(sandbox = %name, "allocation out of reach, no longer followed: {e}");
+                    self.state.ended.store(true, Ordering::Relaxed);
+                    return;
                 }
                 Err(e) if e.is_connection() => {
                     failures += 1;

@@ -376,6 +376,13 @@ pub async fn select_auto(
         fleet.select(&name)?;
         return Ok((name, resources.idle_score));
     }
+    // Asked again: the allocation an earlier call made active serves.
+    let active = fleet.active_name();
+    if active.starts_with(&format!("{name}/job-"))
+        && status(fleet, &active).await.is_ok_and(|v| v.is_live())
+    {
+        return Ok((active, resources.idle_score));
+    }
     let gpus = req.min_gpus.unwrap_or(0);
     let request = CreateRequest {
         host: name,

@@ -28,12 +28,9 @@ use super::sandboxes::{CreateRequest, Limits, SandboxView, ttl_ms};
 use crate::config::{SlurmDefaults, Target, check_slurm_name, check_slurm_time};
 use crate::fleet::Fleet;
 use crate::host::bootstrap::shell_quote;
-use crate::host::srun::slurm_dir_word;
+use crate::host::srun::{HOLDER_JOB_NAME, OWNER_FILE, slurm_dir_word};
 use crate::session::Session;
 
-/// The holder jobs' name: how this user's sandboxes are told apart from
-/// their other jobs.
-pub const HOLDER_JOB_NAME: &str = "outpost-sandbox";
 /// How long one Slurm command on the login node may take.
 const COMMAND_TIMEOUT_MS: u64 = 30_000;
 /// How long `create_sandbox` waits for a pending allocation to start
@@ -93,13 +90,20 @@ pub async fn run(session: &Session, script: &str) -> Result<String, String> {
     })
 }
 
-/// The `sbatch` command that submits `r`'s holder on `login`.
+/// The `sbatch` command that submits `r`'s holder on `login`, whose agent
+/// runs from `agent_path` (where a shared home lets the node find it too).
 fn submit_command(
     login: &Session,
+    agent_path: &str,
     defaults: &SlurmDefaults,
     r: &CreateRequest,
 ) -> Result<String, String> {
     let cluster = login.name();
+    if r.id.is_some() {
+        return Err(format!(
+            "{cluster} is a Slurm cluster: its sandboxes are named by their Slurm job (job-N); give no id"
+        ));
+    }
     let ttl_s = ttl_ms(r.ttl_s)? / 1000;
     if !matches!(r.isolation.as_str(), "auto" | "slurm") {
         return Err(format!(
@@ -129,6 +133,8 @@ fn submit_command(
         format!("--job-name={HOLDER_JOB_NAME}"),
         "--output=/dev/null".into(),
         "--error=/dev/null".into(),
+        // A requeued holder would start over with a fresh TTL.
+        "--no-requeue".into(),
         "--nodes=1".into(),
         "--ntasks=1".into(),
         format!("--time={time}"),
@@ -162,26 +168,39 @@ fn submit_command(
     Ok(format!(
         "sbatch {} <<'OUTPOST_HOLDER'\n{}OUTPOST_HOLDER\n",
         args.join(" "),
-        holder_script(&holder_dir(login), ttl_s)
+        holder_script(&holder_dir(login), agent_path, ttl_s)
     ))
 }
 
 /// The batch script that holds an allocation: see the module's overview.
 /// `dir` is the allocation's state dir as a shell word.
-fn holder_script(dir: &str, ttl_s: u64) -> String {
+///
+/// Where the node sees the login node's agent (a shared home), the holder
+/// starts the agent's job daemon itself: it then lives in the batch step,
+/// which lasts as long as the allocation, and not in the step of whichever
+/// `serve` needed it first, which ends with its SSH connection (and under
+/// `proctrack/cgroup` takes every process of the step along).
+fn holder_script(dir: &str, agent_path: &str, ttl_s: u64) -> String {
+    let agent = shell_quote(agent_path);
     format!(
         r#"#!/bin/sh
 # Holds an Outpost sandbox's allocation until its TTL passes or Slurm ends it.
 d={dir}
 umask 077
-mkdir -p "$d" || exit 1
-echo $$ > "$d/owner.pid"
-echo $(( $(date +%s) + {ttl_s} )) > "$d/deadline"
+rm -rf "$d"; mkdir -p "$d" || exit 1
+echo $$ > "$d/{OWNER_FILE}"
+last=$(( $(date +%s) + {ttl_s} ))
+echo $last > "$d/deadline"
+if [ -x {agent} ]; then
+  OUTPOST_STATE_DIR="$d" {agent} daemon --started-by slurm-holder </dev/null >/dev/null 2>&1
+fi
 # The node's agent ends its jobs and removes the dir once we are gone.
 trap '[ -e "$d/run/daemon.json" ] || rm -rf "$d"' EXIT
 trap 'exit 0' TERM INT HUP
-while [ "$(date +%s)" -lt "$(cat "$d/deadline" 2>/dev/null || echo 0)" ]; do
-  sleep 2 & wait $!
+while [ "$(date +%s)" -lt "$last" ]; do
+  sleep 1 & wait $!
+  # A deadline that cannot be read now (a busy network home) keeps the last.
+  dl=$(cat "$d/deadline" 2>/dev/null) && [ -n "$dl" ] && last=$dl
 done
 "#
     )
@@ -282,9 +301,12 @@ async fn queue(
          for f in {}/*/deadline; do [ -r \"$f\" ] && echo \"$f $(cat \"$f\")\"; done; true",
         slurm_dir_word(remote_dir(login))
     );
-    let out = run(login, &script)
-        .await
-        .map_err(|e| format!("squeue on {}: {e}", login.name()))?;
+    let out = match run(login, &script).await {
+        Ok(out) => out,
+        // A job Slurm has already forgotten (past MinJobAge) is not an error.
+        Err(e) if jobs.is_some() && e.contains("Invalid job id") => String::new(),
+        Err(e) => return Err(format!("squeue on {}: {e}", login.name())),
+    };
     let (queue, deadlines) = out.split_once("\n--\n").unwrap_or((&out, ""));
     let deadline = |job: u64| {
         deadlines.lines().find_map(|l| {
@@ -360,7 +382,13 @@ pub async fn create(
     r: &CreateRequest,
     progress: &(dyn Fn(String) + Send + Sync),
 ) -> Result<SandboxView, String> {
-    let command = submit_command(login, defaults, r)?;
+    let agent_path = login
+        .connection()
+        .await
+        .map_err(|e| e.to_string())?
+        .agent_path
+        .clone();
+    let command = submit_command(login, &agent_path, defaults, r)?;
     let out = run(login, &command)
         .await
         .map_err(|e| format!("sbatch on {}: {e}", login.name()))?;

@@ -491,7 +491,10 @@ impl Daemon {
                     let me = Arc::clone(&self);
                     let _ = tokio::task::spawn_blocking(move || me.check()).await;
                     self.resume_due().await;
-                    if self.idle() {
+                    // An allocation's daemon lives as long as its holder: one
+                    // started later by a `serve` would live in that serve's
+                    // job step, and end with it.
+                    if owner.is_none() && self.idle() {
                         break;
                     }
                 }
