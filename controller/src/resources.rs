@@ -112,7 +112,7 @@ pub fn gpus_per_node(gres: &str) -> u32 {
             if parts.next()? != "gpu" {
                 return None;
             }
-            parts.last()?.parse::<u32>().ok()
+            parts.next_back()?.parse::<u32>().ok()
         })
         .sum()
 }

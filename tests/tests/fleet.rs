@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use outpost::config::{Config, SandboxConfig, Target};
 use outpost::fleet::Fleet;
+use outpost::ops::sandboxes::select_auto;
 use outpost::resources::Requirements;
 use outpost_e2e::{Sshd, TempDir, target_bin};
 
@@ -137,19 +138,23 @@ async fn auto_selection_and_fan_out() {
         min_free_mem_mb: Some(u64::MAX / 2),
         ..Default::default()
     };
-    let err = fleet
-        .select_auto(&impossible, deadline, &Default::default())
+    let err = select_auto(&fleet, &impossible, deadline, &Default::default(), &|_| {})
         .await
         .unwrap_err();
     for name in ["h00", "h01", "local"] {
         assert!(err.contains(name), "{err}");
     }
-    let (name, r) = fleet
-        .select_auto(&Requirements::default(), deadline, &Default::default())
-        .await
-        .unwrap();
+    let (name, score) = select_auto(
+        &fleet,
+        &Requirements::default(),
+        deadline,
+        &Default::default(),
+        &|_| {},
+    )
+    .await
+    .unwrap();
     assert_eq!(fleet.active_name(), name);
-    assert!(r.idle_score >= 0.0);
+    assert!(score >= 0.0);
 
     // The same command everywhere; $HOME differs between SSH and local.
     let names = fleet.names();

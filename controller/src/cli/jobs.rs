@@ -8,6 +8,7 @@ use super::JobsAction;
 use anyhow::Result;
 use outpost::fleet::Fleet;
 use outpost::ops::jobs;
+use outpost::ops::slurm_jobs::{self, BatchStatus};
 use outpost::session::Session;
 use outpost_protocol::{JobInfo, JobRead, JobState, JobWait, WaitReason};
 
@@ -19,9 +20,36 @@ pub(super) async fn jobs_cli(fleet: &Fleet, action: JobsAction) -> Result<ExitCo
             name,
             cwd,
             log_file,
+            scheduler,
+            gpus,
+            time,
+            partition,
             command,
         } => {
             let session = session(&host)?;
+            if scheduler.is_some() {
+                let request = slurm_jobs::SubmitRequest {
+                    command: command.join(" "),
+                    cwd,
+                    env: Vec::new(),
+                    gpus,
+                    time,
+                    partition,
+                };
+                slurm_jobs::batch_body(&request).map_err(anyhow::Error::msg)?;
+                if let Err(refusal) =
+                    super::exec::permit(fleet, session.name(), &request.command).await
+                {
+                    eprintln!("outpost: {refusal}");
+                    return Ok(ExitCode::from(126));
+                }
+                let job = slurm_jobs::submit(&session, &request)
+                    .await
+                    .map_err(anyhow::Error::msg)?;
+                println!("{}", job.name);
+                eprintln!("log: {}", job.log_file);
+                return Ok(ExitCode::SUCCESS);
+            }
             let request = jobs::StartRequest {
                 command: command.join(" "),
                 name,
@@ -49,6 +77,13 @@ pub(super) async fn jobs_cli(fleet: &Fleet, action: JobsAction) -> Result<ExitCo
                 .transpose()
                 .map_err(anyhow::Error::msg)?;
             let (list, omitted) = jobs::list(&session, state, limit).await?;
+            let batch = match slurm_jobs::list(&session, limit).await {
+                Ok((batch, _)) => batch,
+                Err(e) => {
+                    eprintln!("outpost: {e}");
+                    Vec::new()
+                }
+            };
             if omitted > 0 {
                 println!("({omitted} older jobs not shown; --limit 0 shows as many as fit)");
             }
@@ -67,6 +102,21 @@ pub(super) async fn jobs_cli(fleet: &Fleet, action: JobsAction) -> Result<ExitCo
                     jobs::short_command(&j.command, 60)
                 );
             }
+            let wanted = state.map(jobs::state_name);
+            for b in batch
+                .iter()
+                .filter(|b| wanted.is_none_or(|w| w == b.state.name()))
+            {
+                let exit = b.summary();
+                println!(
+                    "{:<24} {:<9} {:<9} {:<20} {}",
+                    b.name(),
+                    b.state.name(),
+                    if exit.is_empty() { "-" } else { exit.as_str() },
+                    b.submitted_unix.map(jobs::utc_time).unwrap_or_default(),
+                    b.command.as_deref().unwrap_or_default()
+                );
+            }
             Ok(ExitCode::SUCCESS)
         }
         JobsAction::Logs {
@@ -74,7 +124,10 @@ pub(super) async fn jobs_cli(fleet: &Fleet, action: JobsAction) -> Result<ExitCo
             host,
             follow,
             tail,
-        } => job_logs(&*session(&host)?, &name, follow, tail).await,
+        } => match slurm_jobs::job_id(&name) {
+            Some(id) => batch_logs(&*session(&host)?, id, follow, tail).await,
+            None => job_logs(&*session(&host)?, &name, follow, tail).await,
+        },
         JobsAction::Wait {
             name,
             host,
@@ -87,14 +140,24 @@ pub(super) async fn jobs_cli(fleet: &Fleet, action: JobsAction) -> Result<ExitCo
                 Some(t) => anyhow::bail!("--timeout must be 0 or more seconds, got {t}"),
                 None => None,
             };
-            job_wait(&*session(&host)?, &name, deadline).await
+            match slurm_jobs::job_id(&name) {
+                Some(id) => batch_wait(&*session(&host)?, id, deadline).await,
+                None => job_wait(&*session(&host)?, &name, deadline).await,
+            }
         }
         JobsAction::Cancel { name, host, grace } => {
             if !(0.0..=600.0).contains(&grace) {
                 anyhow::bail!("--grace must be between 0 and 600 seconds, got {grace}");
             }
-            let job =
-                jobs::cancel(&*session(&host)?, &name, Duration::from_secs_f64(grace)).await?;
+            let grace = Duration::from_secs_f64(grace);
+            if let Some(id) = slurm_jobs::job_id(&name) {
+                let job = slurm_jobs::cancel(&*session(&host)?, id, grace)
+                    .await
+                    .map_err(anyhow::Error::msg)?;
+                println!("{} {} {}", job.name(), job.state.name(), job.summary());
+                return Ok(ExitCode::SUCCESS);
+            }
+            let job = jobs::cancel(&*session(&host)?, &name, grace).await?;
             let exit = jobs::exit_summary(&job);
             println!("{} {} {exit}", job.name, jobs::state_name(job.state));
             Ok(ExitCode::SUCCESS)
@@ -249,4 +312,95 @@ fn job_exit(job: &JobInfo) -> ExitCode {
         );
     }
     ExitCode::from(jobs::shell_status(job).unwrap_or(255).clamp(0, 255) as u8)
+}
+
+/// How often the CLI looks at a Slurm batch job it follows or waits for.
+const BATCH_POLL: Duration = Duration::from_secs(1);
+
+/// `outpost jobs logs` for a Slurm batch job: the log (or its last `tail`
+/// lines); with `follow`, new output as it comes until the job ends.
+async fn batch_logs(
+    session: &Session,
+    id: u64,
+    follow: bool,
+    tail: Option<u32>,
+) -> Result<ExitCode> {
+    let page = slurm_jobs::read_log(
+        session,
+        id,
+        tail.is_none().then_some(0),
+        tail,
+        None,
+        slurm_jobs::MAX_READ,
+    )
+    .await
+    .map_err(anyhow::Error::msg)?;
+    std::io::stdout().write_all(&page.data)?;
+    let mut cursor = page.next_offset;
+    loop {
+        // Whole pages up to the end as it is now.
+        loop {
+            let page =
+                slurm_jobs::read_log(session, id, Some(cursor), None, None, slurm_jobs::MAX_READ)
+                    .await
+                    .map_err(anyhow::Error::msg)?;
+            std::io::stdout().write_all(&page.data)?;
+            std::io::stdout().flush()?;
+            if page.data.is_empty() {
+                break;
+            }
+            cursor = page.next_offset;
+        }
+        if !follow {
+            return Ok(ExitCode::SUCCESS);
+        }
+        let job = slurm_jobs::status(session, id)
+            .await
+            .map_err(anyhow::Error::msg)?;
+        if job.state.ended() {
+            let page =
+                slurm_jobs::read_log(session, id, Some(cursor), None, None, slurm_jobs::MAX_READ)
+                    .await
+                    .map_err(anyhow::Error::msg)?;
+            std::io::stdout().write_all(&page.data)?;
+            std::io::stdout().flush()?;
+            return Ok(batch_exit(&job));
+        }
+        tokio::time::sleep(BATCH_POLL).await;
+    }
+}
+
+async fn batch_wait(session: &Session, id: u64, deadline: Option<Instant>) -> Result<ExitCode> {
+    loop {
+        let job = slurm_jobs::status(session, id)
+            .await
+            .map_err(anyhow::Error::msg)?;
+        if job.state.ended() {
+            return Ok(batch_exit(&job));
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            eprintln!("outpost: job {} is still {}", job.name(), job.state.name());
+            return Ok(ExitCode::from(124));
+        }
+        tokio::time::sleep(BATCH_POLL).await;
+    }
+}
+
+/// The exit status for an ended batch job: its command's, 124 for Slurm's
+/// time limit, 255 when unknown (cancelled, failed, lost).
+fn batch_exit(job: &BatchStatus) -> ExitCode {
+    if job.exit_code.is_none() {
+        let how = job.summary();
+        eprintln!(
+            "outpost: job {} {}{}",
+            job.name(),
+            job.state.name(),
+            if how.is_empty() {
+                String::new()
+            } else {
+                format!(" ({how})")
+            }
+        );
+    }
+    ExitCode::from(job.shell_status().unwrap_or(255).clamp(0, 255) as u8)
 }

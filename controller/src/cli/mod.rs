@@ -242,14 +242,27 @@ pub(super) enum JobsAction {
         /// Sandbox (default: the active one).
         host: Option<String>,
         /// Job name (default: generated).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "scheduler")]
         name: Option<String>,
         /// Working directory on the host.
         #[arg(long)]
         cwd: Option<String>,
         /// Where the output goes (default: the job's own directory).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "scheduler")]
         log_file: Option<String>,
+        /// `slurm`: submit it from this login node with sbatch instead; the
+        /// job is named slurm-JOBID (its log: ~/.outpost/batch/JOBID.log).
+        #[arg(long, value_parser = ["slurm"])]
+        scheduler: Option<String>,
+        /// Slurm: GPUs to ask for (--gres=GRES:N).
+        #[arg(long, requires = "scheduler")]
+        gpus: Option<u32>,
+        /// Slurm: the time limit (90, 2:00:00, 1-00:00:00).
+        #[arg(long, requires = "scheduler")]
+        time: Option<String>,
+        /// Slurm: the partition.
+        #[arg(long, requires = "scheduler")]
+        partition: Option<String>,
         /// The command, after `--`; joined with spaces and run by bash.
         #[arg(last = true, required = true)]
         command: Vec<String>,

@@ -4,6 +4,8 @@
 //! job request; checking it and the calls themselves are [`crate::ops::jobs`]. The first job tool
 //! used on a sandbox starts its event follower (`job_session`).
 
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use outpost_protocol::{JobRead, JobSpec, JobState, JobWait, WaitReason};
@@ -17,6 +19,7 @@ use super::OutpostServer;
 use super::ids::Id;
 use super::progress::{Progress, Report};
 use crate::ops::jobs::{self, StartRequest, seconds};
+use crate::ops::slurm_jobs::{self, BatchStatus, SubmitRequest};
 use crate::policy::Planned;
 use crate::session::Session;
 
@@ -31,7 +34,7 @@ const PROGRESS_TAIL_BYTES: u64 = 400;
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct BackgroundParams {
     pub command: String,
-    /// Job name (unique per host).
+    /// Job name.
     pub session_name: Option<String>,
     /// Relative to cwd.
     pub log_file: Option<String>,
@@ -75,6 +78,12 @@ pub struct BackgroundParams {
     pub ensure_watchdog: Option<bool>,
     #[allow(dead_code)]
     pub max_log_lines: Option<u32>,
+    pub env: Option<BTreeMap<String, String>>,
+    /// "slurm": submit with sbatch.
+    pub scheduler: Option<String>,
+    pub gpus: Option<u32>,
+    pub time: Option<String>,
+    pub partition: Option<String>,
 }
 
 #[derive(Debug, Serialize, JsonSchema)]
@@ -114,6 +123,9 @@ pub struct CheckResult {
     pub log_tail: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub watch_id: Option<String>,
+    /// Slurm: why it pends, or what ended it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -131,6 +143,9 @@ pub struct ListTasksResult {
     /// Older jobs that matched but were not listed.
     #[serde(skip_serializing_if = "is_zero")]
     pub older_omitted: u64,
+    /// Set when the host's Slurm jobs could not be listed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slurm_error: Option<String>,
 }
 
 /// Jobs a list tool shows unless asked for more.
@@ -147,6 +162,8 @@ pub struct TaskRow {
     /// UTC.
     pub started: String,
     pub command: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -165,6 +182,8 @@ pub struct CancelResult {
     pub exit_code: Option<i32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub signal: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -197,6 +216,8 @@ pub struct WaitResult {
     pub output: String,
     /// Pass as cursor next time.
     pub cursor: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -275,9 +296,13 @@ fn start_request(p: &BackgroundParams) -> Result<StartRequest, String> {
     {
         return Err(HOOKS_REFUSED.into());
     }
+    let name = given(&p.session_name);
+    if name.as_deref().and_then(slurm_jobs::job_id).is_some() {
+        return Err("names slurm-<id> are Slurm batch jobs'; choose another session_name".into());
+    }
     Ok(StartRequest {
         command: p.command.clone(),
-        name: given(&p.session_name),
+        name,
         log_file: given(&p.log_file),
         cwd: given(&p.cwd),
         run_id: given(&p.run_id),
@@ -297,7 +322,112 @@ fn start_request(p: &BackgroundParams) -> Result<StartRequest, String> {
 }
 
 pub fn job_spec(p: &BackgroundParams) -> Result<JobSpec, String> {
-    jobs::job_spec(&start_request(p)?)
+    let mut spec = jobs::job_spec(&start_request(p)?)?;
+    spec.env = env_pairs(p)?;
+    Ok(spec)
+}
+
+/// The call's `env`, names checked as `exec_bash` checks them.
+fn env_pairs(p: &BackgroundParams) -> Result<Vec<(String, String)>, String> {
+    let env = p.env.iter().flatten();
+    env.map(|(k, v)| {
+        crate::ops::exec::check_env_name(k)?;
+        Ok((k.clone(), v.clone()))
+    })
+    .collect()
+}
+
+/// The text the policy checks for the job's command: the caller's `env`
+/// first, as `exec_bash`'s.
+fn command_policy_text(p: &BackgroundParams) -> String {
+    let env = p.env.iter().flatten();
+    crate::ops::exec::policy_text(env.map(|(k, v)| (k.as_str(), v.as_str())), &p.command)
+}
+
+/// With `scheduler="slurm"`, the batch job `p` describes; None for a job of
+/// the host's daemon. The Slurm settings need the scheduler, and the
+/// daemon's settings are refused for a batch job.
+fn slurm_request(p: &BackgroundParams) -> Result<Option<SubmitRequest>, String> {
+    let slurm_settings: Vec<&str> = [
+        ("gpus", p.gpus.is_some()),
+        ("time", given(&p.time).is_some()),
+        ("partition", given(&p.partition).is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(k, set)| set.then_some(k))
+    .collect();
+    match given(&p.scheduler)
+        .map(|s| s.to_ascii_lowercase())
+        .as_deref()
+    {
+        None if slurm_settings.is_empty() => return Ok(None),
+        None => {
+            return Err(format!(
+                "{} only go with scheduler=\"slurm\"",
+                slurm_settings.join(", ")
+            ));
+        }
+        Some("slurm") => {}
+        Some(other) => {
+            return Err(format!(
+                "scheduler must be \"slurm\" (or left out for a job of the host), got {other:?}"
+            ));
+        }
+    }
+    if given(&p.webhook_url).is_some()
+        || given(&p.event_command).is_some()
+        || given(&p.codex_command).is_some()
+        || p.codex_wakeup == Some(true)
+    {
+        return Err(HOOKS_REFUSED.into());
+    }
+    let daemon_only: Vec<&str> = [
+        ("session_name", given(&p.session_name).is_some()),
+        ("log_file", given(&p.log_file).is_some()),
+        ("run_id", given(&p.run_id).is_some()),
+        ("watch_name", given(&p.watch_name).is_some()),
+        ("resume_command", given(&p.resume_command).is_some()),
+        ("resume_plan_json", given(&p.resume_plan_json).is_some()),
+        ("checkpoint_path", given(&p.checkpoint_path).is_some()),
+        ("checkpoint_format", given(&p.checkpoint_format).is_some()),
+        ("checkpoint_command", given(&p.checkpoint_command).is_some()),
+        ("metadata_json", given(&p.metadata_json).is_some()),
+        ("interval_s", p.interval_s.is_some()),
+        ("alert_after_failures", p.alert_after_failures.is_some()),
+        ("resume_delay_s", p.resume_delay_s.is_some()),
+        ("auto_resume", p.auto_resume == Some(true)),
+        ("max_resume_attempts", p.max_resume_attempts.is_some()),
+    ]
+    .into_iter()
+    .filter_map(|(k, set)| set.then_some(k))
+    .collect();
+    if !daemon_only.is_empty() {
+        return Err(format!(
+            "{} not with scheduler=\"slurm\": the job is named slurm-<jobid> and Slurm keeps its log",
+            daemon_only.join(", ")
+        ));
+    }
+    let req = SubmitRequest {
+        command: p.command.clone(),
+        cwd: given(&p.cwd),
+        env: env_pairs(p)?,
+        gpus: p.gpus,
+        time: given(&p.time),
+        partition: given(&p.partition),
+    };
+    // Checked here, before the policy is asked about the command.
+    slurm_jobs::batch_body(&req)?;
+    Ok(Some(req))
+}
+
+/// A Slurm job's state, exit code and signal as the tools report them.
+fn batch_fields(b: &BatchStatus) -> (String, Option<i32>, Option<i32>, Option<String>) {
+    (
+        b.state.name().to_string(),
+        b.exit_code,
+        b.signal,
+        b.detail.clone(),
+    )
 }
 
 #[tool_router(router = jobs_router, vis = "pub(super)")]
@@ -327,6 +457,32 @@ impl OutpostServer {
             }
         };
         let lines = p.last_n_lines.unwrap_or(50);
+        if let Some(id) = slurm_jobs::job_id(&name) {
+            let (job, tail) = futures::join!(slurm_jobs::status(&session, id), async {
+                if lines == 0 {
+                    Ok(Vec::new())
+                } else {
+                    slurm_jobs::read_log(&session, id, None, Some(lines), None, DEFAULT_LOG_BYTES)
+                        .await
+                        .map(|page| page.data)
+                }
+            });
+            let job = job?;
+            let (state, exit_code, signal, detail) = batch_fields(&job);
+            return Ok(Json(CheckResult {
+                tmux_session: job.name(),
+                running: !job.state.ended(),
+                exit_code,
+                signal,
+                state,
+                log_tail: tail.map_or_else(
+                    |e| format!("[log unavailable: {e}]"),
+                    |data| String::from_utf8_lossy(&data).into_owned(),
+                ),
+                watch_id: None,
+                detail,
+            }));
+        }
         let (job, tail) = futures::join!(jobs::status(&session, &name), async {
             if lines == 0 {
                 Ok(String::new())
@@ -344,6 +500,7 @@ impl OutpostServer {
             log_tail: tail.unwrap_or_else(|e| format!("[log unavailable: {e}]")),
             watch_id: by_watch.map(|_| job.name.clone()),
             tmux_session: job.name,
+            detail: None,
         }))
     }
 
@@ -352,29 +509,81 @@ impl OutpostServer {
         &self,
         Parameters(p): Parameters<ListTasksParams>,
     ) -> Result<Json<ListTasksResult>, String> {
-        let state = given(&p.state).map(|s| jobs::parse_state(&s)).transpose()?;
+        // A state only Slurm batch jobs have lists those alone.
+        let wanted = given(&p.state).map(|s| s.to_ascii_lowercase());
+        let batch_only = wanted.as_deref().and_then(slurm_jobs::batch_only_state);
+        let state = match (&wanted, batch_only) {
+            (Some(s), None) => Some(jobs::parse_state(s)?),
+            _ => None,
+        };
         let session = self.job_session(p.sandbox_name.as_deref()).await?;
         let limit = p.limit.unwrap_or(LIST_DEFAULT).max(1);
-        let (list, older_omitted) = jobs::list(&session, state, limit)
-            .await
-            .map_err(|e| e.to_string())?;
-        let tasks = list
+        let (agent, batch) = futures::join!(
+            async {
+                if batch_only.is_some() {
+                    Ok((Vec::new(), 0))
+                } else {
+                    jobs::list(&session, state, limit).await
+                }
+            },
+            slurm_jobs::list(&session, limit)
+        );
+        let (list, mut older_omitted) = agent.map_err(|e| e.to_string())?;
+        let mut rows: Vec<(u64, TaskRow)> = list
             .into_iter()
             .map(|j| {
                 let (exit_code, signal) = jobs::exit_fields(&j);
-                TaskRow {
+                let row = TaskRow {
                     state: jobs::state_name(j.state).into(),
                     exit_code,
                     signal,
                     started: jobs::utc_time(j.started_unix),
                     command: jobs::short_command(&j.command, 80),
                     name: j.name,
-                }
+                    detail: None,
+                };
+                (j.started_unix, row)
             })
             .collect();
+        let slurm_error = match batch {
+            Ok((batch, omitted)) => {
+                let wanted = batch_only.or(state.map(jobs::state_name));
+                let before = rows.len();
+                rows.extend(
+                    batch
+                        .into_iter()
+                        .filter(|b| wanted.is_none_or(|w| w == b.state.name()))
+                        .map(|b| {
+                            let (state, exit_code, signal, detail) = batch_fields(&b);
+                            let at = b.submitted_unix.unwrap_or(u64::MAX);
+                            let row = TaskRow {
+                                name: b.name(),
+                                state,
+                                exit_code,
+                                signal,
+                                started: b.submitted_unix.map(jobs::utc_time).unwrap_or_default(),
+                                command: b.command.clone().unwrap_or_default(),
+                                detail,
+                            };
+                            (at, row)
+                        }),
+                );
+                if rows.len() > before {
+                    older_omitted += omitted;
+                }
+                None
+            }
+            Err(e) => Some(e),
+        };
+        // Oldest first, the newest `limit` of both kinds.
+        rows.sort_by_key(|(at, _)| *at);
+        let extra = rows.len().saturating_sub(limit as usize);
+        older_omitted += extra as u64;
+        let tasks = rows.drain(extra..).map(|(_, row)| row).collect();
         Ok(Json(ListTasksResult {
             tasks,
             older_omitted,
+            slurm_error,
         }))
     }
 
@@ -385,6 +594,17 @@ impl OutpostServer {
     ) -> Result<Json<CancelResult>, String> {
         let grace = seconds("grace_s", p.grace_s, 3.0, 600.0)?;
         let session = self.job_session(p.sandbox_name.as_deref()).await?;
+        if let Some(id) = slurm_jobs::job_id(&p.name) {
+            let job = slurm_jobs::cancel(&session, id, grace).await?;
+            let (state, exit_code, signal, detail) = batch_fields(&job);
+            return Ok(Json(CancelResult {
+                name: job.name(),
+                state,
+                exit_code,
+                signal,
+                detail,
+            }));
+        }
         let job = jobs::cancel(&session, &p.name, grace)
             .await
             .map_err(|e| e.to_string())?;
@@ -394,11 +614,12 @@ impl OutpostServer {
             exit_code,
             signal,
             name: job.name,
+            detail: None,
         }))
     }
 
     #[tool(
-        description = "Wait until a job ends, prints pattern, is silent for silence_s or timeout_s passes; returns new output and a cursor."
+        description = "Wait until a job ends, prints pattern, is silent for silence_s or timeout_s passes."
     )]
     async fn wait_background_task(
         &self,
@@ -421,6 +642,55 @@ impl OutpostServer {
         let cursor = p
             .cursor
             .unwrap_or_else(|| self.cursors.get(session.name(), &p.name));
+        if let Some(id) = slurm_jobs::job_id(&p.name) {
+            let request = slurm_jobs::WaitRequest {
+                cursor,
+                timeout,
+                pattern: given(&p.pattern),
+                silence,
+                max_bytes,
+            };
+            let seen: Arc<Mutex<String>> = Arc::default();
+            let _ticker = Progress::of(&peer, &meta).every({
+                let seen = seen.clone();
+                let (started, timeout_s) = (Instant::now(), timeout.as_secs_f64());
+                move || {
+                    let elapsed = started.elapsed().as_secs_f64();
+                    let state = seen.lock().unwrap().clone();
+                    async move {
+                        Report {
+                            done: elapsed,
+                            total: Some(timeout_s),
+                            message: format!("{state}, waited {elapsed:.0} s"),
+                        }
+                    }
+                }
+            });
+            let waited = slurm_jobs::wait(&session, id, &request, |b| {
+                let mut text = b.state.name().to_string();
+                if let Some(d) = &b.detail {
+                    text.push_str(&format!(" ({d})"));
+                }
+                if let (Some(used), Some(limit)) = (&b.elapsed, &b.limit) {
+                    text.push_str(&format!(", {used} of {limit}"));
+                }
+                *seen.lock().unwrap() = text;
+            })
+            .await?;
+            self.cursors
+                .set(session.name(), &p.name, waited.cursor_after);
+            let (state, exit_code, signal, detail) = batch_fields(&waited.status);
+            return Ok(Json(WaitResult {
+                name: waited.status.name(),
+                reason: waited.reason.into(),
+                state,
+                exit_code,
+                signal,
+                output: jobs::output_text(&waited.output, waited.omitted),
+                cursor: waited.cursor_after,
+                detail,
+            }));
+        }
         let _ticker = Progress::of(&peer, &meta).every({
             let (session, name) = (session.clone(), p.name.clone());
             let (started, timeout_s) = (Instant::now(), timeout.as_secs_f64());
@@ -460,6 +730,7 @@ impl OutpostServer {
             signal,
             output: jobs::output_text(&waited.output, waited.omitted),
             cursor: waited.cursor_after,
+            detail: None,
         }))
     }
 }
@@ -483,6 +754,25 @@ impl OutpostServer {
         } else {
             None
         });
+        if let Some(id) = slurm_jobs::job_id(&p.name) {
+            let grep = given(&p.grep);
+            let page = slurm_jobs::read_log(
+                &session,
+                id,
+                offset,
+                p.tail_lines,
+                grep.as_deref(),
+                max_bytes,
+            )
+            .await?;
+            self.cursors.set(session.name(), &p.name, page.next_offset);
+            return Ok(Json(ReadLogResult {
+                content: String::from_utf8_lossy(&page.data).into_owned(),
+                offset: page.offset,
+                next_offset: page.next_offset,
+                size: page.size,
+            }));
+        }
         let log = jobs::read(
             &session,
             JobRead {
@@ -512,6 +802,29 @@ impl OutpostServer {
         p: &BackgroundParams,
         peer: &rmcp::Peer<RoleServer>,
     ) -> Result<BackgroundStarted, String> {
+        if let Some(request) = slurm_request(p)? {
+            let sandbox = self
+                .fleet
+                .get(p.sandbox_name.as_deref())?
+                .name()
+                .to_string();
+            let command = command_policy_text(p);
+            let planned = [Planned {
+                sandbox: &sandbox,
+                field: "command",
+                command: &command,
+            }];
+            self.permit(peer, &planned).await?;
+            let session = self.job_session(Some(&sandbox)).await?;
+            let job = slurm_jobs::submit(&session, &request).await?;
+            return Ok(BackgroundStarted {
+                status: "submitted".into(),
+                tmux_session: job.name,
+                log_file: job.log_file,
+                sandbox,
+                watch_id: None,
+            });
+        }
         let (sandbox, job) = self.start_background(p, peer).await?;
         Ok(BackgroundStarted {
             status: "started".into(),
@@ -535,7 +848,13 @@ impl OutpostServer {
             .get(p.sandbox_name.as_deref())?
             .name()
             .to_string();
-        let commands = crate::policy::job_commands(&spec);
+        let mut commands = crate::policy::job_commands(&spec);
+        // The command as it runs: with the caller's env.
+        for (field, command) in &mut commands {
+            if *field == "command" {
+                *command = command_policy_text(p);
+            }
+        }
         let planned: Vec<Planned> = commands
             .iter()
             .map(|(field, command)| Planned {
@@ -628,6 +947,65 @@ mod tests {
             let err = job_spec(&params(bad)).unwrap_err();
             assert!(err.contains(word), "{err}");
         }
+    }
+
+    #[test]
+    fn slurm_settings_need_the_scheduler_and_refuse_the_daemons() {
+        assert!(
+            slurm_request(&params(serde_json::json!({})))
+                .unwrap()
+                .is_none()
+        );
+        let req = slurm_request(&params(serde_json::json!({
+            "scheduler": "slurm", "gpus": 2, "time": "10", "partition": "gpu",
+            "cwd": "~/p", "env": {"A": "1"}, "session_name": "",
+        })))
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (
+                req.gpus,
+                req.time.as_deref(),
+                req.partition.as_deref(),
+                req.cwd.as_deref()
+            ),
+            (Some(2), Some("10"), Some("gpu"), Some("~/p"))
+        );
+        assert_eq!(req.env, [("A".to_string(), "1".to_string())]);
+        for (bad, word) in [
+            (serde_json::json!({"gpus": 1}), "gpus only go with"),
+            (
+                serde_json::json!({"time": "5", "partition": "p"}),
+                "time, partition",
+            ),
+            (serde_json::json!({"scheduler": "pbs"}), "scheduler must be"),
+            (
+                serde_json::json!({"scheduler": "slurm", "log_file": "x"}),
+                "log_file",
+            ),
+            (
+                serde_json::json!({"scheduler": "slurm", "auto_resume": true}),
+                "auto_resume",
+            ),
+            (
+                serde_json::json!({"scheduler": "slurm", "webhook_url": "x"}),
+                "[hooks]",
+            ),
+            (
+                serde_json::json!({"scheduler": "slurm", "env": {"LD_PRELOAD": "x"}}),
+                "LD_PRELOAD",
+            ),
+        ] {
+            let err = slurm_request(&params(bad.clone())).unwrap_err();
+            assert!(err.contains(word), "{bad}: {err}");
+        }
+        // Agent jobs: the env goes into the spec, slurm-N names are taken.
+        let spec = job_spec(&params(serde_json::json!({"env": {"A": "x y"}}))).unwrap();
+        assert_eq!(spec.env, [("A".to_string(), "x y".to_string())]);
+        let err = job_spec(&params(serde_json::json!({"session_name": "slurm-3"}))).unwrap_err();
+        assert!(err.contains("slurm-"), "{err}");
+        assert!(job_spec(&params(serde_json::json!({"env": {"PATH": "/x"}}))).is_ok());
+        assert!(job_spec(&params(serde_json::json!({"env": {"BASH_ENV": "/x"}}))).is_err());
     }
 
     #[test]

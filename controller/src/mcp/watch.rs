@@ -124,6 +124,11 @@ impl WatchRegisterParams {
             notify_local: self.notify_local,
             ensure_watchdog: self.ensure_watchdog,
             max_log_lines: self.max_log_lines,
+            env: None,
+            scheduler: None,
+            gpus: None,
+            time: None,
+            partition: None,
         }
     }
 }

@@ -5,6 +5,8 @@
 //! * [`exec`]: an exec request from its parameters, the exit status a
 //!   shell would report for its result, and a fan-out's outcomes grouped.
 //! * [`jobs`]: background jobs on a host (start, status, wait, logs, events).
+//! * [`slurm_jobs`]: Slurm batch jobs as background tasks (`slurm-<jobid>`),
+//!   submitted and followed through a login node's shell.
 //! * [`events`]: job event followers, the config file's hooks, reachability
 //!   alerts.
 //! * [`files`]: syncs inline or in the background, remote listing, reading
@@ -28,6 +30,7 @@ pub mod jobs;
 pub mod localpath;
 pub mod sandboxes;
 pub mod slurm;
+pub mod slurm_jobs;
 pub mod transfers;
 
 /// Bytes for people: "512 B", "3.4 KiB", "12.0 MiB", "1.5 GiB".

@@ -38,9 +38,14 @@
 //!   `srun --overlap` step) vs on the login node over plain SSH, vs a new
 //!   `srun --overlap` per command.
 //!
+//! * Slurm batch jobs as background tasks (the `local` sandbox a login node
+//!   of a private single-node Slurm): 100 trivial `scheduler="slurm"` jobs
+//!   submitted, then ONE `list_background_tasks` call reporting all 100
+//!   (one command on the login node), vs one job's `check_background_task`.
+//!
 //! `outpost-bench sync`, `outpost-bench jobs`, `outpost-bench calls`,
-//! `outpost-bench sandboxes`, `outpost-bench code` or `outpost-bench slurm`
-//! runs only that part.
+//! `outpost-bench sandboxes`, `outpost-bench code`, `outpost-bench slurm` or
+//! `outpost-bench slurm-batch` runs only that part.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -204,6 +209,9 @@ async fn main() {
     if only.is_none() || only.as_deref() == Some("slurm") {
         slurm().await;
     }
+    if only.is_none() || only.as_deref() == Some("slurm-batch") {
+        slurm_batch().await;
+    }
     if only.is_none() || only.as_deref() == Some("sync") {
         sync_vs_rsync();
     }
@@ -270,6 +278,90 @@ async fn slurm() {
         ms(per_command),
         per_command.as_secs_f64() / step.as_secs_f64()
     );
+}
+
+/// 100 Slurm batch jobs submitted through `exec_bash_background`, then the
+/// status of all of them in one `list_background_tasks` call.
+async fn slurm_batch() {
+    const JOBS: usize = 100;
+    const ROUNDS: usize = 10;
+    let Some(cluster) = Slurm::start() else {
+        println!("slurm-batch: skipped (no Slurm here; scripts/setup-test-env installs it)");
+        return;
+    };
+    let home = TempDir::new("bench-slurm-batch");
+    // The local sandbox inherits SLURM_CONF: a login node of the cluster.
+    let transport = TokioChildProcess::new(
+        tokio::process::Command::new(target_bin("outpost")).configure(|cmd| {
+            cmd.arg("mcp")
+                .env_clear()
+                .env("HOME", home.path())
+                .env("PATH", std::env::var("PATH").unwrap_or_default())
+                .envs(cluster.env());
+        }),
+    )
+    .expect("spawn outpost mcp");
+    let client: Client = ().serve(transport).await.expect("MCP handshake");
+    let mut submit = Vec::new();
+    let mut names = Vec::new();
+    for i in 0..JOBS {
+        let t = Instant::now();
+        let r = tool(
+            &client,
+            "exec_bash_background",
+            json!({"command": format!("exit {}", i % 3), "scheduler": "slurm", "time": "5"}),
+        )
+        .await;
+        submit.push(t.elapsed());
+        names.push(r["tmux_session"].as_str().unwrap().to_string());
+    }
+    let list = || tool(&client, "list_background_tasks", json!({"limit": JOBS}));
+    let began = Instant::now();
+    loop {
+        let r = list().await;
+        let ended = r["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|t| t["state"] == "exited")
+            .count();
+        if ended == JOBS {
+            break;
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(300),
+            "{ended} of {JOBS} batch jobs ended after 300 s"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let (mut all, mut one) = (Vec::new(), Vec::new());
+    for _ in 0..ROUNDS {
+        let t = Instant::now();
+        let r = list().await;
+        all.push(t.elapsed());
+        assert_eq!(r["tasks"].as_array().unwrap().len(), JOBS, "{r}");
+        let t = Instant::now();
+        tool(
+            &client,
+            "check_background_task",
+            json!({"tmux_session": names[0], "last_n_lines": 0}),
+        )
+        .await;
+        one.push(t.elapsed());
+    }
+    let (all, one) = (median(all), median(one));
+    println!("slurm batch jobs (single-node cluster, the local sandbox its login node):");
+    println!(
+        "  exec_bash_background(scheduler=\"slurm\") submit: {} median of {JOBS}",
+        ms(median(submit))
+    );
+    println!(
+        "  status of {JOBS} ended jobs in ONE list_background_tasks call: {} median of {ROUNDS} ({:.1}x one job's check_background_task, {})",
+        ms(all),
+        all.as_secs_f64() / one.as_secs_f64(),
+        ms(one)
+    );
+    client.cancel().await.ok();
 }
 
 /// A tool's structured result (panics on a tool error: a benchmark of a
