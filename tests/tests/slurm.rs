@@ -358,6 +358,18 @@ async fn a_cluster_sandbox_is_an_allocation_over_ssh() {
     assert!(!err, "{r}");
     assert_eq!(r["stdout"], format!("{job}\n{}\n", sshd.user()), "{r}");
 
+    // A code context on the node.
+    let (err, r) = timed_call(
+        &client,
+        "execute_code",
+        json!({"code": "import os; os.environ['SLURM_JOB_ID']", "sandbox_name": name}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    let r: Value = serde_json::from_str(r.as_str().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("execute_code's answer is not JSON ({e}): {r}"));
+    assert_eq!(r["results"][0]["text/plain"], format!("'{job}'"), "{r}");
+
     // A tree synced to the node's filesystem.
     let local = TempDir::new("slurm-sync-src");
     fs::create_dir_all(local.path().join("src")).unwrap();

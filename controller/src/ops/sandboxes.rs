@@ -20,6 +20,7 @@ use outpost_protocol::{
 use serde::Serialize;
 
 use super::jobs::{ask, unexpected, utc_time};
+use super::slurm::{self, Allocation, AllocationRequest};
 use crate::config::check_sandbox_id;
 use crate::fleet::{Fleet, SandboxStatus};
 use crate::resources::Requirements;
@@ -289,11 +290,10 @@ pub async fn create(
 ) -> Result<SandboxView, String> {
     let (host, partition) = pick_host(fleet, &r.host, r.gpus).await?;
     if let Some(defaults) = host.config.slurm.clone() {
-        let r = CreateRequest {
-            partition: r.partition.clone().or(partition),
-            ..r
-        };
-        return super::slurm::create(fleet, &host, &defaults, &r, progress).await;
+        let mut allocation = allocation_request(host.name(), &r)?;
+        allocation.partition = allocation.partition.or(partition);
+        let made = slurm::create(fleet, &host, &defaults, &allocation, progress).await?;
+        return Ok(allocation_view(host.name(), &made));
     }
     if r.time.is_some() || r.partition.is_some() {
         return Err(format!(
@@ -399,7 +399,8 @@ pub async fn select_auto(
 pub async fn status(fleet: &Fleet, name: &str) -> Result<SandboxView, String> {
     let (host, id) = fleet.isolated(name)?;
     if let Some(job) = allocation(&host, &id)? {
-        return super::slurm::status(&host, job).await;
+        let found = slurm::status(&host, job).await?;
+        return Ok(allocation_view(host.name(), &found));
     }
     let all = list_on(&host).await?;
     all.into_iter()
@@ -412,7 +413,8 @@ pub async fn renew(fleet: &Fleet, name: &str, ttl_s: f64) -> Result<SandboxView,
     let ttl_ms = ttl_ms(ttl_s)?;
     let (host, id) = fleet.isolated(name)?;
     if let Some(job) = allocation(&host, &id)? {
-        return super::slurm::renew(fleet, &host, job, ttl_s).await;
+        let renewed = slurm::renew(fleet, &host, job, ttl_ms / 1000).await?;
+        return Ok(allocation_view(host.name(), &renewed));
     }
     let answer = ask(&host, Request::SandboxRenew { id, ttl_ms }).await;
     one(host.name(), answer, "renewing a sandbox")
@@ -423,7 +425,8 @@ pub async fn renew(fleet: &Fleet, name: &str, ttl_s: f64) -> Result<SandboxView,
 pub async fn delete(fleet: &Fleet, name: &str) -> Result<SandboxView, String> {
     let (host, id) = fleet.isolated(name)?;
     if let Some(job) = allocation(&host, &id)? {
-        return super::slurm::delete(fleet, &host, job).await;
+        let deleted = slurm::delete(fleet, &host, job).await?;
+        return Ok(allocation_view(host.name(), &deleted));
     }
     let answer = ask(&host, Request::SandboxDelete { id }).await;
     one(host.name(), answer, "deleting a sandbox")
@@ -433,7 +436,11 @@ pub async fn delete(fleet: &Fleet, name: &str) -> Result<SandboxView, String> {
 /// recently ended, newest first.
 pub async fn list_on(host: &Session) -> Result<Vec<SandboxView>, String> {
     if host.config.slurm.is_some() {
-        return super::slurm::list_on(host).await;
+        let listed = slurm::list_on(host).await?;
+        return Ok(listed
+            .iter()
+            .map(|a| allocation_view(host.name(), a))
+            .collect());
     }
     match ask(host, Request::SandboxList)
         .await
@@ -444,6 +451,80 @@ pub async fn list_on(host: &Session) -> Result<Vec<SandboxView>, String> {
             .map(|info| SandboxView::of(host.name(), info))
             .collect()),
         other => Err(unexpected("listing sandboxes", other).to_string()),
+    }
+}
+
+/// What `r` asks of the cluster `cluster`, or why a cluster cannot give it
+/// (never silently dropped).
+fn allocation_request(cluster: &str, r: &CreateRequest) -> Result<AllocationRequest, String> {
+    let refuse = |what: &str| Err(format!("{cluster} is a Slurm cluster: {what}"));
+    if r.id.is_some() {
+        return refuse("its sandboxes are named by their Slurm job (job-N); give no id");
+    }
+    if !matches!(r.isolation.as_str(), "auto" | "slurm") {
+        return refuse(
+            "a sandbox there is an allocation, confined by Slurm (isolation \"auto\"); bwrap, landlock and none are for hosts",
+        );
+    }
+    if !r.network {
+        return refuse("an allocation cannot be cut off the network");
+    }
+    if !r.env.is_empty() {
+        return refuse("give env per command (exec_bash's env), not to the allocation");
+    }
+    if r.limits.pids.is_some() || r.limits.disk_mb.is_some() {
+        return refuse("Slurm limits cpus and memory_mb (and gpus, time), not pids or disk_mb");
+    }
+    Ok(AllocationRequest {
+        ttl_s: ttl_ms(r.ttl_s)? / 1000,
+        time: r.time.clone(),
+        partition: r.partition.clone(),
+        cpus: r.limits.cpus,
+        memory_mb: r.limits.memory_mb,
+        gpus: r.gpus,
+    })
+}
+
+/// A Slurm allocation on `login` as a sandbox.
+fn allocation_view(login: &str, a: &Allocation) -> SandboxView {
+    let q = &a.queued;
+    let pending = q.state == "PENDING";
+    SandboxView {
+        sandbox_name: format!("{login}/job-{}", q.job),
+        state: match q.state.as_str() {
+            "RUNNING" => "running",
+            "PENDING" | "CONFIGURING" | "REQUEUED" | "RESIZING" => "pending",
+            "CANCELLED" => "deleted",
+            "TIMEOUT" | "DEADLINE" | "COMPLETED" | "COMPLETING" => "expired",
+            _ => "failed",
+        },
+        expires_at: if a.ends_unix > 0 {
+            utc_time(a.ends_unix)
+        } else {
+            String::new()
+        },
+        isolation: "slurm",
+        network: true,
+        limits: Limits {
+            memory_mb: q.memory_mb,
+            cpus: q.cpus.map(f64::from),
+            pids: None,
+            disk_mb: None,
+        },
+        enforcement: if q.state == "RUNNING" {
+            format!("Slurm job {} on {} ({})", q.job, q.node, q.partition)
+        } else {
+            format!("Slurm job {} ({})", q.job, q.partition)
+        },
+        gpus: Vec::new(),
+        work_dir: a.work_dir.clone(),
+        kept_files: false,
+        note: match q.reason.as_str() {
+            // Not yet looked at by the scheduler.
+            "None" | "" if pending => Some("waiting for Slurm".to_string()),
+            reason if pending => Some(format!("waiting for Slurm: {reason}")),
+            _ => a.note.clone(),
+        },
     }
 }
 
@@ -647,6 +728,52 @@ mod tests {
             });
             assert!(e.contains(field), "{e}");
         }
+    }
+
+    #[test]
+    fn a_cluster_refuses_what_slurm_cannot_give_and_shows_its_queue() {
+        let r = |f: fn(&mut CreateRequest)| {
+            let mut r = CreateRequest {
+                host: "hpc".into(),
+                ..CreateRequest::default()
+            };
+            f(&mut r);
+            allocation_request("hpc", &r)
+        };
+        let ok = r(|r| {
+            r.gpus = 2;
+            r.limits.cpus = Some(8.0);
+        })
+        .unwrap();
+        assert_eq!((ok.ttl_s, ok.gpus, ok.cpus), (3600, 2, Some(8.0)));
+        for (bad, says) in [
+            (r(|r| r.isolation = "bwrap".into()), "isolation"),
+            (r(|r| r.network = false), "network"),
+            (r(|r| r.env = vec![("A".into(), "b".into())]), "env"),
+            (r(|r| r.limits.pids = Some(10)), "pids"),
+            (r(|r| r.id = Some("x".into())), "job-N"),
+            (r(|r| r.ttl_s = 0.0), "ttl_s"),
+        ] {
+            let e = bad.unwrap_err();
+            assert!(e.contains(says), "{says}: {e}");
+        }
+
+        let queued = slurm::parse_queue("18|PENDING|Resources||2:00:00|1|2G|gpu\n");
+        let pending = Allocation {
+            queued: queued[0].clone(),
+            deadline: None,
+            work_dir: String::new(),
+            ends_unix: 0,
+            note: None,
+        };
+        let v = allocation_view("hpc", &pending);
+        assert_eq!(
+            (v.sandbox_name.as_str(), v.state, v.isolation),
+            ("hpc/job-18", "pending", "slurm")
+        );
+        assert_eq!(v.note.as_deref(), Some("waiting for Slurm: Resources"));
+        assert_eq!(v.limits.memory_mb, Some(2048));
+        assert!(v.is_live());
     }
 
     #[test]

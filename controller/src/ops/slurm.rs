@@ -23,8 +23,6 @@ use std::time::{Duration, Instant};
 
 use outpost_protocol::ExecRequest;
 
-use super::jobs::utc_time;
-use super::sandboxes::{CreateRequest, Limits, SandboxView, ttl_ms};
 use crate::config::{SlurmDefaults, Target, check_slurm_name, check_slurm_time};
 use crate::fleet::Fleet;
 use crate::host::bootstrap::shell_quote;
@@ -90,41 +88,28 @@ pub async fn run(session: &Session, script: &str) -> Result<String, String> {
     })
 }
 
+/// An allocation to ask for, checked by the caller (a sandbox request's
+/// TTL bounds; what a cluster cannot give refused there).
+#[derive(Debug, Clone, Default)]
+pub struct AllocationRequest {
+    pub ttl_s: u64,
+    /// Slurm's time limit; None: the cluster's default.
+    pub time: Option<String>,
+    /// None: the cluster's default.
+    pub partition: Option<String>,
+    pub cpus: Option<f64>,
+    pub memory_mb: Option<u64>,
+    pub gpus: u32,
+}
+
 /// The `sbatch` command that submits `r`'s holder on `login`, whose agent
 /// runs from `agent_path` (where a shared home lets the node find it too).
 fn submit_command(
     login: &Session,
     agent_path: &str,
     defaults: &SlurmDefaults,
-    r: &CreateRequest,
+    r: &AllocationRequest,
 ) -> Result<String, String> {
-    let cluster = login.name();
-    if r.id.is_some() {
-        return Err(format!(
-            "{cluster} is a Slurm cluster: its sandboxes are named by their Slurm job (job-N); give no id"
-        ));
-    }
-    let ttl_s = ttl_ms(r.ttl_s)? / 1000;
-    if !matches!(r.isolation.as_str(), "auto" | "slurm") {
-        return Err(format!(
-            "{cluster} is a Slurm cluster: a sandbox there is an allocation, confined by Slurm (isolation \"auto\"); bwrap, landlock and none are for hosts"
-        ));
-    }
-    if !r.network {
-        return Err(format!(
-            "{cluster} is a Slurm cluster: an allocation cannot be cut off the network"
-        ));
-    }
-    if !r.env.is_empty() {
-        return Err(format!(
-            "{cluster} is a Slurm cluster: give env per command (exec_bash's env), not to the allocation"
-        ));
-    }
-    if r.limits.pids.is_some() || r.limits.disk_mb.is_some() {
-        return Err(format!(
-            "{cluster} is a Slurm cluster: Slurm limits cpus and memory_mb (and gpus, time), not pids or disk_mb"
-        ));
-    }
     let time = r.time.clone().unwrap_or_else(|| defaults.time.clone());
     check_slurm_time(&time)?;
     let partition = r.partition.clone().or_else(|| defaults.partition.clone());
@@ -149,13 +134,13 @@ fn submit_command(
             args.push(format!("--{option}={value}"));
         }
     }
-    if let Some(cpus) = r.limits.cpus {
+    if let Some(cpus) = r.cpus {
         if !(cpus.is_finite() && cpus > 0.0 && cpus <= 100_000.0) {
             return Err(format!("cpus must be a positive number, got {cpus}"));
         }
         args.push(format!("--cpus-per-task={}", cpus.ceil() as u64));
     }
-    if let Some(mb) = r.limits.memory_mb {
+    if let Some(mb) = r.memory_mb {
         if mb == 0 {
             return Err("memory_mb must be at least 1".into());
         }
@@ -168,7 +153,7 @@ fn submit_command(
     Ok(format!(
         "sbatch {} <<'OUTPOST_HOLDER'\n{}OUTPOST_HOLDER\n",
         args.join(" "),
-        holder_script(&holder_dir(login), agent_path, ttl_s)
+        holder_script(&holder_dir(login), agent_path, r.ttl_s)
     ))
 }
 
@@ -325,51 +310,37 @@ async fn queue(
         .collect())
 }
 
-/// A sandbox view of a queued holder.
-fn view(login: &str, q: &QueuedJob, deadline: Option<u64>, work_dir: String) -> SandboxView {
-    let now = now_unix();
-    let slurm_end = q.time_left_s.map(|left| now + left);
-    let expires = match (deadline, slurm_end) {
-        (Some(d), Some(e)) => d.min(e),
-        (Some(t), None) | (None, Some(t)) => t,
-        (None, None) => 0,
-    };
-    let running = q.state == "RUNNING";
-    SandboxView {
-        sandbox_name: format!("{login}/job-{}", q.job),
-        state: match q.state.as_str() {
-            "RUNNING" => "running",
-            "PENDING" | "CONFIGURING" | "REQUEUED" | "RESIZING" => "pending",
-            "CANCELLED" => "deleted",
-            "TIMEOUT" | "DEADLINE" | "COMPLETED" | "COMPLETING" => "expired",
-            _ => "failed",
-        },
-        expires_at: if expires > 0 {
-            utc_time(expires)
-        } else {
-            String::new()
-        },
-        isolation: "slurm",
-        network: true,
-        limits: Limits {
-            memory_mb: q.memory_mb,
-            cpus: q.cpus.map(f64::from),
-            pids: None,
-            disk_mb: None,
-        },
-        enforcement: if running {
-            format!("Slurm job {} on {} ({})", q.job, q.node, q.partition)
-        } else {
-            format!("Slurm job {} ({})", q.job, q.partition)
-        },
-        gpus: Vec::new(),
-        work_dir,
-        kept_files: false,
-        note: (q.state == "PENDING").then(|| match q.reason.as_str() {
-            // Not yet looked at by the scheduler.
-            "None" | "" => "waiting for Slurm".to_string(),
-            reason => format!("waiting for Slurm: {reason}"),
-        }),
+/// One of this user's allocations: its holder as `squeue` shows it, the
+/// holder's TTL deadline where the login node can read it, and (once the
+/// node's agent answered) its home.
+#[derive(Debug, Clone)]
+pub struct Allocation {
+    pub queued: QueuedJob,
+    /// Unix seconds.
+    pub deadline: Option<u64>,
+    pub work_dir: String,
+    /// When it ends, in unix seconds: its TTL or Slurm's time limit,
+    /// whichever comes first (0: unknown).
+    pub ends_unix: u64,
+    /// What the caller should know (Slurm's time limit comes first).
+    pub note: Option<String>,
+}
+
+impl Allocation {
+    fn of((queued, deadline): (QueuedJob, Option<u64>)) -> Allocation {
+        let slurm_end = queued.time_left_s.map(|left| now_unix() + left);
+        let ends_unix = match (deadline, slurm_end) {
+            (Some(d), Some(e)) => d.min(e),
+            (Some(t), None) | (None, Some(t)) => t,
+            (None, None) => 0,
+        };
+        Allocation {
+            queued,
+            deadline,
+            work_dir: String::new(),
+            ends_unix,
+            note: None,
+        }
     }
 }
 
@@ -379,9 +350,9 @@ pub async fn create(
     fleet: &Fleet,
     login: &Arc<Session>,
     defaults: &SlurmDefaults,
-    r: &CreateRequest,
+    r: &AllocationRequest,
     progress: &(dyn Fn(String) + Send + Sync),
-) -> Result<SandboxView, String> {
+) -> Result<Allocation, String> {
     let agent_path = login
         .connection()
         .await
@@ -420,7 +391,7 @@ pub async fn create(
                 "RUNNING" => break (q, deadline),
                 "PENDING" | "CONFIGURING" => {
                     if began.elapsed() >= START_WAIT {
-                        return Ok(view(login.name(), &q, deadline, String::new()));
+                        return Ok(Allocation::of((q, deadline)));
                     }
                     say(format!("Slurm job {job} pending: {}", q.reason));
                 }
@@ -446,10 +417,13 @@ pub async fn create(
             .as_ref()
             .map(|f| f.home.clone())
             .unwrap_or_default();
-        Ok(view(login.name(), &queued.0, queued.1, home))
+        Ok(Allocation {
+            work_dir: home,
+            ..Allocation::of(queued)
+        })
     };
     match made.await {
-        Ok(view) => Ok(view),
+        Ok(allocation) => Ok(allocation),
         Err(e) => {
             let _ = run(login, &format!("scancel {job}")).await;
             fleet.forget(&name);
@@ -458,21 +432,22 @@ pub async fn create(
     }
 }
 
-/// This user's sandboxes on the cluster `login`, pending and running.
-pub async fn list_on(login: &Session) -> Result<Vec<SandboxView>, String> {
+/// This user's allocations on the cluster `login`, pending and running.
+pub async fn list_on(login: &Session) -> Result<Vec<Allocation>, String> {
     Ok(queue(login, None)
         .await?
-        .iter()
-        .map(|(q, deadline)| view(login.name(), q, *deadline, String::new()))
+        .into_iter()
+        .map(Allocation::of)
         .collect())
 }
 
 /// The allocation `job` on `login`, or why there is none.
-pub async fn status(login: &Session, job: u64) -> Result<SandboxView, String> {
+pub async fn status(login: &Session, job: u64) -> Result<Allocation, String> {
     let listed = queue(login, Some(job)).await?;
     listed
-        .first()
-        .map(|(q, deadline)| view(login.name(), q, *deadline, String::new()))
+        .into_iter()
+        .next()
+        .map(Allocation::of)
         .ok_or_else(|| {
             format!(
                 "no sandbox job-{job} on {} (ended, or never made)",
@@ -487,9 +462,8 @@ pub async fn renew(
     fleet: &Fleet,
     login: &Session,
     job: u64,
-    ttl_s: f64,
-) -> Result<SandboxView, String> {
-    let ttl_s = ttl_ms(ttl_s)? / 1000;
+    ttl_s: u64,
+) -> Result<Allocation, String> {
     let session = fleet.get(Some(&format!("{}/job-{job}", login.name())))?;
     let dir = format!("{}/{job}", slurm_dir_word(remote_dir(login)));
     run(
@@ -500,20 +474,20 @@ pub async fn renew(
     )
     .await
     .map_err(|e| format!("renewing job-{job}: {e}"))?;
-    let listed = queue(login, Some(job)).await?;
-    let (q, deadline) = listed
-        .first()
-        .ok_or_else(|| format!("no sandbox job-{job} on {} (ended)", login.name()))?;
-    let mut view = view(login.name(), q, *deadline, String::new());
-    if q.time_left_s.is_some_and(|left| left < ttl_s) {
-        view.note = Some("Slurm's time limit ends it first".into());
+    let mut allocation = status(login, job).await?;
+    if allocation
+        .queued
+        .time_left_s
+        .is_some_and(|left| left < ttl_s)
+    {
+        allocation.note = Some("Slurm's time limit ends it first".into());
     }
-    Ok(view)
+    Ok(allocation)
 }
 
 /// Cancels the allocation `job`: its holder, its steps, and (through the
 /// node's agent) every job and context it ran.
-pub async fn delete(fleet: &Fleet, login: &Session, job: u64) -> Result<SandboxView, String> {
+pub async fn delete(fleet: &Fleet, login: &Session, job: u64) -> Result<Allocation, String> {
     let name = format!("{}/job-{job}", login.name());
     let before = status(login, job).await?;
     run(login, &format!("scancel {job}"))
@@ -532,11 +506,9 @@ pub async fn delete(fleet: &Fleet, login: &Session, job: u64) -> Result<SandboxV
         session.disconnect().await;
     }
     fleet.forget(&name);
-    Ok(SandboxView {
-        state: "deleted",
-        note: None,
-        ..before
-    })
+    let mut after = before;
+    after.queued.state = "CANCELLED".into();
+    Ok(after)
 }
 
 #[cfg(test)]
@@ -557,10 +529,6 @@ mod tests {
         assert_eq!(jobs[0].memory_mb, Some(8000));
         assert_eq!(jobs[1].reason, "Resources");
         assert_eq!(jobs[1].memory_mb, Some(2048));
-        let v = view("hpc", &jobs[1], None, String::new());
-        assert_eq!(v.state, "pending");
-        assert_eq!(v.sandbox_name, "hpc/job-18");
-        assert_eq!(v.note.as_deref(), Some("waiting for Slurm: Resources"));
     }
 
     #[test]
