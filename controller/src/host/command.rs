@@ -83,14 +83,7 @@ impl Host for CommandHost {
         to: &'a str,
     ) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
-            let mut file = tokio::fs::File::open(from)
-                .await
-                .map_err(|e| format!("cannot read {}: {e}", from.display()))?;
-            let size = file
-                .metadata()
-                .await
-                .map_err(|e| format!("cannot read {}: {e}", from.display()))?
-                .len();
+            let (mut file, size) = open_sized(from).await?;
             let script = copy_in_command(dirs, to, &temp_name(to), size);
             let mut child = self
                 .command(&script)
@@ -174,6 +167,14 @@ pub fn copy_in_command(dirs: &[String], to: &str, tmp: &str, size: u64) -> Strin
          {{ [ $n -eq {size} ] || {{ echo \"only $n of {size} bytes arrived\" >&2; false; }}; }} && \
          chmod 700 {tmp} && mv -f -- {tmp} {to} || {{ rm -f -- {tmp}; exit 1; }}; }}"
     )
+}
+
+/// `from` opened for reading, and its size.
+pub(super) async fn open_sized(from: &Path) -> Result<(tokio::fs::File, u64), String> {
+    let read_error = |e: std::io::Error| format!("cannot read {}: {e}", from.display());
+    let file = tokio::fs::File::open(from).await.map_err(read_error)?;
+    let size = file.metadata().await.map_err(read_error)?.len();
+    Ok((file, size))
 }
 
 /// A temp name beside `to`, unique to this process and moment, so

@@ -26,7 +26,7 @@ use futures::future::BoxFuture;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::bootstrap::shell_quote;
-use super::command::copy_in_command;
+use super::command::{copy_in_command, open_sized};
 use super::{AgentLink, CapturedRun, Host, LinkEvent};
 
 /// The variable that gives the node's agent its state dir.
@@ -109,14 +109,7 @@ impl Host for SrunHost {
         to: &'a str,
     ) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
-            let mut file = tokio::fs::File::open(from)
-                .await
-                .map_err(|e| format!("cannot read {}: {e}", from.display()))?;
-            let size = file
-                .metadata()
-                .await
-                .map_err(|e| format!("cannot read {}: {e}", from.display()))?
-                .len();
+            let (mut file, size) = open_sized(from).await?;
             let tmp = super::command::temp_name(to);
             let mut link = self.open(&copy_in_command(dirs, to, &tmp, size)).await?;
             let mut writer = link.writer;

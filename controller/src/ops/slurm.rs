@@ -54,13 +54,21 @@ fn remote_dir(login: &Session) -> &str {
 /// Runs `script` on `session`'s host with the shell and returns its
 /// stdout, or its stderr (else stdout) as the error when it fails.
 pub async fn run(session: &Session, script: &str) -> Result<String, String> {
+    run_raw(session, script)
+        .await
+        .map(|out| String::from_utf8_lossy(&out).into_owned())
+}
+
+/// [`run`], stdout as bytes: all of it (up to the agent's output limit, an
+/// error past that, never a part).
+pub async fn run_raw(session: &Session, script: &str) -> Result<Vec<u8>, String> {
     let req = ExecRequest {
         command: script.to_string(),
         cwd: None,
         env: Vec::new(),
         stdin: None,
         timeout_ms: Some(COMMAND_TIMEOUT_MS),
-        output_limit: 4 << 20,
+        output_limit: outpost_protocol::limits::MAX_EXEC_OUTPUT_LIMIT,
         stream: false,
         progress_ms: None,
     };
@@ -68,11 +76,15 @@ pub async fn run(session: &Session, script: &str) -> Result<String, String> {
         .exec(req, |_, _| {})
         .await
         .map_err(|e| e.to_string())?;
-    let stdout = result.stdout.to_text();
     if result.exit_code == Some(0) {
-        return Ok(stdout);
+        if result.stdout.omitted > 0 {
+            return Err("the answer did not fit one exec's output".into());
+        }
+        let mut out = result.stdout.head;
+        out.extend_from_slice(&result.stdout.tail);
+        return Ok(out);
     }
-    let stderr = result.stderr.to_text();
+    let (stdout, stderr) = (result.stdout.to_text(), result.stderr.to_text());
     let said = if stderr.trim().is_empty() {
         stdout.trim()
     } else {

@@ -26,11 +26,10 @@
 
 use std::time::{Duration, Instant};
 
-use outpost_protocol::ExecRequest;
 use regex::Regex;
 
 use super::jobs::short_command;
-use super::slurm::run;
+use super::slurm::{run, run_raw};
 use crate::config::{SlurmDefaults, check_slurm_name, check_slurm_time};
 use crate::host::bootstrap::shell_quote;
 use crate::session::Session;
@@ -829,39 +828,6 @@ async fn still_running(session: &Session, job: u64) -> Result<bool, String> {
 }
 
 // ---------------------------------------------------------------- logs
-
-/// Runs `script` and returns its raw stdout (an exec's whole output, at
-/// most 3 MiB), its stderr as the error when it fails.
-async fn run_raw(session: &Session, script: &str) -> Result<Vec<u8>, String> {
-    let req = ExecRequest {
-        command: script.to_string(),
-        cwd: None,
-        env: Vec::new(),
-        stdin: None,
-        timeout_ms: Some(30_000),
-        output_limit: outpost_protocol::limits::MAX_EXEC_OUTPUT_LIMIT,
-        stream: false,
-        progress_ms: None,
-    };
-    let result = session
-        .exec(req, |_, _| {})
-        .await
-        .map_err(|e| e.to_string())?;
-    if result.exit_code != Some(0) {
-        let said = result.stderr.to_text();
-        return Err(match (result.timed_out, result.exit_code) {
-            (true, _) => "no answer within 30 s".into(),
-            (_, Some(code)) => format!("exit status {code}: {}", said.trim()),
-            _ => format!("killed: {}", said.trim()),
-        });
-    }
-    if result.stdout.omitted > 0 {
-        return Err("the log page did not fit one answer".into());
-    }
-    let mut out = result.stdout.head;
-    out.extend_from_slice(&result.stdout.tail);
-    Ok(out)
-}
 
 /// Bytes `[from, from + len)` of the job's log, and its size: the command
 /// prints the size on the first line, then the bytes (clamped to the size
