@@ -319,11 +319,19 @@ impl SshConnection {
     }
 
     /// Runs `command` and collects its exit status, stdout and stderr.
+    /// Dropped before the end (a timeout), it closes its channel: the
+    /// command gets EOF and the session is freed, not left open on a
+    /// connection that other channels share.
     pub async fn exec_capture(&self, command: &str) -> Result<CapturedRun, russh::Error> {
-        let mut channel = self.handle.channel_open_session().await?;
+        let channel = self.handle.channel_open_session().await?;
         channel.exec(true, command).await?;
+        let (mut read, write) = channel.split();
+        let _guard = ChannelGuard {
+            write: Some(write),
+            _conn: self.clone(),
+        };
         let mut run = CapturedRun::default();
-        while let Some(msg) = channel.wait().await {
+        while let Some(msg) = read.wait().await {
             match msg {
                 ChannelMsg::Data { data } => run.stdout.extend_from_slice(&data),
                 ChannelMsg::ExtendedData { data, .. } => run.stderr.extend_from_slice(&data),
