@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use outpost_protocol::{FilterSpec, TreeEntry};
+use outpost_protocol::{FilterSpec, ScanRequest, TreeEntry};
 use outpost_treesync::plan::Plan;
 
 use super::remote::{scan_on, scan_request};
@@ -23,13 +23,22 @@ pub enum RemoteKind {
     Other,
 }
 
-/// Looks at `path` on the host without listing what it holds.
+/// Looks at `path` on the host without listing what it holds. No hashes:
+/// a hashing scan would load, prune to what it saw (nothing) and rewrite
+/// the root's stat cache, and the sync that follows would hash the whole
+/// tree again.
 pub(super) async fn remote_kind(conn: &ScopedConn, path: &str) -> Result<RemoteKind, SyncError> {
     let nothing = FilterSpec {
         excludes: vec!["*".into()],
         use_gitignore: false,
     };
-    let (_, summary) = scan_on(conn, scan_request(path, &nothing)).await?;
+    let request = ScanRequest {
+        hashes: false,
+        recursive: false,
+        max_entries: 1,
+        ..scan_request(path, &nothing)
+    };
+    let (_, summary) = scan_on(conn, request).await?;
     if !summary.root_exists {
         return Ok(RemoteKind::Missing);
     }
