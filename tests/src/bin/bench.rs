@@ -215,6 +215,9 @@ async fn main() {
     if only.is_none() || only.as_deref() == Some("sync") {
         sync_vs_rsync();
     }
+    if only.is_none() || only.as_deref() == Some("sync-warm") {
+        sync_warm().await;
+    }
 }
 
 async fn slurm() {
@@ -1017,13 +1020,9 @@ fn timed(mut cmd: Command) -> (Duration, String) {
     (took, String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn sync_vs_rsync() {
-    let sshd = Sshd::start();
-    let scratch = TempDir::new("bench-sync");
-    let home = scratch.path().join("home");
-    std::fs::create_dir_all(&home).unwrap();
-    let config = write_config(scratch.path(), "box", &[&sshd]);
-    let src = scratch.path().join("src");
+/// remote-sandbox-mcp's sync scenario: 2,000 files of 1–8 KB in 40
+/// directories plus 5 × 20 MB, under `src`.
+fn seed_tree(src: &Path) {
     for i in 0..2000u64 {
         let dir = src.join(format!("pkg{:02}", i % 40));
         std::fs::create_dir_all(&dir).unwrap();
@@ -1037,6 +1036,151 @@ fn sync_vs_rsync() {
         )
         .unwrap();
     }
+}
+
+/// 10 files of `src` changed (new content, seeded by `round`) and 100
+/// touched (mtime only).
+fn change_tree(src: &Path, round: u64) {
+    for i in 0..10u64 {
+        let path = src.join(format!("pkg{:02}/f{i:04}.txt", i % 40));
+        std::fs::write(&path, noise(2048, 50_000 + i + 100 * round)).unwrap();
+    }
+    for i in 100..200u64 {
+        let path = src.join(format!("pkg{:02}/f{i:04}.txt", i % 40));
+        let f = std::fs::File::options().write(true).open(&path).unwrap();
+        f.set_modified(std::time::SystemTime::now()).unwrap();
+    }
+}
+
+/// The case agents live in: the MCP server already connected, rsync over a
+/// warm ControlMaster connection. Re-push after 10 changed + 100 touched
+/// files, no-op push and no-op pull, each a median of rounds, dirty pages
+/// flushed before each timed run.
+async fn sync_warm() {
+    const ROUNDS: usize = 5;
+    let sshd = Sshd::start();
+    let scratch = TempDir::new("bench-sync-warm");
+    let home = scratch.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let src = scratch.path().join("src");
+    seed_tree(&src);
+    let config = scratch.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "local_roots = [{:?}]\n{}",
+            scratch.path().display().to_string(),
+            sshd.sandbox_toml("box")
+        ),
+    )
+    .unwrap();
+    let client = mcp_client(&home, Some(&config)).await;
+    let control = scratch.path().join("cm.sock");
+    let mut master = ssh_base(&sshd, &control)
+        .args(["-o", "ControlMaster=yes", "-N"])
+        .spawn()
+        .expect("ssh master");
+    let ready = outpost_e2e::wait_until(Duration::from_secs(10), || control.exists());
+    assert!(ready, "ControlMaster socket never appeared");
+    let rsync = |from: String, to: String| {
+        let mut cmd = Command::new("rsync");
+        cmd.args(["-a", "--delete", "-e"])
+            .arg(format!(
+                "ssh -o ControlPath={} -p {} -o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR",
+                control.display(),
+                sshd.port()
+            ))
+            .arg(from)
+            .arg(to);
+        cmd
+    };
+    let flush = || {
+        let _ = Command::new("sync").status();
+    };
+    let user_host = format!("{}@{}", sshd.user(), sshd.host());
+    let src_arg = format!("{}/", src.display());
+    let (o_remote, r_remote) = (sshd.remote_dir().join("o"), sshd.remote_dir().join("r"));
+    let r_remote_arg = format!("{user_host}:{}/", r_remote.display());
+    let (o_back, r_back) = (scratch.path().join("o-back"), scratch.path().join("r-back"));
+    let push = json!({"local_path": src, "remote_path": o_remote, "sandbox_name": "box"});
+    let pull = json!({"remote_path": o_remote, "local_path": o_back, "sandbox_name": "box"});
+    let timed_tool = |name: &'static str, args: serde_json::Value| {
+        let client = &client;
+        async move {
+            flush();
+            let t = Instant::now();
+            let r = tool(client, name, args).await;
+            (t.elapsed(), r)
+        }
+    };
+    let timed_rsync = |from: String, to: String| {
+        flush();
+        timed(rsync(from, to)).0
+    };
+    // Fresh copies both ways first (not timed here: see the cold part).
+    timed_tool("sync_local_to_remote", push.clone()).await;
+    timed_rsync(src_arg.clone(), r_remote_arg.clone());
+    timed_tool("sync_remote_to_local", pull.clone()).await;
+    timed_rsync(r_remote_arg.clone(), format!("{}/", r_back.display()));
+
+    let (mut re_o, mut re_r, mut noop_o, mut noop_r) = (vec![], vec![], vec![], vec![]);
+    let (mut pull_o, mut pull_r, mut engine, mut pull_engine) = (vec![], vec![], vec![], vec![]);
+    for round in 0..ROUNDS {
+        change_tree(&src, round as u64 + 1);
+        let (took, r) = timed_tool("sync_local_to_remote", push.clone()).await;
+        re_o.push(took);
+        engine.push(Duration::from_secs_f64(r["duration_s"].as_f64().unwrap_or(0.0)));
+        re_r.push(timed_rsync(src_arg.clone(), r_remote_arg.clone()));
+        noop_o.push(timed_tool("sync_local_to_remote", push.clone()).await.0);
+        noop_r.push(timed_rsync(src_arg.clone(), r_remote_arg.clone()));
+        // Pulls of what the pushes just made: the first brings the
+        // changes, the second is the no-op timed here.
+        timed_tool("sync_remote_to_local", pull.clone()).await;
+        timed_rsync(r_remote_arg.clone(), format!("{}/", r_back.display()));
+        let (took, r) = timed_tool("sync_remote_to_local", pull.clone()).await;
+        pull_o.push(took);
+        pull_engine.push(Duration::from_secs_f64(r["duration_s"].as_f64().unwrap_or(0.0)));
+        pull_r.push(timed_rsync(r_remote_arg.clone(), format!("{}/", r_back.display())));
+    }
+    let _ = master.kill();
+    let _ = master.wait();
+    client.cancel().await.ok();
+    let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
+    println!();
+    println!(
+        "sync, warm (MCP server connected; rsync over a ControlMaster), same tree; median of {ROUNDS}"
+    );
+    println!(
+        "  {:<34} {:>10} {:>10} {:>7}",
+        "", "outpost", "rsync", "ratio"
+    );
+    for (label, o, r) in [
+        ("re-push (10 changed, 100 touched)", median(re_o), median(re_r)),
+        ("no-op push", median(noop_o), median(noop_r)),
+        ("no-op pull", median(pull_o), median(pull_r)),
+    ] {
+        println!(
+            "  {label:<34} {:>10} {:>10} {:>6.2}x",
+            ms(o),
+            ms(r),
+            ratio(o, r)
+        );
+    }
+    println!(
+        "  the engine's own duration_s: re-push {}, no-op pull {}",
+        ms(median(engine)),
+        ms(median(pull_engine))
+    );
+}
+
+fn sync_vs_rsync() {
+    let sshd = Sshd::start();
+    let scratch = TempDir::new("bench-sync");
+    let home = scratch.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let config = write_config(scratch.path(), "box", &[&sshd]);
+    let src = scratch.path().join("src");
+    seed_tree(&src);
     let remote = |name: &str| sshd.remote_dir().join(name);
     let outpost = |from: &str, to: &str| {
         let mut cmd = Command::new(target_bin("outpost"));
@@ -1082,16 +1226,7 @@ fn sync_vs_rsync() {
     let o_remote = format!("box0:{}", remote("o0").display());
     let r_remote = format!("{user_host}:{}/", remote("r0").display());
 
-    // 10 changed, 100 touched (mtime only).
-    for i in 0..10u64 {
-        let path = src.join(format!("pkg{:02}/f{i:04}.txt", i % 40));
-        std::fs::write(&path, noise(2048, 50_000 + i)).unwrap();
-    }
-    for i in 100..200u64 {
-        let path = src.join(format!("pkg{:02}/f{i:04}.txt", i % 40));
-        let f = std::fs::File::options().write(true).open(&path).unwrap();
-        f.set_modified(std::time::SystemTime::now()).unwrap();
-    }
+    change_tree(&src, 0);
     let (o_re, _) = timed(outpost(&src_arg, &o_remote));
     let (r_re, _) = timed(rsync(src_arg.clone(), r_remote.clone()));
     let (o_noop, _) = timed(outpost(&src_arg, &o_remote));
