@@ -1142,6 +1142,24 @@ async fn sync_warm() {
         pull_engine.push(Duration::from_secs_f64(r["duration_s"].as_f64().unwrap_or(0.0)));
         pull_r.push(timed_rsync(r_remote_arg.clone(), format!("{}/", r_back.display())));
     }
+    // The same re-push while another program has 256 MiB not yet written
+    // back on the same filesystem (a flush of the whole filesystem would
+    // wait for it).
+    let dirty = scratch.path().join("someone-elses.bin");
+    let other_data = noise(256 << 20, 4242);
+    let (mut dirty_o, mut dirty_r) = (vec![], vec![]);
+    for round in 0..3u64 {
+        change_tree(&src, 100 + round);
+        flush();
+        std::fs::write(&dirty, &other_data).unwrap();
+        let t = Instant::now();
+        tool(&client, "sync_local_to_remote", push.clone()).await;
+        dirty_o.push(t.elapsed());
+        flush();
+        std::fs::write(&dirty, &other_data).unwrap();
+        dirty_r.push(timed(rsync(src_arg.clone(), r_remote_arg.clone())).0);
+    }
+    let _ = std::fs::remove_file(&dirty);
     let _ = master.kill();
     let _ = master.wait();
     client.cancel().await.ok();
@@ -1158,6 +1176,7 @@ async fn sync_warm() {
         ("re-push (10 changed, 100 touched)", median(re_o), median(re_r)),
         ("no-op push", median(noop_o), median(noop_r)),
         ("no-op pull", median(pull_o), median(pull_r)),
+        ("re-push, 256 MiB of others dirty", median(dirty_o), median(dirty_r)),
     ] {
         println!(
             "  {label:<34} {:>10} {:>10} {:>6.2}x",
