@@ -43,6 +43,11 @@
 //!   submitted, then ONE `list_background_tasks` call reporting all 100
 //!   (one command on the login node), vs one job's `check_background_task`.
 //!
+//! * warm sync (`outpost-bench sync-warm`): the MCP
+//!   server connected and rsync over a ControlMaster, the same tree:
+//!   re-push, no-op push, no-op pull, and a re-push while another program's
+//!   256 MiB wait to be written back.
+//!
 //! `outpost-bench sync`, `outpost-bench jobs`, `outpost-bench calls`,
 //! `outpost-bench sandboxes`, `outpost-bench code`, `outpost-bench slurm` or
 //! `outpost-bench slurm-batch` runs only that part.
@@ -1129,7 +1134,9 @@ async fn sync_warm() {
         change_tree(&src, round as u64 + 1);
         let (took, r) = timed_tool("sync_local_to_remote", push.clone()).await;
         re_o.push(took);
-        engine.push(Duration::from_secs_f64(r["duration_s"].as_f64().unwrap_or(0.0)));
+        engine.push(Duration::from_secs_f64(
+            r["duration_s"].as_f64().unwrap_or(0.0),
+        ));
         re_r.push(timed_rsync(src_arg.clone(), r_remote_arg.clone()));
         noop_o.push(timed_tool("sync_local_to_remote", push.clone()).await.0);
         noop_r.push(timed_rsync(src_arg.clone(), r_remote_arg.clone()));
@@ -1139,8 +1146,13 @@ async fn sync_warm() {
         timed_rsync(r_remote_arg.clone(), format!("{}/", r_back.display()));
         let (took, r) = timed_tool("sync_remote_to_local", pull.clone()).await;
         pull_o.push(took);
-        pull_engine.push(Duration::from_secs_f64(r["duration_s"].as_f64().unwrap_or(0.0)));
-        pull_r.push(timed_rsync(r_remote_arg.clone(), format!("{}/", r_back.display())));
+        pull_engine.push(Duration::from_secs_f64(
+            r["duration_s"].as_f64().unwrap_or(0.0),
+        ));
+        pull_r.push(timed_rsync(
+            r_remote_arg.clone(),
+            format!("{}/", r_back.display()),
+        ));
     }
     // The same re-push while another program has 256 MiB not yet written
     // back on the same filesystem (a flush of the whole filesystem would
@@ -1173,10 +1185,18 @@ async fn sync_warm() {
         "", "outpost", "rsync", "ratio"
     );
     for (label, o, r) in [
-        ("re-push (10 changed, 100 touched)", median(re_o), median(re_r)),
+        (
+            "re-push (10 changed, 100 touched)",
+            median(re_o),
+            median(re_r),
+        ),
         ("no-op push", median(noop_o), median(noop_r)),
         ("no-op pull", median(pull_o), median(pull_r)),
-        ("re-push, 256 MiB of others dirty", median(dirty_o), median(dirty_r)),
+        (
+            "re-push, 256 MiB of others dirty",
+            median(dirty_o),
+            median(dirty_r),
+        ),
     ] {
         println!(
             "  {label:<34} {:>10} {:>10} {:>6.2}x",
