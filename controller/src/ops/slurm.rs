@@ -54,19 +54,35 @@ fn remote_dir(login: &Session) -> &str {
 /// Runs `script` on `session`'s host with the shell and returns its
 /// stdout, or its stderr (else stdout) as the error when it fails.
 pub async fn run(session: &Session, script: &str) -> Result<String, String> {
-    run_raw(session, script)
+    run_raw(session, script, None)
+        .await
+        .map(|out| String::from_utf8_lossy(&out).into_owned())
+}
+
+/// [`run`] with `input` on the script's stdin: what must not be seen in
+/// the login node's process list (a batch script carrying env values).
+pub async fn run_with_input(
+    session: &Session,
+    script: &str,
+    input: Vec<u8>,
+) -> Result<String, String> {
+    run_raw(session, script, Some(input))
         .await
         .map(|out| String::from_utf8_lossy(&out).into_owned())
 }
 
 /// [`run`], stdout as bytes: all of it (up to the agent's output limit, an
 /// error past that, never a part).
-pub async fn run_raw(session: &Session, script: &str) -> Result<Vec<u8>, String> {
+pub async fn run_raw(
+    session: &Session,
+    script: &str,
+    input: Option<Vec<u8>>,
+) -> Result<Vec<u8>, String> {
     let req = ExecRequest {
         command: script.to_string(),
         cwd: None,
         env: Vec::new(),
-        stdin: None,
+        stdin: input,
         timeout_ms: Some(COMMAND_TIMEOUT_MS),
         output_limit: outpost_protocol::limits::MAX_EXEC_OUTPUT_LIMIT,
         stream: false,

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use regex::Regex;
 
 use super::jobs::short_command;
-use super::slurm::{run, run_raw};
+use super::slurm::{run, run_raw, run_with_input};
 use crate::config::{SlurmDefaults, check_slurm_name, check_slurm_time};
 use crate::host::bootstrap::shell_quote;
 use crate::session::Session;
@@ -44,9 +44,9 @@ const DIR_WORD: &str = "\"$HOME/.outpost/batch\"";
 /// Most log bytes one read carries (an exec's output is at most 3 MiB).
 pub const MAX_READ: u64 = 2 << 20;
 /// How often a wait looks at the job.
-const WAIT_POLL: Duration = Duration::from_millis(500);
+const WAIT_POLL: Duration = Duration::from_secs(1);
 /// How often a cancel looks whether the job has stopped.
-const CANCEL_POLL: Duration = Duration::from_millis(200);
+const CANCEL_POLL: Duration = Duration::from_millis(500);
 /// How long a cancel waits for the batch script to KILL its command.
 const USR1_WAIT: Duration = Duration::from_secs(5);
 /// How long a cancel waits for a killed job to leave Slurm's running states.
@@ -303,57 +303,61 @@ pub fn batch_body(r: &SubmitRequest) -> Result<String, String> {
     if r.command.contains('\0') {
         return Err("command contains a NUL byte".into());
     }
-    let mut body =
-        String::from("# Outpost batch job: the command's exact status goes to $d/<id>.exit.\n");
+    let mut exports = String::new();
     for (name, value) in &r.env {
         super::exec::check_env_name(name)?;
         if value.contains('\0') {
             return Err(format!("env {name} contains a NUL byte"));
         }
-        body.push_str(&format!("export {name}={}\n", shell_quote(value)));
+        exports.push_str(&format!("export {name}={}; ", shell_quote(value)));
     }
-    // The command runs in a session of its own (setsid), so this script
-    // can reach all of it by its process group; TERM and USR1 to the
-    // script do not end it before its command: TERM is passed on, USR1
-    // (a cancel's grace is over) KILLs the group. Until the command ends
-    // its processes stay this script's descendants, all that Slurm's
-    // linuxproc tracker can find; what it left behind is killed at its end,
-    // as Slurm's cgroup tracker would. Handled signals are reset in the
-    // command (ignored ones would not be).
-    body.push_str(
-        "c=\n\
-         trap '[ -n \"$c\" ] && kill -TERM -- -\"$c\" 2>/dev/null' TERM\n\
-         trap '[ -n \"$c\" ] && kill -KILL -- -\"$c\" 2>/dev/null' USR1\n",
+    // A reused job id (ids wrap; a cluster's state can be lost) must not
+    // inherit an earlier job's end.
+    let mut body = String::from(
+        "# Outpost batch job: the command's exact status goes to $d/<id>.exit.\n\
+         rm -f \"$d/$SLURM_JOB_ID.state\" \"$d/$SLURM_JOB_ID.exit\"\n",
     );
-    body.push_str("p=setsid; command -v setsid >/dev/null 2>&1 || p=\n");
-    body.push_str(&format!("$p bash -c {} &\n", shell_quote(&r.command)));
+    // Job control gives the command a process group of its own (this
+    // script reaches all of it through it) and its default SIGINT and
+    // SIGQUIT, as exec_bash's commands have. TERM and USR1 to the script
+    // do not end it before its command: TERM is passed on, USR1 (a
+    // cancel's grace is over) KILLs the group. Until the command ends its
+    // processes stay this script's descendants, all that Slurm's linuxproc
+    // tracker can find; what it left behind is killed at its end, as
+    // Slurm's cgroup tracker would. The caller's env is the command's
+    // only, never this script's.
     body.push_str(
-        "c=$!\n\
-         while wait \"$c\" 2>/dev/null; s=$?; [ \"$s\" -gt 128 ] && kill -0 \"$c\" 2>/dev/null; do :; done\n\
-         kill -KILL -- -\"$c\" 2>/dev/null\n\
-         printf '%s\\n' \"$s\" > \"$d/$SLURM_JOB_ID.exit.tmp\" && mv -f \"$d/$SLURM_JOB_ID.exit.tmp\" \"$d/$SLURM_JOB_ID.exit\"\n\
-         exit \"$s\"\n",
+        "set -m\n\
+         outpost_c=\n\
+         trap '[ -n \"$outpost_c\" ] && kill -TERM -- -\"$outpost_c\" 2>/dev/null' TERM\n\
+         trap '[ -n \"$outpost_c\" ] && kill -KILL -- -\"$outpost_c\" 2>/dev/null' USR1\n",
+    );
+    body.push_str(&format!(
+        "( {exports}exec bash -c {} ) &\n",
+        shell_quote(&r.command)
+    ));
+    body.push_str(
+        "outpost_c=$!\n\
+         while wait \"$outpost_c\" 2>/dev/null; outpost_s=$?; [ \"$outpost_s\" -gt 128 ] && kill -0 \"$outpost_c\" 2>/dev/null; do :; done\n\
+         # Reaped while a trap interrupted the wait: bash still knows its status.\n\
+         wait \"$outpost_c\" 2>/dev/null; outpost_r=$?; [ \"$outpost_r\" -ne 127 ] && outpost_s=$outpost_r\n\
+         kill -KILL -- -\"$outpost_c\" 2>/dev/null\n\
+         printf '%s\\n' \"$outpost_s\" > \"$d/$SLURM_JOB_ID.exit.tmp\" && mv -f \"$d/$SLURM_JOB_ID.exit.tmp\" \"$d/$SLURM_JOB_ID.exit\"\n\
+         exit \"$outpost_s\"\n",
     );
     Ok(body)
 }
 
-/// A here-document delimiter that no line of `body` is.
-fn delimiter(body: &str) -> String {
-    (0..)
-        .map(|n| format!("OUTPOST_BATCH_{n}"))
-        .find(|d| !body.lines().any(|l| l == d))
-        .expect("some delimiter is free")
-}
-
 /// The command that submits `r` on the login node and prints
-/// `OK|<jobid>|<dir>`.
+/// `OK|<jobid>|<dir>`, and the batch script's body it reads on its stdin
+/// (never in its argv: the login node's other users see argv, and the
+/// body carries the env's values).
 pub fn submit_script(
     defaults: Option<&SlurmDefaults>,
     r: &SubmitRequest,
-) -> Result<String, String> {
+) -> Result<(String, String), String> {
     let args = sbatch_args(defaults, r)?;
     let body = batch_body(r)?;
-    let eof = delimiter(&body);
     let cwd_check = match &r.cwd {
         Some(cwd) => format!(
             "[ -d {w} ] || {{ echo \"cwd is not a directory: \"{w} >&2; exit 3; }}\n",
@@ -362,20 +366,19 @@ pub fn submit_script(
         None => String::new(),
     };
     let shown = shell_quote(&short_command(&r.command, 200));
-    Ok(format!(
+    let script = format!(
         "command -v sbatch >/dev/null 2>&1 || {{ echo 'no sbatch on this host: scheduler \"slurm\" needs a Slurm login node' >&2; exit 3; }}\n\
          d={DIR_WORD}\n\
          (umask 077 && mkdir -p \"$d\") && chmod 700 \"$d\" || exit 3\n\
          {cwd_check}\
-         id=$( {{ printf '#!/bin/bash\\nd=%q\\n' \"$d\"; cat <<'{eof}'\n\
-         {body}{eof}\n\
-         }} | sbatch {args} ) || exit 3\n\
+         id=$( {{ printf '#!/bin/bash\\nd=%q\\n' \"$d\"; cat; }} | sbatch {args} ) || exit 3\n\
          id=${{id%%;*}}\n\
          case $id in ''|*[!0-9]*) echo \"sbatch answered: $id\" >&2; exit 3;; esac\n\
          printf '%s\\n%s\\n' \"$(date +%s)\" {shown} > \"$d/$id.cmd\"\n\
          printf 'OK|%s|%s\\n' \"$id\" \"$d\"\n",
         args = args.join(" "),
-    ))
+    );
+    Ok((script, body))
 }
 
 /// Submits `r` from the login node `session`.
@@ -387,8 +390,8 @@ pub async fn submit(session: &Session, r: &SubmitRequest) -> Result<Submitted, S
             session.name()
         ));
     }
-    let script = submit_script(session.config.slurm.as_ref(), r)?;
-    let out = run(session, &script)
+    let (script, body) = submit_script(session.config.slurm.as_ref(), r)?;
+    let out = run_with_input(session, &script, body.into_bytes())
         .await
         .map_err(|e| format!("sbatch on {}: {e}", session.name()))?;
     let line = out
@@ -655,7 +658,12 @@ fn map_report(job: u64, r: &Report) -> Option<BatchStatus> {
         status.elapsed = nonempty(used);
         status.limit = nonempty(limit);
     }
-    let (state, exit_code, signal, detail) = if let Some((state, code, reason)) = &r.kept {
+    // A kept end is a past job's when Slurm runs one under this id now.
+    let queued_live = r.queue.as_ref().is_some_and(|(state, ..)| {
+        state == "PENDING" || state.starts_with("REQUEUE") || LIVE_STATES.contains(&state.as_str())
+    });
+    let kept = r.kept.as_ref().filter(|_| !queued_live);
+    let (state, exit_code, signal, detail) = if let Some((state, code, reason)) = kept {
         ended(state, code, reason, r.exit)
     } else if let Some((state, reason, _, _)) = &r.queue {
         match state.as_str() {
@@ -818,9 +826,13 @@ pub async fn cancel(session: &Session, job: u64, grace: Duration) -> Result<Batc
 
 /// Whether Slurm still lists `job` in a state that runs (or may run) it.
 async fn still_running(session: &Session, job: u64) -> Result<bool, String> {
+    // A job Slurm has forgotten has stopped; any other failure (a busy
+    // slurmctld) is an error, never "stopped".
     let out = run(
         session,
-        &format!("squeue -h -t all -j {job},{job} -o %T || true"),
+        &format!(
+            "o=$(squeue -h -t all -j {job},{job} -o %T 2>&1) || case $o in *'Invalid job id'*) exit 0;; *) echo \"$o\" >&2; exit 1;; esac; printf '%s\\n' \"$o\""
+        ),
     )
     .await
     .map_err(|e| format!("squeue on {}: {e}", session.name()))?;
@@ -853,7 +865,7 @@ async fn log_range(
          echo \"$s $o\"\n\
          [ \"$n\" -eq 0 ] || tail -c +$(( o + 1 )) -- \"$f\" | head -c \"$n\"\n"
     );
-    let out = run_raw(session, &script).await.map_err(|e| {
+    let out = run_raw(session, &script, None).await.map_err(|e| {
         format!(
             "reading the log of {} on {}: {e}",
             task_name(job),
@@ -1387,9 +1399,11 @@ mod tests {
     fn the_submit_script_is_valid_shell_whatever_the_command() {
         let mut r = request("cat <<'OUTPOST_BATCH_0'\nhi\nOUTPOST_BATCH_0\necho '}' ) \"");
         r.cwd = Some("/tmp/x'y".into());
-        let script = submit_script(None, &r).unwrap();
-        // The command's own here-document does not end ours.
-        assert!(script.contains("<<'OUTPOST_BATCH_1'\n"), "{script}");
+        r.env = vec![("TOKEN".into(), "s3cret-value".into())];
+        let (script, body) = submit_script(None, &r).unwrap();
+        // The env's values go on stdin, never in the login node's argv.
+        assert!(!script.contains("s3cret"), "{script}");
+        assert!(body.contains("s3cret-value"), "{body}");
         let check = Command::new("bash")
             .args(["-n", "-c", &script])
             .output()
