@@ -338,6 +338,9 @@ pub fn batch_body(r: &SubmitRequest) -> Result<String, String> {
     ));
     body.push_str(
         "outpost_c=$!\n\
+         # With job control bash reports a job killed by a signal, command\n\
+         # line and all, on its stderr (the log): the script says nothing.\n\
+         exec 2>/dev/null\n\
          while wait \"$outpost_c\" 2>/dev/null; outpost_s=$?; [ \"$outpost_s\" -gt 128 ] && kill -0 \"$outpost_c\" 2>/dev/null; do :; done\n\
          # Reaped while a trap interrupted the wait: bash still knows its status.\n\
          wait \"$outpost_c\" 2>/dev/null; outpost_r=$?; [ \"$outpost_r\" -ne 127 ] && outpost_s=$outpost_r\n\
@@ -1224,9 +1227,11 @@ mod tests {
         assert_eq!(exit.as_deref(), Some("7\n"));
         assert_eq!(code, 7);
 
-        // A command killed by a signal: 128+N, as a shell reports it.
-        let (_, _, exit, code) = run_batch(&request("kill -9 $$"));
+        // A command killed by a signal: 128+N, as a shell reports it, and
+        // nothing in the log but what the command printed.
+        let (_, stderr, exit, code) = run_batch(&request("echo before >&2; kill -9 $$"));
         assert_eq!((exit.as_deref(), code), (Some("137\n"), 137));
+        assert_eq!(stderr, "before\n");
     }
 
     /// The batch script as Slurm runs it, in the background: its process
@@ -1247,6 +1252,7 @@ mod tests {
             .arg(&script)
             .current_dir(&dir)
             .env("SLURM_JOB_ID", "5")
+            .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
         (child, dir)
@@ -1290,8 +1296,12 @@ mod tests {
         assert!(alive(&pid), "TERM was ignored");
         assert!(child.try_wait().unwrap().is_none());
         unsafe { libc::kill(child.id() as i32, libc::SIGUSR1) };
-        assert_eq!(child.wait().unwrap().code(), Some(137));
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(137));
         assert!(!alive(&pid), "sleep {pid} outlived the KILL");
+        // The log gets what the command printed, not the script's notes.
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("Killed"), "{stderr}");
         let _ = std::fs::remove_dir_all(&dir);
 
         // What the command leaves behind ends with it.
