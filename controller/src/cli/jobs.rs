@@ -337,19 +337,20 @@ async fn batch_logs(
     .map_err(anyhow::Error::msg)?;
     std::io::stdout().write_all(&page.data)?;
     let mut cursor = page.next_offset;
+    // Prints the page at `cursor`; whether it held anything.
+    let print_next = |cursor: u64| async move {
+        let page =
+            slurm_jobs::read_log(session, id, Some(cursor), None, None, slurm_jobs::MAX_READ)
+                .await
+                .map_err(anyhow::Error::msg)?;
+        std::io::stdout().write_all(&page.data)?;
+        std::io::stdout().flush()?;
+        Ok::<_, anyhow::Error>((!page.data.is_empty()).then_some(page.next_offset))
+    };
     loop {
         // Whole pages up to the end as it is now.
-        loop {
-            let page =
-                slurm_jobs::read_log(session, id, Some(cursor), None, None, slurm_jobs::MAX_READ)
-                    .await
-                    .map_err(anyhow::Error::msg)?;
-            std::io::stdout().write_all(&page.data)?;
-            std::io::stdout().flush()?;
-            if page.data.is_empty() {
-                break;
-            }
-            cursor = page.next_offset;
+        while let Some(next) = print_next(cursor).await? {
+            cursor = next;
         }
         if !follow {
             return Ok(ExitCode::SUCCESS);
@@ -358,12 +359,7 @@ async fn batch_logs(
             .await
             .map_err(anyhow::Error::msg)?;
         if job.state.ended() {
-            let page =
-                slurm_jobs::read_log(session, id, Some(cursor), None, None, slurm_jobs::MAX_READ)
-                    .await
-                    .map_err(anyhow::Error::msg)?;
-            std::io::stdout().write_all(&page.data)?;
-            std::io::stdout().flush()?;
+            print_next(cursor).await?;
             return Ok(batch_exit(&job));
         }
         tokio::time::sleep(BATCH_POLL).await;

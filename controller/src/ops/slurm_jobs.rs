@@ -1187,9 +1187,9 @@ mod tests {
         assert_eq!(task_name(42), "slurm-42");
     }
 
-    /// Runs the batch script the way Slurm would (bash, with SLURM_JOB_ID
-    /// set) in a scratch dir; its stdout and stderr, and the exit file.
-    fn run_batch(r: &SubmitRequest) -> (String, String, Option<String>, i32) {
+    /// The batch script of `r` as Slurm would run it (bash, with
+    /// SLURM_JOB_ID set to `job`) in a fresh scratch dir, and that dir.
+    fn batch_command(r: &SubmitRequest, job: &str) -> (Command, std::path::PathBuf) {
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let dir =
@@ -1200,13 +1200,19 @@ mod tests {
             shell_quote(&dir.display().to_string()),
             batch_body(r).unwrap()
         );
-        let out = Command::new("bash")
-            .arg("-c")
+        let mut cmd = Command::new("bash");
+        cmd.arg("-c")
             .arg(&script)
             .current_dir(&dir)
-            .env("SLURM_JOB_ID", "77")
-            .output()
-            .unwrap();
+            .env("SLURM_JOB_ID", job);
+        (cmd, dir)
+    }
+
+    /// Runs the batch script to its end: its stdout and stderr, and the
+    /// exit file.
+    fn run_batch(r: &SubmitRequest) -> (String, String, Option<String>, i32) {
+        let (mut cmd, dir) = batch_command(r, "77");
+        let out = cmd.output().unwrap();
         let exit = std::fs::read_to_string(dir.join("77.exit")).ok();
         assert!(!dir.join("77.exit.tmp").exists());
         let _ = std::fs::remove_dir_all(&dir);
@@ -1237,24 +1243,8 @@ mod tests {
     /// The batch script as Slurm runs it, in the background: its process
     /// and scratch dir.
     fn spawn_batch(command: &str) -> (std::process::Child, std::path::PathBuf) {
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(100);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir =
-            std::env::temp_dir().join(format!("outpost-batch-sig-{}-{n}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let script = format!(
-            "#!/bin/bash\nd={}\n{}",
-            shell_quote(&dir.display().to_string()),
-            batch_body(&request(command)).unwrap()
-        );
-        let child = Command::new("bash")
-            .arg("-c")
-            .arg(&script)
-            .current_dir(&dir)
-            .env("SLURM_JOB_ID", "5")
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+        let (mut cmd, dir) = batch_command(&request(command), "5");
+        let child = cmd.stderr(std::process::Stdio::piped()).spawn().unwrap();
         (child, dir)
     }
 
