@@ -254,11 +254,22 @@ async fn with_applier(
     }
 }
 
-/// Answers a `PutFiles` with `Applied`.
+/// Answers a `PutFiles` with `Applied`. The small files it committed go
+/// into the root's stat cache, so the next scan (a re-push's) does not read
+/// back what was just written and checked.
 pub async fn put_files(req: PutFiles, appliers: &Arc<Appliers>) -> Response {
     let root = req.root.clone();
     with_applier(appliers, &root, move |applier| {
-        Response::Applied(applier.put_files(&req))
+        let report = applier.put_files(&req);
+        let written = applier.take_written();
+        if !written.is_empty()
+            && let Some(file) = cache_path(applier.root())
+        {
+            let mut cache = StatCache::load(&file);
+            cache.record_written(&written);
+            save_cache(&cache, &file);
+        }
+        Response::Applied(report)
     })
     .await
 }

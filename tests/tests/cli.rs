@@ -331,3 +331,77 @@ fn a_host_reached_through_ssh_config_match_blocks() {
         "{err}"
     );
 }
+
+/// `outpost sync SRC H1,H2:PATH` pushes to both at once, one report line
+/// each; a pull names one sandbox. Each sshd gives its sessions a HOME of
+/// its own, so the relative PATH is a different tree on each.
+#[test]
+fn sync_to_several_hosts_from_the_command_line() {
+    let homes: Vec<TempDir> = (0..2)
+        .map(|i| {
+            let home = TempDir::new(&format!("cli-fanout-home-{i}"));
+            let status = Command::new("chown")
+                .arg(format!("{0}:{0}", outpost_e2e::TEST_USER))
+                .arg(home.path())
+                .status()
+                .unwrap();
+            assert!(status.success());
+            home
+        })
+        .collect();
+    let hosts: Vec<Sshd> = homes
+        .iter()
+        .map(|h| Sshd::start_with_env(&[("HOME", h.path().display().to_string())]))
+        .collect();
+    let home = TempDir::new("cli-home");
+    let config = home.path().join("config.toml");
+    let text_of: String = (0..2)
+        .map(|i| hosts[i].sandbox_toml(&format!("box{i}")))
+        .collect();
+    std::fs::write(&config, text_of).unwrap();
+    let env = [
+        ("OUTPOST_CONFIG", config.display().to_string()),
+        (
+            "OUTPOST_AGENT_BIN",
+            target_bin("outpost-agent").display().to_string(),
+        ),
+    ];
+    let src = TempDir::new("cli-fanout-src");
+    std::fs::write(src.path().join("a.txt"), "a\n").unwrap();
+    std::fs::write(src.path().join("b.txt"), "b\n").unwrap();
+    let src_arg = src.path().display().to_string();
+
+    let out = outpost(&home, &env, &["sync", &src_arg, "box0,box1:fan"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    for (i, host_home) in homes.iter().enumerate() {
+        assert!(
+            stdout.contains(&format!("box{i}: 2 files sent")),
+            "{stdout}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(host_home.path().join("fan/b.txt")).unwrap(),
+            "b\n"
+        );
+    }
+
+    let back = TempDir::new("cli-fanout-back");
+    let out = outpost(
+        &home,
+        &env,
+        &["sync", "box0,box1:fan", &back.path().display().to_string()],
+    );
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("one sandbox"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = outpost(&home, &env, &["sync", &src_arg, "box0,nope:fan"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("no sandbox named nope"),
+        "{}",
+        text(&out.stderr)
+    );
+}

@@ -1088,3 +1088,109 @@ async fn mcp_drop_in_calls_and_the_tool_list() {
     );
     client.cancel().await.unwrap();
 }
+
+/// One push to several hosts: each host's own plan against what it holds,
+/// its own report, and a host that cannot be reached is its own error while
+/// the others complete. Each sshd gives its sessions a HOME of their own, so
+/// one relative remote path is a different tree on each host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_push_to_several_hosts_reports_each_host() {
+    let homes: Vec<outpost_e2e::TempDir> = (0..3)
+        .map(|i| {
+            let home = outpost_e2e::TempDir::new(&format!("fanout-home-{i}"));
+            let status = std::process::Command::new("chown")
+                .arg(format!("{0}:{0}", outpost_e2e::TEST_USER))
+                .arg(home.path())
+                .status()
+                .unwrap();
+            assert!(status.success());
+            home
+        })
+        .collect();
+    let mut hosts: Vec<Sshd> = homes
+        .iter()
+        .map(|h| Sshd::start_with_env(&[("HOME", h.path().display().to_string())]))
+        .collect();
+    let dir = common::scratch("fanout-config");
+    let config = dir.path().join("config.toml");
+    let text: String = (0..3)
+        .map(|i| hosts[i].sandbox_toml(&format!("h{i}")))
+        .collect();
+    std::fs::write(&config, text).unwrap();
+    let (client, _home) = start(&[("OUTPOST_CONFIG", config.display().to_string())]).await;
+
+    // 40 small files (batches) and one past the inline size (parts).
+    let src = outpost_e2e::TempDir::new("fanout-src");
+    for i in 0..40 {
+        std::fs::write(src.path().join(format!("f{i}.txt")), format!("file {i}\n")).unwrap();
+    }
+    std::fs::write(src.path().join("big.bin"), outpost_e2e::noise(3 << 20, 11)).unwrap();
+    // h1 already holds the tree: its plan is empty.
+    let (err, r) = call(
+        &client,
+        "sync_local_to_remote",
+        json!({"local_path": src.path(), "remote_path": "fan", "sandbox_name": "h1"}),
+    )
+    .await;
+    assert!(!err && r["uploaded_files"] == 41, "{r}");
+    // h2 is gone.
+    hosts.pop();
+
+    let (err, r) = call(
+        &client,
+        "sync_local_to_remote",
+        json!({"local_path": src.path(), "remote_path": "fan", "sandboxes": ["h0", "h1", "h2"]}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    assert_eq!(r["mode"], "inline", "{r}");
+    let by_name = |name: &str| {
+        r["hosts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|h| h["sandbox"] == name)
+            .unwrap_or_else(|| panic!("no {name} in {r}"))
+            .clone()
+    };
+    let (h0, h1, h2) = (by_name("h0"), by_name("h1"), by_name("h2"));
+    assert_eq!(
+        (&h0["uploaded_files"], &h0["skipped_files"]),
+        (&json!(41), &json!(0)),
+        "{h0}"
+    );
+    assert_eq!(
+        (&h1["uploaded_files"], &h1["skipped_files"]),
+        (&json!(0), &json!(41)),
+        "{h1}"
+    );
+    assert!(h2["error"].as_str().is_some_and(|e| !e.is_empty()), "{h2}");
+    assert!(h2.get("uploaded_files").is_none(), "{h2}");
+    for (i, host_home) in homes.iter().take(2).enumerate() {
+        let there = host_home.path().join("fan");
+        assert_eq!(
+            common::snapshot(&there),
+            common::snapshot(src.path()),
+            "h{i}"
+        );
+        assert!(common::leftovers(&there).is_empty(), "h{i}");
+    }
+    assert!(!homes[2].path().join("fan").exists());
+
+    // Refused before anything moves.
+    for (args, says) in [
+        (json!({"sandboxes": []}), "empty"),
+        (json!({"sandboxes": ["h0", "nope"]}), "nope"),
+        (json!({"sandboxes": ["h0", "h0"]}), "twice"),
+        (
+            json!({"sandboxes": ["h0"], "sandbox_name": "h1"}),
+            "not both",
+        ),
+    ] {
+        let mut args = args;
+        args["local_path"] = json!(src.path());
+        let (err, r) = call(&client, "sync_local_to_remote", args).await;
+        assert!(err && r.to_string().contains(says), "{says}: {r}");
+    }
+    client.cancel().await.unwrap();
+}

@@ -63,6 +63,7 @@ use outpost_protocol::{
     ReadSpec,
 };
 
+use crate::cache::Written;
 use crate::codec;
 use crate::filter::TEMP_PREFIX;
 use crate::relpath;
@@ -91,6 +92,8 @@ pub struct Applier {
     /// Transfers given up by `Abort`: a part or resume of one that arrives
     /// later (requests run concurrently) must not stage it again.
     aborted: std::collections::HashSet<u64>,
+    /// Committed files not yet handed to a stat cache.
+    written: Vec<Written>,
 }
 
 /// A large file being assembled from parts: `.outpost-part-<xfer>.tmp` in the
@@ -184,6 +187,9 @@ struct Ready {
     dev: u64,
     ino: u64,
     expect: Expect,
+    /// Size, mtime and checked hash, for the stat cache once it is in
+    /// place (files [`Written::recordable`]).
+    record: Option<(u64, i64, [u8; 32])>,
     /// A staging file stays open, and so locked, until its rename: another
     /// transfer of the same content must not take it over in between.
     _hold: Option<File>,
@@ -209,8 +215,13 @@ impl<'a> Group<'a> {
 
     /// Flushes the written files (one `syncfs` per filesystem), renames each
     /// into place if its expectation holds, and fsyncs the directories that
-    /// changed.
-    fn finish(mut self, done: &mut u32, problems: &mut Vec<(usize, PathProblem)>) {
+    /// changed. Committed files worth caching go to `written`.
+    fn finish(
+        mut self,
+        done: &mut u32,
+        problems: &mut Vec<(usize, PathProblem)>,
+        written: &mut Vec<Written>,
+    ) {
         let flushed: HashMap<u64, Option<String>> = self
             .flush_with
             .iter()
@@ -226,6 +237,7 @@ impl<'a> Group<'a> {
                 Ok(()) => {
                     *done += 1;
                     self.dirs.touch(&r.parent, &r.dir);
+                    written.extend(r.written());
                 }
                 Err(message) => {
                     r.discard();
@@ -252,6 +264,23 @@ impl Ready {
     fn discard(&self) {
         remove_if_ours(self.dir.as_fd(), &self.tmp, self.dev, self.ino);
     }
+
+    /// After the rename: the file as the stat cache may record it, if it is
+    /// still ours with the size and mtime it was written with.
+    fn written(&self) -> Option<Written> {
+        let (size, mtime_ns, hash) = self.record?;
+        let st = sys::lstatat(self.dir.as_fd(), &self.name).ok()?;
+        ((st.dev, st.ino, st.size, st.mtime_ns) == (self.dev, self.ino, size, mtime_ns)).then_some(
+            Written {
+                dev: st.dev,
+                ino: st.ino,
+                size,
+                mtime_ns,
+                ctime_ns: st.ctime_ns,
+                hash,
+            },
+        )
+    }
 }
 
 impl Applier {
@@ -260,7 +289,14 @@ impl Applier {
             root: root.to_path_buf(),
             staged: HashMap::new(),
             aborted: Default::default(),
+            written: Vec::new(),
         }
+    }
+
+    /// The files committed since the last call, for the stat cache of this
+    /// root ([`crate::cache::StatCache::record_written`]).
+    pub fn take_written(&mut self) -> Vec<Written> {
+        std::mem::take(&mut self.written)
     }
 
     pub fn root(&self) -> &Path {
@@ -295,11 +331,11 @@ impl Applier {
             // many directories is committed in groups to stay far from the
             // process's descriptor limit.
             if group.dirs.open.len() >= MAX_OPEN_DIRS {
-                group.finish(&mut report.done, &mut problems);
+                group.finish(&mut report.done, &mut problems, &mut self.written);
                 group = Group::new(&root);
             }
         }
-        group.finish(&mut report.done, &mut problems);
+        group.finish(&mut report.done, &mut problems, &mut self.written);
         problems.sort_by_key(|(index, _)| *index);
         report.problems = problems.into_iter().map(|(_, p)| p).collect();
         report
@@ -337,6 +373,7 @@ impl Applier {
                     dev: st.dev,
                     ino: st.ino,
                     expect: put.expect.clone(),
+                    record: recordable(put),
                     _hold: None,
                 };
                 Ok((ready, file))
@@ -385,6 +422,7 @@ impl Applier {
                     dev: staged.dev,
                     ino: staged.ino,
                     expect: put.expect.clone(),
+                    record: recordable(put),
                     _hold: hold,
                 };
                 Ok((ready, flush))
@@ -839,6 +877,11 @@ fn verify_staged(
 fn finish(file: &File, put: &FilePut) -> Result<(), String> {
     sys::fchmod(file.as_fd(), put.mode).map_err(|e| format!("cannot set the mode: {e}"))?;
     sys::futimens(file.as_fd(), put.mtime_ns).map_err(|e| format!("cannot set the mtime: {e}"))
+}
+
+/// What a put's committed file may record in the stat cache.
+fn recordable(put: &FilePut) -> Option<(u64, i64, [u8; 32])> {
+    Written::recordable(put.size, put.mtime_ns).then_some((put.size, put.mtime_ns, put.hash))
 }
 
 /// Renames a verified temporary file into place if the target still looks as

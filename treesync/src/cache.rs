@@ -10,7 +10,7 @@
 //! File format (all integers little-endian):
 //!
 //! ```text
-//! magic "OPSTATC1" | u64 count | records | BLAKE3 of everything before it
+//! magic "OPSTATC3" | u64 count | records | BLAKE3 of everything before it
 //! record: dev u64, ino u64, size u64, mtime i64, ctime i64, hash [32],
 //!         u32 n, n × (offset u64, len u32, hash [32])
 //! ```
@@ -28,8 +28,8 @@ use outpost_protocol::ChunkRef;
 use crate::sys::{self, Stat};
 
 // Version 2: chunk sizes grow with the file (chunk lists of version 1 would
-// not match the other side's).
-const MAGIC: &[u8; 8] = b"OPSTATC2";
+// not match the other side's). Version 3: smaller chunks below 512 MiB.
+const MAGIC: &[u8; 8] = b"OPSTATC3";
 /// Bytes of a record without chunks: dev, ino, size, mtime, ctime, hash,
 /// chunk count.
 const RECORD_MIN_LEN: usize = 5 * 8 + 32 + 4;
@@ -38,6 +38,30 @@ const RECORD_MIN_LEN: usize = 5 * 8 + 32 + 4;
 /// cached. Generous, because network filesystems stamp times with the
 /// server's clock.
 const RACY_WINDOW_NS: i64 = 1_000_000_000;
+
+/// A file an applier committed: the hash its content was checked against,
+/// under the stat the file had just after its rename. Only files below
+/// [`crate::chunk::CHUNKED_MIN_SIZE`] (a larger one needs its chunk list,
+/// which the applier does not have), and only when their mtime (the
+/// source's) is older than the racy window: any later write sets the mtime
+/// to now, so a record can never describe content it did not check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Written {
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+    pub hash: [u8; 32],
+}
+
+impl Written {
+    /// Whether a file of this size and mtime may be recorded now.
+    pub(crate) fn recordable(size: u64, mtime_ns: i64) -> bool {
+        size < crate::chunk::CHUNKED_MIN_SIZE
+            && crate::sys::now_ns().saturating_sub(mtime_ns) >= RACY_WINDOW_NS
+    }
+}
 
 #[derive(Debug, Clone)]
 pub(crate) struct Record {
@@ -158,6 +182,24 @@ impl StatCache {
                 seen: true,
             },
         );
+    }
+
+    /// Records files an applier wrote and checked ([`Written`]), so the next
+    /// scan takes their hashes from here instead of reading them again.
+    pub fn record_written(&mut self, files: &[Written]) {
+        for w in files {
+            self.records.insert(
+                (w.dev, w.ino),
+                Record {
+                    size: w.size,
+                    mtime_ns: w.mtime_ns,
+                    ctime_ns: w.ctime_ns,
+                    hash: w.hash,
+                    chunks: Vec::new(),
+                    seen: false,
+                },
+            );
+        }
     }
 
     /// Drops what the last scan did not see, and resets the marks.

@@ -23,6 +23,7 @@ use crate::chunk::CHUNKED_MIN_SIZE;
 use crate::codec;
 use crate::plan::{DiffOptions, Plan, diff};
 use crate::scan::{ScanOptions, ScanOutput, scan};
+use crate::sys;
 use crate::testutil::{TempDir, pseudo_random};
 
 fn opts() -> ScanOptions {
@@ -510,6 +511,51 @@ fn stat_cache_skips_hashing() {
     assert_eq!(cache.len(), 2000);
     cache.save(&save).unwrap();
     assert_eq!(StatCache::load(&save).len(), 2000);
+}
+
+/// Files an applier commits go into the stat cache: the next scan takes
+/// their hashes from there (poisoned here, to prove it read nothing), but
+/// not a file whose mtime is too fresh to trust, nor one written since.
+#[test]
+fn committed_files_are_recorded_for_the_next_scan() {
+    let t = TempDir::new();
+    let root = t.path().join("tree");
+    fs::create_dir(&root).unwrap();
+    let mut ap = Applier::new(&root);
+    let mut fresh = put(b"fresh", b"new content", Expect::Absent);
+    fresh.mtime_ns = sys::now_ns();
+    let report = put_files(
+        &mut ap,
+        vec![
+            put(b"old", b"old content", Expect::Absent),
+            put(b"d/later", b"to be changed", Expect::Absent),
+            fresh,
+        ],
+    );
+    assert_eq!(report.done, 3, "{report:?}");
+    let written = ap.take_written();
+    let names: Vec<u64> = written.iter().map(|w| w.size).collect();
+    assert_eq!(names, [11, 13], "{written:?}");
+    assert!(ap.take_written().is_empty());
+
+    let mut cache = StatCache::default();
+    cache.record_written(&written);
+    for rec in cache.records_mut().values_mut() {
+        rec.hash = [0xee; 32];
+    }
+    // Written since its commit: its mtime is now, not the recorded one.
+    fs::write(root.join("d/later"), b"changed after").unwrap();
+    let out = scan(&root, &FilterSpec::default(), &opts(), Some(&mut cache));
+    let hash = |name: &[u8]| out.entries.iter().find(|e| e.path == name).unwrap().hash;
+    assert_eq!(hash(b"old"), Some([0xee; 32]));
+    assert_eq!(
+        hash(b"d/later"),
+        Some(*blake3::hash(b"changed after").as_bytes())
+    );
+    assert_eq!(
+        hash(b"fresh"),
+        Some(*blake3::hash(b"new content").as_bytes())
+    );
 }
 
 #[test]

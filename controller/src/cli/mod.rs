@@ -160,7 +160,9 @@ enum Command {
     /// compressed; files land atomically; modes, mtimes, symlinks and empty
     /// directories are kept. One file goes into the target when that is a
     /// directory (or ends in /), else to the target path, under its own name.
-    /// Exits 23 when some paths had problems (the rest was synced).
+    /// `outpost sync LOCAL H1,H2,…:REMOTE` pushes to several at once (the
+    /// tree read and compressed once). Exits 23 when some paths had
+    /// problems (the rest was synced), 1 when a host failed.
     Sync {
         source: String,
         target: String,

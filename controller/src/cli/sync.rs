@@ -8,10 +8,15 @@ use anyhow::Result;
 use outpost::fleet::Fleet;
 use outpost::ops::human_bytes;
 
-/// `NAME:PATH` when NAME is a configured sandbox.
-fn remote_spec<'a>(fleet: &Fleet, arg: &'a str) -> Option<(String, &'a str)> {
-    let (name, path) = arg.split_once(':')?;
-    fleet.get(Some(name)).ok().map(|_| (name.to_string(), path))
+/// `NAME:PATH` when NAME is a configured sandbox, or `N1,N2,…:PATH` when
+/// each is.
+fn remote_spec<'a>(fleet: &Fleet, arg: &'a str) -> Option<(Vec<String>, &'a str)> {
+    let (names, path) = arg.split_once(':')?;
+    let names: Vec<String> = names.split(',').map(str::to_string).collect();
+    names
+        .iter()
+        .all(|name| fleet.get(Some(name)).is_ok())
+        .then_some((names, path))
 }
 
 pub(super) async fn sync(
@@ -22,10 +27,12 @@ pub(super) async fn sync(
 ) -> Result<ExitCode> {
     use outpost::sync::Progress;
     use std::sync::atomic::Ordering;
-    let (push, name, remote, local) = match (remote_spec(fleet, source), remote_spec(fleet, target))
-    {
-        (None, Some((name, remote))) => (true, name, remote, source),
-        (Some((name, remote)), None) => (false, name, remote, target),
+    let (push, names, remote, local) = match (
+        remote_spec(fleet, source),
+        remote_spec(fleet, target),
+    ) {
+        (None, Some((names, remote))) => (true, names, remote, source),
+        (Some((names, remote)), None) => (false, names, remote, target),
         (Some(_), Some(_)) => anyhow::bail!("both sides are sandboxes; one must be a local path"),
         (None, None) => {
             // `gpu1/Bad_Id:x` names a host and a bad sandbox id.
@@ -45,6 +52,13 @@ pub(super) async fn sync(
                 let local = std::path::Path::new(arg).exists() || name.contains('/');
                 (!local && !name.is_empty()).then_some(name)
             });
+            // `h1,nope:x`: the one that is no sandbox.
+            let meant = meant.map(|names| {
+                names
+                    .split(',')
+                    .find(|n| fleet.get(Some(n)).is_err())
+                    .unwrap_or(names)
+            });
             match meant {
                 Some(name) => anyhow::bail!(
                     "no sandbox named {name} (sandboxes: {sandboxes}); a local path with a colon needs ./ in front"
@@ -55,7 +69,15 @@ pub(super) async fn sync(
             }
         }
     };
-    let session = fleet.get(Some(&name)).map_err(anyhow::Error::msg)?;
+    if !push && names.len() > 1 {
+        anyhow::bail!("a pull comes from one sandbox; name one before the colon");
+    }
+    let sessions = names
+        .iter()
+        .map(|name| fleet.get(Some(name)))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(anyhow::Error::msg)?;
+    let session = &sessions[0];
     // Relative: the home, or an isolated sandbox's work dir.
     let mut remote = if remote.is_empty() { "." } else { remote }.to_string();
     let mut local = local.to_string();
@@ -67,7 +89,7 @@ pub(super) async fn sync(
     );
     // One remote file: into a local directory, or to the path given.
     if !push
-        && let Some(one) = outpost::ops::files::file_pull(&session, &remote, &local, &roots)
+        && let Some(one) = outpost::ops::files::file_pull(session, &remote, &local, &roots)
             .await
             .map_err(anyhow::Error::msg)?
     {
@@ -119,16 +141,51 @@ pub(super) async fn sync(
             }
         })
     };
+    if sessions.len() > 1 {
+        let results =
+            outpost::sync::push_many(&sessions, &local, &remote, &options, progress).await;
+        ticker.abort();
+        bar.finish_and_clear();
+        let results = results.map_err(|e| anyhow::anyhow!("{e}"))?;
+        let (mut failed, mut problems) = (false, false);
+        for (name, result) in names.iter().zip(results) {
+            match result {
+                Ok(report) => {
+                    problems |= !report.problems.is_empty();
+                    print_report(&format!("{name}: "), &report);
+                }
+                Err(e) => {
+                    failed = true;
+                    eprintln!("outpost: {name}: {e}");
+                }
+            }
+        }
+        return Ok(match (failed, problems) {
+            (true, _) => ExitCode::FAILURE,
+            (false, true) => ExitCode::from(23),
+            (false, false) => ExitCode::SUCCESS,
+        });
+    }
     let result = if push {
-        outpost::sync::push(&session, &local, &remote, &options, progress).await
+        outpost::sync::push(session, &local, &remote, &options, progress).await
     } else {
-        outpost::sync::pull(&session, &remote, &local, &options, progress).await
+        outpost::sync::pull(session, &remote, &local, &options, progress).await
     };
     ticker.abort();
     bar.finish_and_clear();
     let report = result.map_err(|e| anyhow::anyhow!("{e}"))?;
+    print_report("", &report);
+    Ok(if report.problems.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(23)
+    })
+}
+
+/// A sync's report as lines; problems (prefixed too) on stderr.
+fn print_report(prefix: &str, report: &outpost::sync::SyncReport) {
     println!(
-        "{}{} files sent ({} of content, {} on the wire{}), {} unchanged, {} dirs created, {} symlinks, {} attribute updates, {} deleted, {:.2} s",
+        "{prefix}{}{} files sent ({} of content, {} on the wire{}), {} unchanged, {} dirs created, {} symlinks, {} attribute updates, {} deleted, {:.2} s",
         if report.dry_run {
             "dry run: would have "
         } else {
@@ -151,17 +208,12 @@ pub(super) async fn sync(
     );
     // A dry run shows what it would do, the deletions above all.
     for path in &report.would_delete {
-        println!("would delete  {path}");
+        println!("{prefix}would delete  {path}");
     }
     for path in &report.would_send {
-        println!("would send    {path}");
+        println!("{prefix}would send    {path}");
     }
     for problem in &report.problems {
-        eprintln!("outpost: {problem}");
+        eprintln!("outpost: {prefix}{problem}");
     }
-    Ok(if report.problems.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(23)
-    })
 }

@@ -34,6 +34,8 @@ pub struct PushParams {
     pub local_path: Option<String>,
     #[schemars(extend("default" = "."))]
     pub remote_path: Option<String>,
+    /// Push to each (["all"]: all but local).
+    pub sandboxes: Option<Vec<String>>,
     #[serde(flatten)]
     pub options: SyncOptions,
 }
@@ -88,14 +90,19 @@ impl SyncOptions {
             dry_run: self.dry_run,
             force: self.force,
             sandbox_name: self.sandbox_name,
+            sandboxes: None,
         }
     }
 }
 
 impl PushParams {
     fn request(self) -> SyncRequest {
-        self.options
-            .request(self.local_path, self.remote_path, false)
+        SyncRequest {
+            sandboxes: self.sandboxes,
+            ..self
+                .options
+                .request(self.local_path, self.remote_path, false)
+        }
     }
 }
 

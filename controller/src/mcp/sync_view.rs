@@ -15,7 +15,7 @@ use serde::Serialize;
 use super::jobs::is_zero;
 use super::shape::{ProgressShape, TransferStatusShape};
 use crate::ops::files::SyncOutcome;
-use crate::ops::transfers::{ProgressView, Status, TransferView};
+use crate::ops::transfers::{HostResult, ProgressView, Status, TransferView};
 use crate::sync::SyncReport;
 
 /// What both directions report.
@@ -128,9 +128,39 @@ pub struct PushAnswer {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schemars(with = "Option<ProgressShape>")]
     pub progress: Option<ProgressView>,
+    /// Per host, with `sandboxes`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[schemars(with = "Vec<HostShape>")]
+    pub hosts: Vec<HostPush>,
     /// Set when an inline push outgrew the inline limits.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub auto_switched: bool,
+}
+
+/// One host's push of several: `sandbox`, and its report's fields (as a
+/// push to one host answers them) or `error`. Its schema names none of them:
+/// they are the report's, named once beside it, and every tool list pays for
+/// each name it spells out.
+#[derive(Debug, Serialize)]
+pub struct HostPush {
+    pub sandbox: String,
+    #[serde(flatten)]
+    pub report: Option<PushReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// The schema of a report named elsewhere: any value.
+type HostShape = serde_json::Value;
+
+impl From<HostResult> for HostPush {
+    fn from(h: HostResult) -> Self {
+        HostPush {
+            sandbox: h.sandbox,
+            report: h.report.map(PushReport::from),
+            error: h.error,
+        }
+    }
 }
 
 impl From<SyncOutcome> for PushAnswer {
@@ -141,6 +171,7 @@ impl From<SyncOutcome> for PushAnswer {
             task_id: o.task_id,
             status: o.status,
             progress: o.progress,
+            hosts: o.hosts.into_iter().map(HostPush::from).collect(),
             auto_switched: o.auto_switched,
         }
     }
@@ -157,8 +188,14 @@ pub struct TransferAnswer {
     pub running: bool,
     #[schemars(with = "ProgressShape")]
     pub progress: ProgressView,
+    /// A push's report: its fields are named in sync_local_to_remote's
+    /// schema, and not again here.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<HostShape>")]
     pub result: Option<PushReport>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[schemars(with = "Vec<HostShape>")]
+    pub hosts: Vec<HostPush>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     #[serde(skip_serializing_if = "String::is_empty")]
@@ -173,6 +210,7 @@ impl From<TransferView> for TransferAnswer {
             running: v.running,
             progress: v.progress,
             result: v.result.map(PushReport::from),
+            hosts: v.hosts.into_iter().map(HostPush::from).collect(),
             error: v.error,
             log_tail: v.log_tail,
         }

@@ -14,7 +14,8 @@ use serde::Serialize;
 
 use crate::fleet::Fleet;
 use crate::ops::localpath::{Intent, Roots};
-use crate::ops::transfers::{Direction, ProgressView, Status, Transfers};
+use crate::ops::transfers::{Direction, HostResult, ProgressView, Status, Transfers};
+use crate::session::Session;
 use crate::sync::{self, Progress, SyncOptions, SyncReport};
 
 /// How long an inline sync may wait for its plan before it is known whether
@@ -36,6 +37,9 @@ pub struct SyncRequest {
     pub dry_run: bool,
     pub force: bool,
     pub sandbox_name: Option<String>,
+    /// A push to several sandboxes at once; `["all"]` is every configured
+    /// host but the local one.
+    pub sandboxes: Option<Vec<String>>,
 }
 
 pub struct ListRequest {
@@ -122,6 +126,9 @@ pub struct SyncOutcome {
     pub status: Option<Status>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub progress: Option<ProgressView>,
+    /// A push to several hosts: each one's report or error.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<HostResult>,
     /// Set when an inline sync outgrew the inline limits.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub auto_switched: bool,
@@ -165,8 +172,8 @@ pub fn sync_background(
     p: SyncRequest,
 ) -> Result<SyncOutcome, String> {
     let (local, options) = options(roots, &p, Direction::Push)?;
-    let session = fleet.get(p.sandbox_name.as_deref())?;
-    let task = transfers.start(session, Direction::Push, local, p.remote_path, options);
+    let sessions = push_targets(fleet, &p)?;
+    let task = transfers.start(sessions, Direction::Push, local, p.remote_path, options);
     let view = task.view(0);
     Ok(SyncOutcome {
         mode: "background".into(),
@@ -175,8 +182,48 @@ pub fn sync_background(
         status: Some(view.status),
         // Nothing done yet: check_file_transfer_task reports it.
         progress: None,
+        hosts: Vec::new(),
         auto_switched: false,
     })
+}
+
+/// The sessions a push goes to: `sandboxes` (`["all"]`: every configured
+/// host but the local one), else `sandbox_name` or the active sandbox.
+fn push_targets(fleet: &Fleet, p: &SyncRequest) -> Result<Vec<Arc<Session>>, String> {
+    let Some(names) = &p.sandboxes else {
+        return Ok(vec![fleet.get(p.sandbox_name.as_deref())?]);
+    };
+    if p.sandbox_name.as_deref().is_some_and(|n| !n.is_empty()) {
+        return Err("give sandbox_name or sandboxes, not both".into());
+    }
+    let names: Vec<String> = match names.as_slice() {
+        [] => return Err("sandboxes is empty: name at least one, or [\"all\"]".into()),
+        [all] if all == "all" => {
+            let hosts: Vec<String> = fleet
+                .sessions()
+                .iter()
+                .filter(|s| s.config.target != crate::config::Target::Local)
+                .map(|s| s.name().to_string())
+                .collect();
+            if hosts.is_empty() {
+                return Err(
+                    "no hosts are configured: [\"all\"] means every configured host but local"
+                        .into(),
+                );
+            }
+            hosts
+        }
+        names => names.to_vec(),
+    };
+    let mut sessions: Vec<Arc<Session>> = Vec::with_capacity(names.len());
+    for name in &names {
+        let session = fleet.get(Some(name))?;
+        if sessions.iter().any(|s| s.name() == session.name()) {
+            return Err(format!("{name} is named twice in sandboxes"));
+        }
+        sessions.push(session);
+    }
+    Ok(sessions)
 }
 
 /// Cancels a transfer when dropped, unless taken out first.
@@ -201,8 +248,9 @@ pub async fn sync_maybe_inline(
     watch: impl FnOnce(Arc<Progress>),
 ) -> Result<SyncOutcome, String> {
     let (local, options) = options(roots, &p, Direction::Push)?;
-    let session = fleet.get(p.sandbox_name.as_deref())?;
-    let task = transfers.start(session, Direction::Push, local, p.remote_path, options);
+    let sessions = push_targets(fleet, &p)?;
+    let hosts = sessions.len() as u64;
+    let task = transfers.start(sessions, Direction::Push, local, p.remote_path, options);
     watch(task.progress.clone());
     // A call dropped while inline (the client cancelled it) stops its
     // transfer; one that went to the background is the task's to cancel.
@@ -221,8 +269,9 @@ pub async fn sync_maybe_inline(
             .await
             .is_ok();
         let view = task.view(0);
-        let too_big =
-            view.progress.files_total > max_files || view.progress.bytes_total > max_bytes;
+        // The totals add up every host's plan; the hosts go at once.
+        let too_big = view.progress.files_total > max_files.saturating_mul(hosts)
+            || view.progress.bytes_total > max_bytes.saturating_mul(hosts);
         let planless = view.progress.files_total == 0 && started.elapsed() > PLAN_WAIT;
         if too_big || (!finished && (planless || started.elapsed() > INLINE_WAIT)) {
             switched = true;
@@ -241,7 +290,20 @@ pub async fn sync_maybe_inline(
             task_id: Some(view.task_id),
             status: Some(view.status),
             progress: Some(view.progress),
+            hosts: Vec::new(),
             auto_switched: true,
+        });
+    }
+    // Several hosts: each one's report or error, whatever the others did.
+    if !view.hosts.is_empty() {
+        return Ok(SyncOutcome {
+            mode: "inline".into(),
+            report: None,
+            task_id: None,
+            status: None,
+            progress: None,
+            hosts: view.hosts,
+            auto_switched: false,
         });
     }
     match (view.status, view.result, view.error) {
@@ -251,6 +313,7 @@ pub async fn sync_maybe_inline(
             task_id: None,
             status: None,
             progress: None,
+            hosts: Vec::new(),
             auto_switched: false,
         }),
         (_, _, Some(error)) => Err(error),

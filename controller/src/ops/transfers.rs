@@ -45,8 +45,20 @@ pub struct Transfer {
 struct TransferState {
     status: Status,
     result: Option<SyncReport>,
+    /// A push to several hosts: each one's report or error.
+    hosts: Vec<HostResult>,
     error: Option<String>,
     log: VecDeque<String>,
+}
+
+/// One host's part of a push to several.
+#[derive(Debug, Clone, Serialize)]
+pub struct HostResult {
+    pub sandbox: String,
+    #[serde(flatten)]
+    pub report: Option<SyncReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -70,6 +82,8 @@ pub struct TransferView {
     pub progress: ProgressView,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub result: Option<SyncReport>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<HostResult>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     #[serde(skip_serializing_if = "String::is_empty")]
@@ -124,6 +138,7 @@ impl Transfer {
                 rate_mb_s: ((bytes_done as f64 / elapsed / 1e6) * 100.0).round() / 100.0,
             },
             result: state.result.clone(),
+            hosts: state.hosts.clone(),
             error: state.error.clone(),
             log_tail: state
                 .log
@@ -136,6 +151,30 @@ impl Transfer {
     }
 }
 
+/// What a transfer's sync gave: one report, or one per host.
+enum Outcome {
+    One(SyncReport),
+    Many(Vec<HostResult>),
+}
+
+fn host_results(names: &[String], results: Vec<Result<SyncReport, SyncError>>) -> Vec<HostResult> {
+    names
+        .iter()
+        .zip(results)
+        .map(|(name, result)| {
+            let (report, error) = match result {
+                Ok(report) => (Some(report), None),
+                Err(e) => (None, Some(e.to_string())),
+            };
+            HostResult {
+                sandbox: name.clone(),
+                report,
+                error,
+            }
+        })
+        .collect()
+}
+
 #[derive(Default)]
 pub struct Transfers {
     tasks: Mutex<HashMap<String, Arc<Transfer>>>,
@@ -143,10 +182,11 @@ pub struct Transfers {
 }
 
 impl Transfers {
-    /// Starts a sync as a task and returns at once.
+    /// Starts a sync as a task and returns at once. A push may go to
+    /// several sessions at once (each gets its own result).
     pub fn start(
         &self,
-        session: Arc<Session>,
+        sessions: Vec<Arc<Session>>,
         direction: Direction,
         local: PathBuf,
         remote: String,
@@ -161,20 +201,17 @@ impl Transfers {
             state: Mutex::new(TransferState {
                 status: Status::Running,
                 result: None,
+                hosts: Vec::new(),
                 error: None,
                 log: VecDeque::new(),
             }),
             done: tokio::sync::Notify::new(),
         });
+        let names: Vec<String> = sessions.iter().map(|s| s.name().to_string()).collect();
+        let remote_side = format!("{}:{remote}", names.join(","));
         let (from, to) = match direction {
-            Direction::Push => (
-                local.display().to_string(),
-                format!("{}:{remote}", session.name()),
-            ),
-            Direction::Pull => (
-                format!("{}:{remote}", session.name()),
-                local.display().to_string(),
-            ),
+            Direction::Push => (local.display().to_string(), remote_side),
+            Direction::Pull => (remote_side, local.display().to_string()),
         };
         transfer.log(format!("sync {from} → {to}"));
         self.tasks.lock().unwrap().insert(id, transfer.clone());
@@ -185,12 +222,22 @@ impl Transfers {
         tokio::spawn(async move {
             let progress = task.progress.clone();
             let work = async {
-                match direction {
-                    Direction::Push => {
-                        sync::push(&session, &local, &remote, &options, progress).await
+                match (direction, sessions.as_slice()) {
+                    (Direction::Push, [session]) => {
+                        sync::push(session, &local, &remote, &options, progress)
+                            .await
+                            .map(Outcome::One)
                     }
-                    Direction::Pull => {
-                        sync::pull(&session, &remote, &local, &options, progress).await
+                    (Direction::Push, _) => {
+                        sync::push_many(&sessions, &local, &remote, &options, progress)
+                            .await
+                            .map(|results| Outcome::Many(host_results(&names, results)))
+                    }
+                    (Direction::Pull, sessions) => {
+                        let session = sessions.first().expect("a pull has one session");
+                        sync::pull(session, &remote, &local, &options, progress)
+                            .await
+                            .map(Outcome::One)
                     }
                 }
             };
@@ -201,9 +248,23 @@ impl Transfers {
             {
                 let mut state = task.state.lock().unwrap();
                 match result {
-                    Ok(report) => {
+                    Ok(Outcome::One(report)) => {
                         state.status = Status::Completed;
                         state.result = Some(report);
+                    }
+                    Ok(Outcome::Many(hosts)) => {
+                        let failed = hosts.iter().filter(|h| h.error.is_some()).count();
+                        let cancelled = task.progress.cancelled.load(Ordering::Relaxed);
+                        state.status = match failed {
+                            0 => Status::Completed,
+                            _ if cancelled => Status::Cancelled,
+                            _ => {
+                                state.error =
+                                    Some(format!("{failed} of {} hosts failed", hosts.len()));
+                                Status::Failed
+                            }
+                        };
+                        state.hosts = hosts;
                     }
                     Err(SyncError::Cancelled) => state.status = Status::Cancelled,
                     Err(e) => {
@@ -213,8 +274,8 @@ impl Transfers {
                 }
             }
             let view = task.view(0);
-            let line = match (&view.result, &view.error) {
-                (Some(r), _) => format!(
+            let line = match (&view.result, &view.error, view.status) {
+                (Some(r), ..) => format!(
                     "completed: {} files sent ({} bytes on the wire), {} unchanged, {} deleted, {} problems, {:.2} s",
                     r.files_sent,
                     r.bytes_sent,
@@ -223,13 +284,29 @@ impl Transfers {
                     r.problems.len(),
                     r.duration_s
                 ),
-                (None, Some(e)) => format!("failed: {e}"),
-                (None, None) => "cancelled".into(),
+                (None, Some(e), _) => format!("failed: {e}"),
+                (None, None, Status::Completed) => {
+                    format!("completed on {} hosts", view.hosts.len())
+                }
+                (None, None, _) => "cancelled".into(),
             };
             task.log(line);
             if let Some(r) = &view.result {
                 for p in &r.problems {
                     task.log(format!("problem: {p}"));
+                }
+            }
+            for host in &view.hosts {
+                match (&host.report, &host.error) {
+                    (Some(r), _) => task.log(format!(
+                        "{}: {} files sent, {} problems, {:.2} s",
+                        host.sandbox,
+                        r.files_sent,
+                        r.problems.len(),
+                        r.duration_s
+                    )),
+                    (None, Some(e)) => task.log(format!("{}: failed: {e}", host.sandbox)),
+                    (None, None) => {}
                 }
             }
             task.done.notify_waiters();

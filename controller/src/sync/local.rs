@@ -8,7 +8,7 @@ use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use outpost_protocol::FilterSpec;
-use outpost_treesync::cache::StatCache;
+use outpost_treesync::cache::{StatCache, Written};
 use outpost_treesync::scan::{self, ScanOptions, ScanOutput};
 
 use super::types::SyncError;
@@ -44,6 +44,26 @@ pub(super) async fn scan_local(root: PathBuf, filter: FilterSpec) -> Result<Scan
     })
     .await
     .map_err(|_| SyncError::Invalid("the local scan failed unexpectedly".into()))
+}
+
+/// Records the small files a pull wrote into `root`'s stat cache, so the
+/// next scan here does not read back what was just written and checked.
+pub(super) async fn record_written(root: PathBuf, written: Vec<Written>) {
+    if written.is_empty() {
+        return;
+    }
+    let _ = tokio::task::spawn_blocking(move || {
+        let Some(file) = local_cache_file(&root) else {
+            return;
+        };
+        let mut cache = StatCache::load(&file);
+        cache.record_written(&written);
+        // Best effort, as after a scan: the next scan hashes instead.
+        if let Err(e) = cache.save(&file) {
+            tracing::debug!("cannot save {}: {e}", file.display());
+        }
+    })
+    .await;
 }
 
 /// `$OUTPOST_HOME` (else `~/.outpost`) `/cache/local-scan-<first 16 hex

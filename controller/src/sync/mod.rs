@@ -23,10 +23,15 @@
 //! `local` (the local root and scan), `planning` (from options and scans to
 //! a plan), `parts` (how each file travels), `pipeline` (requests in
 //! flight), `remote` (scans, reads and writes through the agent), `run` (a
-//! sync being applied: the metadata phases), `push` and `pull` (the file
-//! contents, each way), `single` (one file rather than a tree). This file
-//! holds [`push()`] and [`pull()`] and re-exports the rest of the public
-//! API.
+//! sync being applied: the metadata phases), `single` (one file rather than
+//! a tree), `source` (a push's local side, shared by all its hosts), `push`
+//! and `pull` (the file contents, each way). This file holds [`push()`],
+//! [`push_many()`] and [`pull()`] and re-exports the rest of the public API.
+//!
+//! A push to many hosts is one push per host, all at once, over one
+//! [`source::Source`]: one local scan, each piece of content read, checked
+//! and compressed once; each host gets its own plan against what it holds,
+//! its own report and its own problems.
 
 mod helpers;
 mod limits;
@@ -39,6 +44,7 @@ mod push;
 mod remote;
 mod run;
 mod single;
+mod source;
 #[cfg(test)]
 mod tests;
 mod types;
@@ -50,8 +56,8 @@ use std::time::Instant;
 use outpost_treesync::apply::Applier;
 use outpost_treesync::plan;
 
-use self::helpers::{add_problems, until_cancelled};
-use self::local::{local_dir, scan_local};
+use self::helpers::{add_problems, lock, until_cancelled};
+use self::local::{local_dir, record_written, scan_local};
 use self::planning::{
     diff_options, dry_run_report, filter_spec, only_name, problem_paths, root_problem,
     spare_unseen, start_progress,
@@ -62,10 +68,11 @@ use self::remote::{create_remote_root, scan_on, scan_request};
 pub use self::remote::{read_remote, scan_remote, write_remote};
 use self::run::{Dest, Run, partial_set};
 pub use self::single::{RemoteKind, file_target, renames};
+use self::source::Source;
 pub use self::types::{PLAN_LISTING, Progress, SyncError, SyncOptions, SyncReport};
 use crate::session::Session;
 
-/// Local tree → `remote` on the session's host.
+/// Local tree (or one file) → `remote` on the session's host.
 pub async fn push(
     session: &Session,
     local: &Path,
@@ -73,55 +80,75 @@ pub async fn push(
     options: &SyncOptions,
     progress: Arc<Progress>,
 ) -> Result<SyncReport, SyncError> {
-    if options.only.is_none()
-        && let Some((dir, name)) = single::local_file(local)?
-    {
-        let conn = session.connection().await?;
-        let is_dir = single::remote_kind(&conn, remote).await? == RemoteKind::Dir;
-        let (remote_dir, target) = file_target(remote, is_dir, &name);
-        if target != name {
-            return Err(renames(&name, remote));
-        }
-        let options = SyncOptions {
-            only: Some(name),
-            ..options.clone()
-        };
-        let mut report = Box::pin(push(session, &dir, &remote_dir, &options, progress)).await?;
-        report.single_file = true;
-        return Ok(report);
-    }
+    let source = Arc::new(Source::new(local, options, 1)?);
+    push_from(&source, session, remote, progress).await
+}
+
+/// Local tree (or one file) → `remote` on each session's host, all at
+/// once: the tree is scanned and hashed once and each piece of content
+/// read and compressed once for every host. One report or error per host,
+/// in the order given; `Err` only when the source itself is refused.
+/// `progress` counts the files and bytes of all hosts together.
+pub async fn push_many(
+    sessions: &[Arc<Session>],
+    local: &Path,
+    remote: &str,
+    options: &SyncOptions,
+    progress: Arc<Progress>,
+) -> Result<Vec<Result<SyncReport, SyncError>>, SyncError> {
+    let source = Arc::new(Source::new(local, options, sessions.len())?);
+    let pushes = sessions
+        .iter()
+        .map(|session| push_from(&source, session, remote, Arc::clone(&progress)));
+    Ok(futures::future::join_all(pushes).await)
+}
+
+async fn push_from(
+    source: &Arc<Source>,
+    session: &Session,
+    remote: &str,
+    progress: Arc<Progress>,
+) -> Result<SyncReport, SyncError> {
     let started = Instant::now();
-    let local = local_dir(local, true)?;
-    let spec = filter_spec(options, &local)?;
+    let options = &source.options;
     // One connection for the whole sync: staged parts live in the agent of
     // that connection, and a sync whose connection dies is not carried on by
     // a new one.
     let conn = session.connection().await?;
-    let remote_scan = scan_on(&conn, scan_request(remote, &spec));
-    let local_scan = scan_local(local.clone(), spec);
+    let remote = match source.single() {
+        Some(name) => {
+            let is_dir = single::remote_kind(&conn, remote).await? == RemoteKind::Dir;
+            let (remote_dir, target) = file_target(remote, is_dir, name);
+            if target != name {
+                return Err(renames(name, remote));
+            }
+            remote_dir
+        }
+        None => remote.to_string(),
+    };
+    let remote = remote.as_str();
+    let remote_scan = scan_on(&conn, scan_request(remote, &source.spec));
     let (src, (dst, dst_summary)) = until_cancelled(&progress, async {
-        tokio::try_join!(local_scan, async { Ok(remote_scan.await?) })
+        tokio::try_join!(source.scanned(), async { Ok(remote_scan.await?) })
     })
     .await?;
 
-    root_problem(&local.display().to_string(), &src.summary)?;
     root_problem(remote, &dst_summary)?;
-    let (mut src, mut dst) = (src, dst);
-    only_name(&mut src.entries, options);
+    let mut dst = dst;
     only_name(&mut dst, options);
-    if let Some(name) = &options.only {
-        single::the_file_is_there(&src.entries, name)?;
-    }
-    let src_problems = problem_paths(&src.summary);
-    let mut report = SyncReport::default();
+    let mut report = SyncReport {
+        single_file: source.single().is_some(),
+        ..SyncReport::default()
+    };
     add_problems(&mut report, &src.summary.problems);
     add_problems(&mut report, &dst_summary.problems);
     let mut plan =
         plan::diff(&src.entries, &dst, &diff_options(options)).map_err(SyncError::Invalid)?;
-    spare_unseen(&mut plan, &src_problems);
+    spare_unseen(&mut plan, &src.problems);
     if let Some(name) = &options.only {
         single::replaces_nothing(&plan, name)?;
     }
+    let src_problems = src.problems.clone();
     drop((src, dst));
     if options.dry_run {
         return Ok(dry_run_report(report, &plan, started));
@@ -144,7 +171,7 @@ pub async fn push(
         partials: partial_set(&dst_summary.partials),
     };
     run.before_files(&plan).await?;
-    let files = PushFiles::new(conn, remote.to_string(), local, &mut run);
+    let files = PushFiles::new(conn, remote.to_string(), Arc::clone(source), &mut run);
     files.run(changes).await?;
     run.after_files(&plan).await?;
     Ok(run.finish(&plan, started))
@@ -221,8 +248,17 @@ pub async fn pull(
         partials,
     };
     run.before_files(&plan).await?;
-    let files = PullFiles::new(conn, remote.to_string(), local, applier, &mut run);
-    files.run(changes).await?;
+    let files = PullFiles::new(
+        conn,
+        remote.to_string(),
+        local.clone(),
+        applier.clone(),
+        &mut run,
+    );
+    let sent = files.run(changes).await;
+    let written = lock(&applier).take_written();
+    record_written(local, written).await;
+    sent?;
     run.after_files(&plan).await?;
     Ok(run.finish(&plan, started))
 }

@@ -84,14 +84,16 @@ pub(super) fn dry_run_report(mut report: SyncReport, plan: &Plan, started: Insta
     report
 }
 
+/// Adds the plan's work to the totals (a push to many hosts shares one
+/// [`Progress`]).
 pub(super) fn start_progress(progress: &Progress, plan: &Plan, report: &mut SyncReport) {
     report.bytes_total = plan.content_bytes();
     progress
         .files_total
-        .store(plan.files.len() as u64, Ordering::Relaxed);
+        .fetch_add(plan.files.len() as u64, Ordering::Relaxed);
     progress
         .bytes_total
-        .store(report.bytes_total, Ordering::Relaxed);
+        .fetch_add(report.bytes_total, Ordering::Relaxed);
 }
 
 pub(super) fn problem_paths(summary: &ScanSummary) -> HashSet<RelPath> {

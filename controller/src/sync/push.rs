@@ -6,7 +6,7 @@
 
 use std::collections::VecDeque;
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -26,6 +26,7 @@ use super::parts::{Part, Route, Staged, put_of, route};
 use super::pipeline::{Landed, Pipeline, final_answer, final_of};
 use super::remote::abort_remote;
 use super::run::Run;
+use super::source::{Piece, Read, Source};
 use super::types::SyncError;
 use crate::session::{CallError, ScopedConn};
 
@@ -55,7 +56,7 @@ struct Batch {
 /// Reads and compresses files of `changes` from `start` until the batch is
 /// full. Each file is checked against the scan (size and hash), so what is
 /// sent is exactly what the plan describes.
-fn read_batch(local: &Path, changes: &[FileChange], start: usize) -> Batch {
+fn read_batch(source: &Source, changes: &[FileChange], start: usize) -> Batch {
     let mut batch = Batch {
         puts: Vec::new(),
         problems: Vec::new(),
@@ -72,12 +73,21 @@ fn read_batch(local: &Path, changes: &[FileChange], start: usize) -> Batch {
     {
         let change = &changes[batch.next];
         batch.next += 1;
-        match read_whole(local, &change.src) {
+        let piece = Piece {
+            path: change.src.path.clone(),
+            hash: change.src.hash,
+            offset: 0,
+            len: change.src.size,
+        };
+        match source
+            .reads
+            .get(&piece, || read_whole(&source.root, &change.src))
+        {
             Ok((data, hash)) => {
-                raw += data.len() as u64;
-                let data = codec::compress(&data);
+                raw += change.src.size;
                 batch.compressed += data.len() as u64;
                 batch.weight += data.len() as u64 + change.src.path.len() as u64 + 128;
+                let data = Arc::unwrap_or_clone(data);
                 batch
                     .puts
                     .push(put_of(change, hash, FileContent::Inline(data)));
@@ -91,18 +101,38 @@ fn read_batch(local: &Path, changes: &[FileChange], start: usize) -> Batch {
     batch
 }
 
-fn read_whole(local: &Path, src: &TreeEntry) -> Result<(Vec<u8>, [u8; 32]), String> {
+/// Reads a whole file, checks it against the scan and compresses it.
+fn read_whole(local: &Path, src: &TreeEntry) -> Read {
     let path = relpath::join(local, &src.path)?;
     let data = std::fs::read(&path).map_err(|e| format!("cannot read: {e}"))?;
     let hash = *blake3::hash(&data).as_bytes();
     if data.len() as u64 != src.size || src.hash.is_some_and(|h| h != hash) {
         return Err(CHANGED.into());
     }
-    Ok((data, hash))
+    Ok((Arc::new(codec::compress(&data)), hash))
 }
 
-/// Reads `len` bytes at `offset` and compresses them.
-fn read_range(local: &Path, src: &TreeEntry, offset: u64, len: u64) -> Result<Vec<u8>, String> {
+/// Reads `len` bytes at `offset` and compresses them, once for every host.
+fn read_range(source: &Source, src: &TreeEntry, offset: u64, len: u64) -> Result<Vec<u8>, String> {
+    let piece = Piece {
+        path: src.path.clone(),
+        hash: src.hash,
+        offset,
+        len,
+    };
+    let read = source.reads.get(&piece, || {
+        let data = read_range_once(&source.root, src, offset, len)?;
+        Ok((Arc::new(data), [0; 32]))
+    });
+    read.map(|(data, _)| Arc::unwrap_or_clone(data))
+}
+
+fn read_range_once(
+    local: &Path,
+    src: &TreeEntry,
+    offset: u64,
+    len: u64,
+) -> Result<Vec<u8>, String> {
     let path = relpath::join(local, &src.path)?;
     let file = std::fs::File::open(&path).map_err(|e| format!("cannot read: {e}"))?;
     let mut buf = vec![0; len as usize];
@@ -119,7 +149,7 @@ fn read_range(local: &Path, src: &TreeEntry, offset: u64, len: u64) -> Result<Ve
 /// Sends a push's file contents through a [`Pipeline`].
 pub(super) struct PushFiles<'r> {
     root: String,
-    local: PathBuf,
+    source: Arc<Source>,
     run: &'r mut Run,
     pipe: Pipeline<PushTag>,
     staged: Vec<Staged>,
@@ -130,10 +160,15 @@ pub(super) struct PushFiles<'r> {
 }
 
 impl<'r> PushFiles<'r> {
-    pub(super) fn new(conn: ScopedConn, root: String, local: PathBuf, run: &'r mut Run) -> Self {
+    pub(super) fn new(
+        conn: ScopedConn,
+        root: String,
+        source: Arc<Source>,
+        run: &'r mut Run,
+    ) -> Self {
         PushFiles {
             root,
-            local,
+            source,
             run,
             pipe: Pipeline::new(conn),
             staged: Vec::new(),
@@ -166,8 +201,8 @@ impl<'r> PushFiles<'r> {
             check_cancelled(&self.run.progress)?;
             // Read on a blocking thread; what is in flight meanwhile keeps
             // the link busy.
-            let (local, changes) = (self.local.clone(), Arc::clone(&inline));
-            let batch = blocking(move || read_batch(&local, &changes, next)).await?;
+            let (source, changes) = (Arc::clone(&self.source), Arc::clone(&inline));
+            let batch = blocking(move || read_batch(&source, &changes, next)).await?;
             next = batch.next;
             for (path, message) in &batch.problems {
                 self.run.report.problems.push(problem(path, message));
@@ -255,8 +290,8 @@ impl<'r> PushFiles<'r> {
                 ),
                 Part::Data { offset, len } => {
                     check_cancelled(&self.run.progress)?;
-                    let (local, src) = (self.local.clone(), staged.change.src.clone());
-                    match blocking(move || read_range(&local, &src, offset, len)).await? {
+                    let (source, src) = (Arc::clone(&self.source), staged.change.src.clone());
+                    match blocking(move || read_range(&source, &src, offset, len)).await? {
                         Ok(data) => {
                             let weight = data.len() as u64;
                             (PartData::Data(data), weight)
