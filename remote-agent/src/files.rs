@@ -20,7 +20,7 @@ use outpost_protocol::{
     ScanRequest, TreeEntry,
 };
 use outpost_treesync::apply::{self, Applier};
-use outpost_treesync::cache::StatCache;
+use outpost_treesync::cache::{StatCache, Written};
 use outpost_treesync::codec;
 use outpost_treesync::filter::Filter;
 use outpost_treesync::scan::{self, ScanOptions};
@@ -80,15 +80,23 @@ impl Appliers {
     }
 
     /// Drops every applier, removing the staging files of transfers that were
-    /// never committed. Waits for work still running on each root, so call it
-    /// on a blocking thread.
+    /// never committed, and records what they committed in the stat caches.
+    /// Waits for work still running on each root, so call it on a blocking
+    /// thread.
     pub fn close(&self) {
         let all: Vec<_> = self.roots().drain().map(|(_, a)| a).collect();
         for applier in all {
             // Taking the lock waits for a write in progress; the applier is
             // dropped with the last reference.
-            drop(lock(&applier));
+            let mut applier = lock(&applier);
+            record_written(&mut applier, None);
         }
+    }
+
+    /// What `root`'s applier committed and has not recorded yet.
+    fn take_written(&self, root: &Path) -> Vec<Written> {
+        let applier = self.roots().get(root).cloned();
+        applier.map_or_else(Vec::new, |a| lock(&a).take_written())
     }
 }
 
@@ -141,6 +149,7 @@ fn cache_path(root: &Path) -> Option<PathBuf> {
 pub async fn scan(
     id: RequestId,
     req: ScanRequest,
+    appliers: &Arc<Appliers>,
     outbox: &Outbox,
     mut cancel: watch::Receiver<bool>,
 ) -> Response {
@@ -152,6 +161,7 @@ pub async fn scan(
     if let Err(e) = Filter::new(&root, &req.filter) {
         return Response::Error(error(ErrorKind::BadRequest, e));
     }
+    let appliers = Arc::clone(appliers);
     let work = tokio::task::spawn_blocking(move || {
         let options = ScanOptions {
             hashes: req.hashes,
@@ -163,6 +173,9 @@ pub async fn scan(
         // Only hashes are worth caching; a listing stats and nothing more.
         let cache_file = if req.hashes { cache_path(&root) } else { None };
         let mut cache = cache_file.as_deref().map(StatCache::load);
+        if let Some(cache) = cache.as_mut() {
+            cache.record_written(&appliers.take_written(&root));
+        }
         let output = scan::scan(&root, &req.filter, &options, cache.as_mut());
         if let (Some(cache), Some(file)) = (cache, cache_file)
             && output.summary.root_exists
@@ -254,24 +267,45 @@ async fn with_applier(
     }
 }
 
+/// Committed files held before they are written to the stat cache file at
+/// once (a cache file is rewritten whole: once per batch would cost the
+/// square of a large tree's size).
+const WRITTEN_HELD: usize = 50_000;
+
 /// Answers a `PutFiles` with `Applied`. The small files it committed go
-/// into the root's stat cache, so the next scan (a re-push's) does not read
-/// back what was just written and checked.
+/// into the root's stat cache (at the next scan of the root, when the
+/// connection ends, or once [`WRITTEN_HELD`] wait), so the next scan (a
+/// re-push's) does not read back what was just written and checked.
 pub async fn put_files(req: PutFiles, appliers: &Arc<Appliers>) -> Response {
     let root = req.root.clone();
     with_applier(appliers, &root, move |applier| {
         let report = applier.put_files(&req);
-        let written = applier.take_written();
-        if !written.is_empty()
-            && let Some(file) = cache_path(applier.root())
-        {
-            let mut cache = StatCache::load(&file);
-            cache.record_written(&written);
-            save_cache(&cache, &file);
+        if applier.written_count() >= WRITTEN_HELD {
+            record_written(applier, None);
         }
         Response::Applied(report)
     })
     .await
+}
+
+/// Writes what `applier` committed into its root's stat cache file: into
+/// `cache` when a scan has it loaded (and saves it itself), else loaded and
+/// saved here.
+fn record_written(applier: &mut Applier, cache: Option<&mut StatCache>) {
+    let written = applier.take_written();
+    if written.is_empty() {
+        return;
+    }
+    match cache {
+        Some(cache) => cache.record_written(&written),
+        None => {
+            if let Some(file) = cache_path(applier.root()) {
+                let mut cache = StatCache::load(&file);
+                cache.record_written(&written);
+                save_cache(&cache, &file);
+            }
+        }
+    }
 }
 
 /// Answers a `PutPart` with `Ack`, or an error giving the reason.

@@ -506,7 +506,10 @@ async fn answer(
             blocking(move || leases::release(&lease_id).map(|()| Response::Released)).await
         }
         Request::Scan(mut req) => match root(&mut req.root, false) {
-            Ok(Some(held)) => unmask(files::scan(id, req, &outbox, cancel).await, &held),
+            Ok(Some(held)) => unmask(
+                files::scan(id, req, &shared.appliers, &outbox, cancel).await,
+                &held,
+            ),
             Ok(None) => Response::ScanDone(ScanSummary::default()),
             // What a scan says of a file given as its root (one file is
             // synced as its directory, limited to its name).

@@ -397,6 +397,13 @@ fn sync_to_several_hosts_from_the_command_line() {
         "{}",
         text(&out.stderr)
     );
+    let out = outpost(&home, &env, &["sync", &src_arg, "box0,box0:fan"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("named twice"),
+        "{}",
+        text(&out.stderr)
+    );
     let out = outpost(&home, &env, &["sync", &src_arg, "box0,nope:fan"]);
     assert!(!out.status.success());
     assert!(

@@ -1177,9 +1177,32 @@ async fn mcp_push_to_several_hosts_reports_each_host() {
     }
     assert!(!homes[2].path().join("fan").exists());
 
+    // One host named in `sandboxes` answers as one of several would.
+    let (err, r) = call(
+        &client,
+        "sync_local_to_remote",
+        json!({"local_path": src.path(), "remote_path": "fan", "sandboxes": ["h0"]}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    assert_eq!(r["hosts"][0]["sandbox"], "h0", "{r}");
+    assert_eq!(r["hosts"][0]["skipped_files"], 41, "{r}");
+    // Every host failed: an error that names each.
+    let (err, r) = call(
+        &client,
+        "sync_local_to_remote",
+        json!({"local_path": src.path(), "remote_path": "fan", "sandboxes": ["h2"]}),
+    )
+    .await;
+    assert!(
+        err && r.to_string().contains("every host failed: h2: "),
+        "{r}"
+    );
+
     // Refused before anything moves.
     for (args, says) in [
         (json!({"sandboxes": []}), "empty"),
+        (json!({"sandboxes": ["h0", ""]}), "empty name"),
         (json!({"sandboxes": ["h0", "nope"]}), "nope"),
         (json!({"sandboxes": ["h0", "h0"]}), "twice"),
         (

@@ -299,6 +299,11 @@ impl Applier {
         std::mem::take(&mut self.written)
     }
 
+    /// How many committed files wait for [`Applier::take_written`].
+    pub fn written_count(&self) -> usize {
+        self.written.len()
+    }
+
     pub fn root(&self) -> &Path {
         &self.root
     }

@@ -44,7 +44,10 @@ const RACY_WINDOW_NS: i64 = 1_000_000_000;
 /// [`crate::chunk::CHUNKED_MIN_SIZE`] (a larger one needs its chunk list,
 /// which the applier does not have), and only when their mtime (the
 /// source's) is older than the racy window: any later write sets the mtime
-/// to now, so a record can never describe content it did not check.
+/// to now, so a record never describes content it did not check. (Unlike a
+/// scan's records, the ctime is fresh: one left alone is exact; a writer
+/// that restored the old mtime within the same ctime tick would go unseen,
+/// as it would by any stat-based cache with a coarse clock.)
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Written {
     pub dev: u64,

@@ -13,9 +13,10 @@ use outpost::ops::human_bytes;
 fn remote_spec<'a>(fleet: &Fleet, arg: &'a str) -> Option<(Vec<String>, &'a str)> {
     let (names, path) = arg.split_once(':')?;
     let names: Vec<String> = names.split(',').map(str::to_string).collect();
+    // An empty name would be the active sandbox: never meant in a list.
     names
         .iter()
-        .all(|name| fleet.get(Some(name)).is_ok())
+        .all(|name| !name.is_empty() && fleet.get(Some(name)).is_ok())
         .then_some((names, path))
 }
 
@@ -56,7 +57,7 @@ pub(super) async fn sync(
             let meant = meant.map(|names| {
                 names
                     .split(',')
-                    .find(|n| fleet.get(Some(n)).is_err())
+                    .find(|n| n.is_empty() || fleet.get(Some(n)).is_err())
                     .unwrap_or(names)
             });
             match meant {
@@ -77,6 +78,11 @@ pub(super) async fn sync(
         .map(|name| fleet.get(Some(name)))
         .collect::<Result<Vec<_>, _>>()
         .map_err(anyhow::Error::msg)?;
+    for (i, session) in sessions.iter().enumerate() {
+        if sessions[..i].iter().any(|s| s.name() == session.name()) {
+            anyhow::bail!("{} is named twice", names[i]);
+        }
+    }
     let session = &sessions[0];
     // Relative: the home, or an isolated sandbox's work dir.
     let mut remote = if remote.is_empty() { "." } else { remote }.to_string();

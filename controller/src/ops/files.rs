@@ -173,7 +173,15 @@ pub fn sync_background(
 ) -> Result<SyncOutcome, String> {
     let (local, options) = options(roots, &p, Direction::Push)?;
     let sessions = push_targets(fleet, &p)?;
-    let task = transfers.start(sessions, Direction::Push, local, p.remote_path, options);
+    let fan_out = p.sandboxes.is_some();
+    let task = transfers.start(
+        sessions,
+        fan_out,
+        Direction::Push,
+        local,
+        p.remote_path,
+        options,
+    );
     let view = task.view(0);
     Ok(SyncOutcome {
         mode: "background".into(),
@@ -198,7 +206,7 @@ fn push_targets(fleet: &Fleet, p: &SyncRequest) -> Result<Vec<Arc<Session>>, Str
     }
     let names: Vec<String> = match names.as_slice() {
         [] => return Err("sandboxes is empty: name at least one, or [\"all\"]".into()),
-        [all] if all == "all" => {
+        names if names.iter().any(|n| n == "all") => {
             let hosts: Vec<String> = fleet
                 .sessions()
                 .iter()
@@ -217,6 +225,9 @@ fn push_targets(fleet: &Fleet, p: &SyncRequest) -> Result<Vec<Arc<Session>>, Str
     };
     let mut sessions: Vec<Arc<Session>> = Vec::with_capacity(names.len());
     for name in &names {
+        if name.trim().is_empty() {
+            return Err("an empty name in sandboxes".into());
+        }
         let session = fleet.get(Some(name))?;
         if sessions.iter().any(|s| s.name() == session.name()) {
             return Err(format!("{name} is named twice in sandboxes"));
@@ -250,7 +261,15 @@ pub async fn sync_maybe_inline(
     let (local, options) = options(roots, &p, Direction::Push)?;
     let sessions = push_targets(fleet, &p)?;
     let hosts = sessions.len() as u64;
-    let task = transfers.start(sessions, Direction::Push, local, p.remote_path, options);
+    let fan_out = p.sandboxes.is_some();
+    let task = transfers.start(
+        sessions,
+        fan_out,
+        Direction::Push,
+        local,
+        p.remote_path,
+        options,
+    );
     watch(task.progress.clone());
     // A call dropped while inline (the client cancelled it) stops its
     // transfer; one that went to the background is the task's to cancel.
@@ -294,8 +313,17 @@ pub async fn sync_maybe_inline(
             auto_switched: true,
         });
     }
-    // Several hosts: each one's report or error, whatever the others did.
+    // Several hosts: each one's report or error, whatever the others did;
+    // an error when none got anything.
     if !view.hosts.is_empty() {
+        if view.hosts.iter().all(|h| h.error.is_some()) {
+            let errors: Vec<String> = view
+                .hosts
+                .iter()
+                .map(|h| format!("{}: {}", h.sandbox, h.error.as_deref().unwrap_or_default()))
+                .collect();
+            return Err(format!("every host failed: {}", errors.join("; ")));
+        }
         return Ok(SyncOutcome {
             mode: "inline".into(),
             report: None,

@@ -183,10 +183,12 @@ pub struct Transfers {
 
 impl Transfers {
     /// Starts a sync as a task and returns at once. A push may go to
-    /// several sessions at once (each gets its own result).
+    /// several sessions at once (`fan_out`: each gets its own result, even
+    /// when there is one).
     pub fn start(
         &self,
         sessions: Vec<Arc<Session>>,
+        fan_out: bool,
         direction: Direction,
         local: PathBuf,
         remote: String,
@@ -223,7 +225,7 @@ impl Transfers {
             let progress = task.progress.clone();
             let work = async {
                 match (direction, sessions.as_slice()) {
-                    (Direction::Push, [session]) => {
+                    (Direction::Push, [session]) if !fan_out => {
                         sync::push(session, &local, &remote, &options, progress)
                             .await
                             .map(Outcome::One)

@@ -29,21 +29,26 @@ pub(super) async fn scan_local(root: PathBuf, filter: FilterSpec) -> Result<Scan
         if let (Some(cache), Some(file)) = (cache, cache_file)
             && output.summary.root_exists
         {
-            let saved = file.parent().map_or(Ok(()), |dir| {
-                std::fs::DirBuilder::new()
-                    .recursive(true)
-                    .mode(0o700)
-                    .create(dir)
-            });
-            // A cache that cannot be saved only costs hashing again next time.
-            if let Err(e) = saved.and_then(|()| cache.save(&file)) {
-                tracing::debug!("cannot save {}: {e}", file.display());
-            }
+            save_cache(&cache, &file);
         }
         output
     })
     .await
     .map_err(|_| SyncError::Invalid("the local scan failed unexpectedly".into()))
+}
+
+/// Saves a stat cache file, making its directory (0700) if need be.
+fn save_cache(cache: &StatCache, file: &Path) {
+    let saved = file.parent().map_or(Ok(()), |dir| {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+    });
+    // A cache that cannot be saved only costs hashing again next time.
+    if let Err(e) = saved.and_then(|()| cache.save(file)) {
+        tracing::debug!("cannot save {}: {e}", file.display());
+    }
 }
 
 /// Records the small files a pull wrote into `root`'s stat cache, so the
@@ -58,10 +63,7 @@ pub(super) async fn record_written(root: PathBuf, written: Vec<Written>) {
         };
         let mut cache = StatCache::load(&file);
         cache.record_written(&written);
-        // Best effort, as after a scan: the next scan hashes instead.
-        if let Err(e) = cache.save(&file) {
-            tracing::debug!("cannot save {}: {e}", file.display());
-        }
+        save_cache(&cache, &file);
     })
     .await;
 }

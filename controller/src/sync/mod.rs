@@ -68,7 +68,7 @@ use self::remote::{create_remote_root, scan_on, scan_request};
 pub use self::remote::{read_remote, scan_remote, write_remote};
 use self::run::{Dest, Run, partial_set};
 pub use self::single::{RemoteKind, file_target, renames};
-use self::source::Source;
+use self::source::{Planning, Source};
 pub use self::types::{PLAN_LISTING, Progress, SyncError, SyncOptions, SyncReport};
 use crate::session::Session;
 
@@ -97,10 +97,16 @@ pub async fn push_many(
     progress: Arc<Progress>,
 ) -> Result<Vec<Result<SyncReport, SyncError>>, SyncError> {
     let source = Arc::new(Source::new(local, options, sessions.len())?);
-    let pushes = sessions
-        .iter()
-        .map(|session| push_from(&source, session, remote, Arc::clone(&progress)));
-    Ok(futures::future::join_all(pushes).await)
+    let pushes = sessions.iter().map(|session| async {
+        let pushed = push_from(&source, session, remote, Arc::clone(&progress)).await;
+        source.reads.host_done();
+        pushed
+    });
+    let results = futures::future::join_all(pushes).await;
+    if let Some(refused) = source.scan_error() {
+        return Err(SyncError::Invalid(refused.to_string()));
+    }
+    Ok(results)
 }
 
 async fn push_from(
@@ -111,10 +117,11 @@ async fn push_from(
 ) -> Result<SyncReport, SyncError> {
     let started = Instant::now();
     let options = &source.options;
+    let planning = Planning(source);
     // One connection for the whole sync: staged parts live in the agent of
     // that connection, and a sync whose connection dies is not carried on by
     // a new one.
-    let conn = session.connection().await?;
+    let conn = until_cancelled(&progress, async { Ok(session.connection().await?) }).await?;
     let remote = match source.single() {
         Some(name) => {
             let is_dir = single::remote_kind(&conn, remote).await? == RemoteKind::Dir;
@@ -149,7 +156,7 @@ async fn push_from(
         single::replaces_nothing(&plan, name)?;
     }
     let src_problems = src.problems.clone();
-    drop((src, dst));
+    drop((src, dst, planning));
     if options.dry_run {
         return Ok(dry_run_report(report, &plan, started));
     }

@@ -76,6 +76,7 @@ fn read_batch(source: &Source, changes: &[FileChange], start: usize) -> Batch {
         let piece = Piece {
             path: change.src.path.clone(),
             hash: change.src.hash,
+            whole: true,
             offset: 0,
             len: change.src.size,
         };
@@ -117,6 +118,7 @@ fn read_range(source: &Source, src: &TreeEntry, offset: u64, len: u64) -> Result
     let piece = Piece {
         path: src.path.clone(),
         hash: src.hash,
+        whole: false,
         offset,
         len,
     };

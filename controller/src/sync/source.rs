@@ -8,11 +8,13 @@
 //! once and each piece of content compressed once, however many hosts it
 //! goes to.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
 use outpost_protocol::{FilterSpec, RelPath, ScanSummary, TreeEntry};
 
 use super::local::{local_dir, scan_local};
@@ -28,6 +30,11 @@ pub(super) struct Scanned {
     pub(super) problems: HashSet<RelPath>,
 }
 
+/// The one local scan of a push: it goes on (on its blocking thread) even
+/// if the host that started it drops out, and every host awaits the same
+/// result. A failure is a message: the source itself was refused.
+type SharedScan = Shared<BoxFuture<'static, Result<Arc<Scanned>, String>>>;
+
 pub(super) struct Source {
     /// The local directory synced (a single file's parent).
     pub(super) root: PathBuf,
@@ -36,7 +43,13 @@ pub(super) struct Source {
     /// The source is one file (named by `options.only`).
     single_file: bool,
     pub(super) spec: FilterSpec,
-    scanned: tokio::sync::OnceCell<Arc<Scanned>>,
+    /// Let go (`None`) once every host has planned: a tree's entries are
+    /// not held through the transfer.
+    scan: Mutex<Option<SharedScan>>,
+    /// Hosts still to plan.
+    planning: AtomicUsize,
+    /// Why the scan failed, if it did.
+    scan_error: OnceLock<String>,
     pub(super) reads: Reads,
 }
 
@@ -62,12 +75,17 @@ impl Source {
             None => local_dir(local, true)?,
         };
         let spec = filter_spec(&options, &root)?;
+        let scan = scan(root.clone(), spec.clone(), options.clone())
+            .boxed()
+            .shared();
         Ok(Source {
             root,
             options,
             single_file,
             spec,
-            scanned: tokio::sync::OnceCell::new(),
+            scan: Mutex::new(Some(scan)),
+            planning: AtomicUsize::new(hosts),
+            scan_error: OnceLock::new(),
             reads: Reads::new(hosts),
         })
     }
@@ -77,35 +95,75 @@ impl Source {
         self.options.only.as_deref().filter(|_| self.single_file)
     }
 
-    /// The local scan, made by the first host to ask (an error is each
-    /// asker's own, and the next one scans again).
+    /// The local scan, made once for every host. Each host asks once,
+    /// then calls [`Source::planned`].
     pub(super) async fn scanned(&self) -> Result<Arc<Scanned>, SyncError> {
-        self.scanned
-            .get_or_try_init(|| async {
-                let mut out = scan_local(self.root.clone(), self.spec.clone()).await?;
-                root_problem(&self.root.display().to_string(), &out.summary)?;
-                only_name(&mut out.entries, &self.options);
-                if let Some(name) = &self.options.only {
-                    single::the_file_is_there(&out.entries, name)?;
-                }
-                Ok(Arc::new(Scanned {
-                    problems: problem_paths(&out.summary),
-                    entries: out.entries,
-                    summary: out.summary,
-                }))
-            })
-            .await
-            .cloned()
+        let scan = lock(&self.scan).clone();
+        let Some(scan) = scan else {
+            return Err(SyncError::Invalid("the local scan was let go".into()));
+        };
+        scan.await.map_err(|message| {
+            let _ = self.scan_error.set(message.clone());
+            SyncError::Invalid(message)
+        })
     }
+
+    /// A host is done with the scan (planned, or failed before): once every
+    /// host is, the scan is let go.
+    pub(super) fn planned(&self) {
+        if self.planning.fetch_sub(1, Ordering::AcqRel) == 1 {
+            lock(&self.scan).take();
+        }
+    }
+
+    /// Why the local scan failed, if it did.
+    pub(super) fn scan_error(&self) -> Option<&str> {
+        self.scan_error.get().map(String::as_str)
+    }
+}
+
+/// Counts a host out of [`Source::planned`] when dropped, however its
+/// push ends.
+pub(super) struct Planning<'s>(pub(super) &'s Source);
+
+impl Drop for Planning<'_> {
+    fn drop(&mut self) {
+        self.0.planned();
+    }
+}
+
+async fn scan(
+    root: PathBuf,
+    spec: FilterSpec,
+    options: SyncOptions,
+) -> Result<Arc<Scanned>, String> {
+    let refused = |e: SyncError| e.to_string();
+    let mut out = scan_local(root.clone(), spec).await.map_err(refused)?;
+    root_problem(&root.display().to_string(), &out.summary).map_err(refused)?;
+    only_name(&mut out.entries, &options);
+    if let Some(name) = &options.only {
+        single::the_file_is_there(&out.entries, name).map_err(refused)?;
+    }
+    Ok(Arc::new(Scanned {
+        problems: problem_paths(&out.summary),
+        entries: out.entries,
+        summary: out.summary,
+    }))
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// A piece of content one or more hosts are sent: a whole small file, or a
 /// range of a large one (`hash` the file's, so a key never outlives the
-/// content it was read as).
+/// content it was read as). A whole file and a range covering all of it are
+/// different pieces: only the first carries the content's hash.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub(super) struct Piece {
     pub(super) path: RelPath,
     pub(super) hash: Option<[u8; 32]>,
+    pub(super) whole: bool,
     pub(super) offset: u64,
     pub(super) len: u64,
 }
@@ -122,10 +180,11 @@ const READS_KEPT: u64 = 128 << 20;
 
 /// Content read once for every host of a push: the first host to need a
 /// piece reads, checks and compresses it (others asking meanwhile wait for
-/// that), the rest take the same bytes; a piece goes once every host took
-/// it, or when [`READS_KEPT`] is passed.
+/// that), the rest take the same bytes; a piece goes once every host still
+/// pushing took it, or when [`READS_KEPT`] is passed (oldest first).
 pub(super) struct Reads {
-    hosts: usize,
+    /// Hosts still pushing.
+    hosts: AtomicUsize,
     /// [`READS_KEPT`] but in tests.
     limit: u64,
     kept: Mutex<Kept>,
@@ -134,8 +193,9 @@ pub(super) struct Reads {
 #[derive(Default)]
 struct Kept {
     slots: HashMap<Piece, Arc<Slot>>,
-    /// Pieces in the order they were read, for dropping the oldest.
-    order: VecDeque<Piece>,
+    /// Kept pieces by when they were read, for dropping the oldest.
+    order: BTreeMap<u64, Piece>,
+    next_seq: u64,
     bytes: u64,
 }
 
@@ -143,29 +203,49 @@ struct Kept {
 struct Slot {
     read: OnceLock<Read>,
     taken: AtomicUsize,
-    /// Its bytes are in [`Kept::bytes`] (set and read under that lock).
-    counted: AtomicBool,
+    /// Its place in [`Kept::order`] once its bytes count in [`Kept::bytes`]
+    /// (set and read under that lock).
+    seq: OnceLock<u64>,
+}
+
+impl Kept {
+    /// Removes a piece (if it is this slot) and its accounting.
+    fn remove(&mut self, piece: &Piece, slot: &Arc<Slot>) {
+        if !self.slots.get(piece).is_some_and(|s| Arc::ptr_eq(s, slot)) {
+            return;
+        }
+        self.slots.remove(piece);
+        if let Some(seq) = slot.seq.get() {
+            self.order.remove(seq);
+            self.bytes -= size(slot.read.get());
+        }
+    }
 }
 
 impl Reads {
     fn new(hosts: usize) -> Reads {
         Reads {
-            hosts,
+            hosts: AtomicUsize::new(hosts),
             limit: READS_KEPT,
             kept: Mutex::new(Kept::default()),
         }
     }
 
+    fn sharing(&self) -> bool {
+        self.hosts.load(Ordering::Acquire) > 1
+    }
+
     /// The piece, read by `read` unless another host already did. Blocks
     /// while another host reads it: call off the async workers.
     pub(super) fn get(&self, piece: &Piece, read: impl FnOnce() -> Read) -> Read {
-        if self.hosts < 2 {
+        if !self.sharing() {
             return read();
         }
-        let slot = {
-            let mut kept = self.lock();
-            kept.slots.entry(piece.clone()).or_default().clone()
-        };
+        let slot = lock(&self.kept)
+            .slots
+            .entry(piece.clone())
+            .or_default()
+            .clone();
         let mut first = false;
         let value = slot
             .read
@@ -175,48 +255,48 @@ impl Reads {
             })
             .clone();
         let taken = slot.taken.fetch_add(1, Ordering::AcqRel) + 1;
-        let mut kept = self.lock();
+        let mut kept = lock(&self.kept);
         let held = kept.slots.get(piece).is_some_and(|s| Arc::ptr_eq(s, &slot));
         if held && first {
-            kept.bytes += size(&value);
-            kept.order.push_back(piece.clone());
-            slot.counted.store(true, Ordering::Relaxed);
+            let seq = kept.next_seq;
+            kept.next_seq += 1;
+            let _ = slot.seq.set(seq);
+            kept.order.insert(seq, piece.clone());
+            kept.bytes += size(Some(&value));
         }
-        if held && taken >= self.hosts {
-            kept.slots.remove(piece);
-            if slot.counted.load(Ordering::Relaxed) {
-                kept.bytes -= size(&value);
-            }
+        if taken >= self.hosts.load(Ordering::Acquire) {
+            kept.remove(piece, &slot);
         }
         while kept.bytes > self.limit {
-            let Some(oldest) = kept.order.pop_front() else {
+            let Some((_, oldest)) = kept.order.pop_first() else {
                 break;
             };
-            if let Some(gone) = kept.slots.remove(&oldest)
-                && gone.counted.load(Ordering::Relaxed)
-                && let Some(read) = gone.read.get()
-            {
-                kept.bytes -= size(read);
+            if let Some(gone) = kept.slots.remove(&oldest) {
+                kept.bytes -= size(gone.read.get());
             }
-        }
-        // Pieces taken by every host leave `order` lazily, here.
-        while kept
-            .order
-            .front()
-            .is_some_and(|p| !kept.slots.contains_key(p))
-        {
-            kept.order.pop_front();
         }
         value
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Kept> {
-        self.kept.lock().unwrap_or_else(|p| p.into_inner())
+    /// A host's push ended: pieces every remaining host took are let go.
+    pub(super) fn host_done(&self) {
+        let hosts = self.hosts.fetch_sub(1, Ordering::AcqRel).saturating_sub(1);
+        let mut kept = lock(&self.kept);
+        let done: Vec<(Piece, Arc<Slot>)> = kept
+            .slots
+            .iter()
+            .filter(|(_, s)| s.taken.load(Ordering::Acquire) >= hosts)
+            .map(|(p, s)| (p.clone(), Arc::clone(s)))
+            .collect();
+        for (piece, slot) in done {
+            kept.remove(&piece, &slot);
+        }
     }
 }
 
-fn size(read: &Read) -> u64 {
-    read.as_ref().map_or(0, |(data, _)| data.len() as u64)
+fn size(read: Option<&Read>) -> u64 {
+    read.and_then(|r| r.as_ref().ok())
+        .map_or(0, |(data, _)| data.len() as u64)
 }
 
 #[cfg(test)]
@@ -227,6 +307,7 @@ mod tests {
         Piece {
             path: b"f".to_vec(),
             hash: None,
+            whole: false,
             offset: n,
             len: 1,
         }
@@ -248,7 +329,7 @@ mod tests {
             assert_eq!(got.unwrap().0.len(), 10);
         }
         assert_eq!(count, 1);
-        let kept = reads.lock();
+        let kept = lock(&reads.kept);
         assert!(kept.slots.is_empty() && kept.order.is_empty() && kept.bytes == 0);
     }
 
@@ -261,7 +342,7 @@ mod tests {
         for n in 0..3 {
             reads.get(&piece(n), || bytes(50)).unwrap();
         }
-        let kept = reads.lock().bytes;
+        let kept = lock(&reads.kept).bytes;
         assert!(kept <= 100, "{kept}");
         let mut again = 0;
         for n in [0, 2] {
@@ -277,9 +358,20 @@ mod tests {
     }
 
     #[test]
+    fn a_host_that_ends_is_not_waited_for() {
+        let reads = Reads::new(3);
+        reads.get(&piece(0), || bytes(5)).unwrap();
+        reads.get(&piece(0), || bytes(5)).unwrap();
+        assert_eq!(lock(&reads.kept).slots.len(), 1);
+        reads.host_done();
+        let kept = lock(&reads.kept);
+        assert!(kept.slots.is_empty() && kept.order.is_empty() && kept.bytes == 0);
+    }
+
+    #[test]
     fn one_host_keeps_nothing() {
         let reads = Reads::new(1);
         reads.get(&piece(0), || bytes(5)).unwrap();
-        assert!(reads.lock().slots.is_empty());
+        assert!(lock(&reads.kept).slots.is_empty());
     }
 }
