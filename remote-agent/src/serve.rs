@@ -14,6 +14,7 @@
 //! signal handling, no job daemon, nothing done to the process as a whole.
 
 use std::collections::HashMap;
+use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,6 +23,7 @@ use outpost_protocol::{
     Request, RequestId, Response, ScanSummary, decode, encode_frame,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+use tokio::net::unix::pipe;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -92,16 +94,48 @@ pub fn run() -> i32 {
             return 1;
         }
     };
-    let session = serve_on(
-        tokio::io::stdin(),
-        tokio::io::stdout(),
-        ServeOptions::process(),
-    );
-    let code = runtime.block_on(session);
+    let code = runtime.block_on(async {
+        let (input, output) = session_streams();
+        serve_on(input, output, ServeOptions::process()).await
+    });
     // Dropping the runtime would wait for the blocking stdin read forever;
     // the caller exits the process instead.
     std::mem::forget(runtime);
     code
+}
+
+/// stdin and stdout as the session's streams; must run inside the runtime.
+///
+/// Pipes (sshd's, for a session without a terminal) are polled by the
+/// runtime like a socket. tokio's stdin and stdout hand every read, write
+/// and flush to a blocking thread and back: several thread wake-ups per
+/// request, a good part of an agent's CPU per metrics answer.
+/// Anything else (a socket, a terminal) keeps tokio's.
+fn session_streams() -> (
+    Box<dyn AsyncRead + Unpin>,
+    Box<dyn AsyncWrite + Unpin + Send>,
+) {
+    let input: Box<dyn AsyncRead + Unpin> =
+        match dup(libc::STDIN_FILENO).map(pipe::Receiver::from_owned_fd) {
+            Some(Ok(pipe)) => Box::new(pipe),
+            _ => Box::new(tokio::io::stdin()),
+        };
+    let output: Box<dyn AsyncWrite + Unpin + Send> =
+        match dup(libc::STDOUT_FILENO).map(pipe::Sender::from_owned_fd) {
+            Some(Ok(pipe)) => Box::new(pipe),
+            _ => Box::new(tokio::io::stdout()),
+        };
+    (input, output)
+}
+
+/// A close-on-exec duplicate of one of the standard descriptors, which stay
+/// open for the life of the process.
+fn dup(fd: RawFd) -> Option<OwnedFd> {
+    // SAFETY: `fd` is 0 or 1, open for the whole process; it is only
+    // duplicated here, never closed.
+    unsafe { BorrowedFd::borrow_raw(fd) }
+        .try_clone_to_owned()
+        .ok()
 }
 
 /// Pipe capacity asked for on stdin and stdout.

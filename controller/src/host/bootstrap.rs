@@ -110,6 +110,14 @@ pub struct Artifact {
 impl Artifact {
     /// BLAKE3 of the file, hex; computed once.
     pub fn hash(&self) -> std::io::Result<&str> {
+        // One hashing at a time: a fleet connecting at once would otherwise
+        // read and hash the same file once per host before the first result
+        // lands.
+        static HASHING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        if let Some(h) = self.hash.get() {
+            return Ok(h);
+        }
+        let _one = HASHING.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(h) = self.hash.get() {
             return Ok(h);
         }

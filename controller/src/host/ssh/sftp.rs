@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use russh_sftp::client::SftpSession;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Upload through SFTP: temp name in the target directory, mode 0700, then rename
 /// (after removing a corrupt file, since SFTP rename does not overwrite).
@@ -13,7 +13,9 @@ pub(super) async fn upload(
     dirs: &[String],
     agent_path: &str,
 ) -> Result<(), String> {
-    let bytes = tokio::fs::read(local)
+    // Streamed, not read whole: a fleet installing at once would hold one
+    // copy of the agent per host.
+    let mut source = tokio::fs::File::open(local)
         .await
         .map_err(|e| format!("cannot read {}: {e}", local.display()))?;
     for dir in dirs {
@@ -43,8 +45,13 @@ pub(super) async fn upload(
         .await
         .map_err(|e| format!("cannot create {tmp}: {e}"))?;
     let write = async {
-        for chunk in bytes.chunks(256 * 1024) {
-            file.write_all(chunk).await?;
+        let mut chunk = vec![0u8; 256 * 1024];
+        loop {
+            let n = source.read(&mut chunk).await?;
+            if n == 0 {
+                break;
+            }
+            file.write_all(&chunk[..n]).await?;
         }
         file.shutdown().await
     };
