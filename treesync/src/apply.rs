@@ -491,7 +491,13 @@ impl Applier {
                     at = end;
                     Ok(())
                 })
-                .map(drop)
+                .map(|_| {
+                    // The part goes to disk while the next ones arrive, so
+                    // the flush before the commit has little left to wait
+                    // for (a 1 GiB push: 2.87–3.13 s with it, 3.43–3.63 s
+                    // without, on one VM).
+                    sys::start_writeback(file.as_fd(), offset, at - offset);
+                })
                 .map_err(|e| {
                     staged.running = None;
                     staged.damaged = true;

@@ -28,18 +28,19 @@ pub struct ChunkSizes {
     pub max: usize,
 }
 
-/// Smallest average chunk: an edit costs about this much on the wire (a
-/// 4 KiB edit in a 20 MB file: ~40 KiB, where rsync sends ~70 KiB; at
-/// 64 KiB it was 85 KiB), while a chunk list stays at most [`TARGET_CHUNKS`]
-/// entries for files up to 256 MiB.
-const AVG_MIN: usize = 32 * 1024;
+/// Smallest average chunk: an edit costs about this much on the wire, a
+/// chunk or two (a 4 KiB edit in a 20 MB file: 35 KiB on average over 40
+/// places, where rsync sends ~70 KiB; 59 KiB with 32 KiB chunks, 119 KiB
+/// with 64 KiB), while a chunk list stays at most [`TARGET_CHUNKS`] entries
+/// for files up to 128 MiB.
+const AVG_MIN: usize = 16 * 1024;
 /// Largest average chunk (fastcdc allows up to 4 MiB).
 const AVG_MAX: usize = 1 << 20;
 /// Chunks a file is cut into, about, before the average grows.
 const TARGET_CHUNKS: u64 = 8192;
 
-/// The chunk sizes for a file of `size` bytes: 32 KiB on average up to
-/// 256 MiB, then doubling with the size up to 1 MiB (from 8 GiB), so a chunk
+/// The chunk sizes for a file of `size` bytes: 16 KiB on average up to
+/// 128 MiB, then doubling with the size up to 1 MiB (from 8 GiB), so a chunk
 /// list stays a few hundred KiB where it could otherwise outgrow a frame, and
 /// a 64 GiB checkpoint still gets one (3 MB) instead of being resent whole
 /// after every change. Both ends derive it from the size alone, so they cut
@@ -187,8 +188,9 @@ mod tests {
         const MIB: u64 = 1 << 20;
         const GIB: u64 = 1 << 30;
         let avg = |size| chunk_sizes(size).avg as u64;
-        assert_eq!(avg(0), 32 * 1024);
-        assert_eq!(avg(20 * MIB), 32 * 1024);
+        assert_eq!(avg(0), 16 * 1024);
+        assert_eq!(avg(20 * MIB), 16 * 1024);
+        assert_eq!(avg(128 * MIB), 16 * 1024);
         assert_eq!(avg(256 * MIB), 32 * 1024);
         assert_eq!(avg(512 * MIB), 64 * 1024);
         assert_eq!(avg(600 * MIB), 128 * 1024);

@@ -287,6 +287,22 @@ pub(crate) fn lutimensat(dir: BorrowedFd<'_>, name: &CStr, mtime_ns: i64) -> io:
     Ok(())
 }
 
+/// Starts writing back `len` bytes at `offset` without waiting for them
+/// (`sync_file_range(SYNC_FILE_RANGE_WRITE)`): a hint, so errors are
+/// ignored; the flush before the commit is what guarantees durability.
+pub(crate) fn start_writeback(fd: BorrowedFd<'_>, offset: u64, len: u64) {
+    let (Ok(offset), Ok(len)) = (
+        libc::off64_t::try_from(offset),
+        libc::off64_t::try_from(len),
+    ) else {
+        return;
+    };
+    // SAFETY: a plain syscall on a descriptor we hold.
+    unsafe {
+        libc::sync_file_range(fd.as_raw_fd(), offset, len, libc::SYNC_FILE_RANGE_WRITE);
+    }
+}
+
 pub(crate) fn syncfs(fd: BorrowedFd<'_>) -> io::Result<()> {
     cvt(unsafe { libc::syncfs(fd.as_raw_fd()) })?;
     Ok(())

@@ -1522,21 +1522,41 @@ fn sync_vs_rsync() {
     }
     let (o_pull, r_pull) = (median(pull_o), median(pull_r));
 
-    // A 4 KiB edit in the middle of a 20 MB file.
+    // A 4 KiB edit in a 20 MB file, at several places (what an edit costs
+    // depends on the chunk it falls in): bytes each tool sends, and the
+    // time of the middle one.
     let weights = src.join("weights0.bin");
     let mut content = std::fs::read(&weights).unwrap();
-    let mid = content.len() / 2;
-    content[mid..mid + 4096].copy_from_slice(&noise(4096, 77));
-    std::fs::write(&weights, &content).unwrap();
-    let (o_edit, o_edit_out) = timed(outpost(&src_arg, &o_remote));
-    let mut r_cmd = rsync(src_arg.clone(), r_remote.clone());
-    r_cmd.arg("--stats");
-    let (r_edit, r_edit_out) = timed(r_cmd);
-    let rsync_sent = r_edit_out
-        .lines()
-        .find(|l| l.starts_with("Total bytes sent"))
-        .unwrap_or("Total bytes sent: ?")
-        .to_string();
+    let (mut o_bytes, mut r_bytes) = (Vec::new(), Vec::new());
+    let (mut o_edit, mut r_edit) = (Duration::ZERO, Duration::ZERO);
+    const EDITS: usize = 7;
+    for k in 0..EDITS {
+        let at = content.len() * (k + 1) / (EDITS + 1);
+        content[at..at + 4096].copy_from_slice(&noise(4096, 77 + k as u64));
+        std::fs::write(&weights, &content).unwrap();
+        let (o_took, o_out) = timed(outpost(&src_arg, &o_remote));
+        let mut r_cmd = rsync(src_arg.clone(), r_remote.clone());
+        r_cmd.arg("--stats");
+        let (r_took, r_out) = timed(r_cmd);
+        if k == EDITS / 2 {
+            (o_edit, r_edit) = (o_took, r_took);
+        }
+        o_bytes.push(wire_bytes(&o_out));
+        let sent = r_out
+            .lines()
+            .find_map(|l| l.strip_prefix("Total bytes sent: "))
+            .map(|n| n.replace(',', "").trim().parse::<f64>().unwrap_or(0.0));
+        r_bytes.push(sent.unwrap_or(0.0));
+    }
+    let kib = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        format!(
+            "median {:.1} KiB (range {:.1}–{:.1})",
+            v[v.len() / 2] / 1024.0,
+            v[0] / 1024.0,
+            v[v.len() - 1] / 1024.0
+        )
+    };
 
     let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
     println!();
@@ -1561,8 +1581,34 @@ fn sync_vs_rsync() {
             ratio(o, r)
         );
     }
-    println!("  bytes for the 4 KiB edit: outpost: {}", o_edit_out.trim());
-    println!("                            rsync:   {rsync_sent}");
+    println!(
+        "  bytes sent for a 4 KiB edit at {EDITS} places: outpost: {} (content; its requests add ~1%)",
+        kib(&mut o_bytes)
+    );
+    println!(
+        "                                             rsync:   {} (its Total bytes sent)",
+        kib(&mut r_bytes)
+    );
+}
+
+/// "… (X KiB of content, Y KiB on the wire …" of `outpost sync`'s line, Y
+/// in bytes.
+fn wire_bytes(out: &str) -> f64 {
+    let Some(before) = out.split(" on the wire").next() else {
+        return 0.0;
+    };
+    let Some(amount) = before.rsplit(", ").next() else {
+        return 0.0;
+    };
+    let mut parts = amount.split_whitespace();
+    let number: f64 = parts.next().and_then(|n| n.parse().ok()).unwrap_or(0.0);
+    let unit = match parts.next() {
+        Some("KiB") => 1024.0,
+        Some("MiB") => 1024.0 * 1024.0,
+        Some("GiB") => 1024.0 * 1024.0 * 1024.0,
+        _ => 1.0,
+    };
+    number * unit
 }
 
 /// CPU time (user + system) of this process's waited-for children so far.
@@ -1776,9 +1822,9 @@ fn big_file() {
             out.write_all(&noise(1 << 26, 9_000 + i)).unwrap();
         }
     }
-    let outpost = |to: String| {
+    let outpost_of = |from: &Path, to: String| {
         let mut cmd = Command::new(target_bin("outpost"));
-        cmd.args(["sync", &file.display().to_string(), &to])
+        cmd.args(["sync", &from.display().to_string(), &to])
             .env_clear()
             .env("HOME", &home)
             .env("PATH", std::env::var("PATH").unwrap_or_default())
@@ -1800,14 +1846,23 @@ fn big_file() {
         }
         let _ = Command::new("sync").status();
     };
-    // The agent installed before anything is timed.
-    timed(outpost(format!("box0:{}", remote("warm").display())));
+    // The agent installed (and its connection warm) before anything is
+    // timed: a tiny file, not the big one.
+    let tiny = scratch.path().join("tiny");
+    std::fs::write(&tiny, "x").unwrap();
+    timed(outpost_of(
+        &tiny,
+        format!("box0:{}/", remote("warm").display()),
+    ));
+    let outpost = |to: String| outpost_of(&file, to);
     let (mut o_runs, mut raw_runs) = (Vec::new(), Vec::new());
     for _ in 0..FRESH_ROUNDS {
         flush_and_clean();
-        o_runs.push(timed(outpost(format!("box0:{}", remote("o").display()))).0);
+        o_runs.push(timed(outpost(format!("box0:{}/", remote("o").display()))).0);
         assert_eq!(
-            std::fs::metadata(remote("o")).map(|m| m.len()).unwrap_or(0),
+            std::fs::metadata(remote("o").join("big.bin"))
+                .map(|m| m.len())
+                .unwrap_or(0),
             SIZE as u64
         );
         flush_and_clean();
@@ -1817,7 +1872,7 @@ fn big_file() {
         raw_runs.push(timed(raw).0);
     }
     flush_and_clean();
-    let _ = std::fs::remove_file(remote("warm"));
+    let _ = std::fs::remove_dir_all(remote("warm"));
     master.kill().ok();
     master.wait().ok();
     let (o, raw) = (median(o_runs), median(raw_runs));
