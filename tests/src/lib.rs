@@ -1325,18 +1325,22 @@ impl Slurm {
             panic!("munged did not create its socket:\n{}", slurm.logs());
         }
 
-        // Two distinct free ports; the daemons bind them a moment later (a
-        // clash with another process in between shows in the logs).
-        let ctld_port = free_port();
-        let slurmd_port = loop {
-            let p = free_port();
-            if p != ctld_port {
-                break p;
-            }
-        };
-        let name = b.file_name().unwrap().to_string_lossy().replace('-', "_");
-        let text = format!(
-            "# A private single-node cluster for one test process.
+        // Two distinct free ports, which the daemons bind a moment later:
+        // another process (a test beside this one starting its own cluster)
+        // may take one in between, so a daemon that exits on "Address
+        // already in use" is started again on fresh ports.
+        const PORT_TRIES: usize = 3;
+        for attempt in 1..=PORT_TRIES {
+            let ctld_port = free_port();
+            let slurmd_port = loop {
+                let p = free_port();
+                if p != ctld_port {
+                    break p;
+                }
+            };
+            let name = b.file_name().unwrap().to_string_lossy().replace('-', "_");
+            let text = format!(
+                "# A private single-node cluster for one test process.
 ClusterName={cluster}
 SlurmctldHost=localhost
 SlurmUser=root
@@ -1369,37 +1373,47 @@ SlurmdParameters=config_overrides
 NodeName=localhost NodeHostname=localhost NodeAddr=127.0.0.1 CPUs=16 CoresPerSocket=16 ThreadsPerCore=1 RealMemory=4000 State=UNKNOWN
 PartitionName=test Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 ",
-            // ClusterName: lower case, at most 40 characters.
-            cluster = &name.to_lowercase()[..name.len().min(40)],
-            socket = socket.display(),
-            b = b.display(),
-        );
-        fs::write(&conf, text).expect("write slurm.conf");
-
-        let mut ctld = slurm.command("/usr/sbin/slurmctld");
-        ctld.arg("-D").arg("-f").arg(&conf);
-        slurm.slurmctld = Some(spawn_logged(&mut ctld, &b.join("log/slurmctld.out")));
-        // -N: the machine's hostname is not the node's name.
-        let mut slurmd = slurm.command("/usr/sbin/slurmd");
-        slurmd.args(["-D", "-N", "localhost", "-f"]).arg(&conf);
-        slurm.slurmd = Some(spawn_logged(&mut slurmd, &b.join("log/slurmd.out")));
-
-        let mut last = String::new();
-        let ready = wait_until(SLURM_READY_TIMEOUT, || {
-            if slurm.daemon_exited() {
-                return true;
-            }
-            last = slurm.output(&["sinfo", "-h", "-n", "localhost", "-o", "%T"]);
-            last.trim() == "idle"
-        });
-        if !ready || slurm.daemon_exited() {
-            panic!(
-                "the Slurm node did not become idle (sinfo said {:?}):\n{}",
-                last.trim(),
-                slurm.logs()
+                // ClusterName: lower case, at most 40 characters.
+                cluster = &name.to_lowercase()[..name.len().min(40)],
+                socket = socket.display(),
+                b = b.display(),
             );
+            fs::write(&conf, text).expect("write slurm.conf");
+
+            let mut ctld = slurm.command("/usr/sbin/slurmctld");
+            ctld.arg("-D").arg("-f").arg(&conf);
+            slurm.slurmctld = Some(spawn_logged(&mut ctld, &b.join("log/slurmctld.out")));
+            // -N: the machine's hostname is not the node's name.
+            let mut slurmd = slurm.command("/usr/sbin/slurmd");
+            slurmd.args(["-D", "-N", "localhost", "-f"]).arg(&conf);
+            slurm.slurmd = Some(spawn_logged(&mut slurmd, &b.join("log/slurmd.out")));
+
+            let mut last = String::new();
+            let ready = wait_until(SLURM_READY_TIMEOUT, || {
+                if slurm.daemon_exited() {
+                    return true;
+                }
+                last = slurm.output(&["sinfo", "-h", "-n", "localhost", "-o", "%T"]);
+                last.trim() == "idle"
+            });
+            if ready && !slurm.daemon_exited() {
+                return Some(slurm);
+            }
+            let clash = slurm.logs().contains("Address already in use");
+            for child in [&mut slurm.slurmd, &mut slurm.slurmctld] {
+                if let Some(mut child) = child.take() {
+                    stop_child(&mut child);
+                }
+            }
+            if !(clash && attempt < PORT_TRIES) {
+                panic!(
+                    "the Slurm node did not become idle (sinfo said {:?}):\n{}",
+                    last.trim(),
+                    slurm.logs()
+                );
+            }
         }
-        Some(slurm)
+        unreachable!("the last try panics")
     }
 
     /// The environment every Slurm command (and whatever runs them) needs;
