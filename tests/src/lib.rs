@@ -78,6 +78,13 @@ impl Sshd {
         Sshd::start_with(None, &[])
     }
 
+    /// Starts a fresh sshd whose sessions have `home` (see
+    /// [`test_user_dir`]) as their HOME: relative remote paths land there, so
+    /// several sshds on this machine are several hosts with trees of their own.
+    pub fn start_with_home(home: &Path) -> Sshd {
+        Sshd::start_with_env(&[("HOME", home.display().to_string())])
+    }
+
     /// Starts a fresh sshd whose sessions all get `env` (a private Slurm's
     /// `SLURM_CONF`, as a cluster's login profile sets its own).
     pub fn start_with_env(env: &[(&str, String)]) -> Sshd {
@@ -650,6 +657,19 @@ pub fn target_bin(name: &str) -> PathBuf {
         );
     }
     path
+}
+
+/// A fresh directory the test user owns (a host's HOME for
+/// [`Sshd::start_with_home`]).
+pub fn test_user_dir(label: &str) -> TempDir {
+    let dir = TempDir::new(label);
+    let status = Command::new("chown")
+        .arg(format!("{TEST_USER}:{TEST_USER}"))
+        .arg(dir.path())
+        .status()
+        .expect("run chown");
+    assert!(status.success(), "chown {}", dir.path().display());
+    dir
 }
 
 /// Pids of processes whose command line (arguments joined by spaces)

@@ -338,20 +338,11 @@ fn a_host_reached_through_ssh_config_match_blocks() {
 #[test]
 fn sync_to_several_hosts_from_the_command_line() {
     let homes: Vec<TempDir> = (0..2)
-        .map(|i| {
-            let home = TempDir::new(&format!("cli-fanout-home-{i}"));
-            let status = Command::new("chown")
-                .arg(format!("{0}:{0}", outpost_e2e::TEST_USER))
-                .arg(home.path())
-                .status()
-                .unwrap();
-            assert!(status.success());
-            home
-        })
+        .map(|i| outpost_e2e::test_user_dir(&format!("cli-fanout-home-{i}")))
         .collect();
     let hosts: Vec<Sshd> = homes
         .iter()
-        .map(|h| Sshd::start_with_env(&[("HOME", h.path().display().to_string())]))
+        .map(|h| Sshd::start_with_home(h.path()))
         .collect();
     let home = TempDir::new("cli-home");
     let config = home.path().join("config.toml");

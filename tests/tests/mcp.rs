@@ -1096,20 +1096,11 @@ async fn mcp_drop_in_calls_and_the_tool_list() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mcp_push_to_several_hosts_reports_each_host() {
     let homes: Vec<outpost_e2e::TempDir> = (0..3)
-        .map(|i| {
-            let home = outpost_e2e::TempDir::new(&format!("fanout-home-{i}"));
-            let status = std::process::Command::new("chown")
-                .arg(format!("{0}:{0}", outpost_e2e::TEST_USER))
-                .arg(home.path())
-                .status()
-                .unwrap();
-            assert!(status.success());
-            home
-        })
+        .map(|i| outpost_e2e::test_user_dir(&format!("fanout-home-{i}")))
         .collect();
     let mut hosts: Vec<Sshd> = homes
         .iter()
-        .map(|h| Sshd::start_with_env(&[("HOME", h.path().display().to_string())]))
+        .map(|h| Sshd::start_with_home(h.path()))
         .collect();
     let dir = common::scratch("fanout-config");
     let config = dir.path().join("config.toml");

@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use crate::fleet::Fleet;
 use crate::ops::localpath::{Intent, Roots};
-use crate::ops::transfers::{Direction, HostResult, ProgressView, Status, Transfers};
+use crate::ops::transfers::{Direction, HostResult, ProgressView, Status, Transfer, Transfers};
 use crate::session::Session;
 use crate::sync::{self, Progress, SyncOptions, SyncReport};
 
@@ -171,17 +171,7 @@ pub fn sync_background(
     roots: &Roots,
     p: SyncRequest,
 ) -> Result<SyncOutcome, String> {
-    let (local, options) = options(roots, &p, Direction::Push)?;
-    let sessions = push_targets(fleet, &p)?;
-    let fan_out = p.sandboxes.is_some();
-    let task = transfers.start(
-        sessions,
-        fan_out,
-        Direction::Push,
-        local,
-        p.remote_path,
-        options,
-    );
+    let (task, _) = start_push(fleet, transfers, roots, p)?;
     let view = task.view(0);
     Ok(SyncOutcome {
         mode: "background".into(),
@@ -193,6 +183,28 @@ pub fn sync_background(
         hosts: Vec::new(),
         auto_switched: false,
     })
+}
+
+/// Starts a push as a transfer task; also says to how many hosts.
+fn start_push(
+    fleet: &Fleet,
+    transfers: &Transfers,
+    roots: &Roots,
+    p: SyncRequest,
+) -> Result<(Arc<Transfer>, u64), String> {
+    let (local, options) = options(roots, &p, Direction::Push)?;
+    let sessions = push_targets(fleet, &p)?;
+    let hosts = sessions.len() as u64;
+    let fan_out = p.sandboxes.is_some();
+    let task = transfers.start(
+        sessions,
+        fan_out,
+        Direction::Push,
+        local,
+        p.remote_path,
+        options,
+    );
+    Ok((task, hosts))
 }
 
 /// The sessions a push goes to: `sandboxes` (`["all"]`: every configured
@@ -238,7 +250,7 @@ fn push_targets(fleet: &Fleet, p: &SyncRequest) -> Result<Vec<Arc<Session>>, Str
 }
 
 /// Cancels a transfer when dropped, unless taken out first.
-struct CancelOnDrop(Option<Arc<crate::ops::transfers::Transfer>>);
+struct CancelOnDrop(Option<Arc<Transfer>>);
 
 impl Drop for CancelOnDrop {
     fn drop(&mut self) {
@@ -258,18 +270,7 @@ pub async fn sync_maybe_inline(
     p: SyncRequest,
     watch: impl FnOnce(Arc<Progress>),
 ) -> Result<SyncOutcome, String> {
-    let (local, options) = options(roots, &p, Direction::Push)?;
-    let sessions = push_targets(fleet, &p)?;
-    let hosts = sessions.len() as u64;
-    let fan_out = p.sandboxes.is_some();
-    let task = transfers.start(
-        sessions,
-        fan_out,
-        Direction::Push,
-        local,
-        p.remote_path,
-        options,
-    );
+    let (task, hosts) = start_push(fleet, transfers, roots, p)?;
     watch(task.progress.clone());
     // A call dropped while inline (the client cancelled it) stops its
     // transfer; one that went to the background is the task's to cancel.

@@ -1647,23 +1647,11 @@ fn machine_cpu() -> Duration {
 fn fanout() {
     const HOSTS: usize = 8;
     let scratch = TempDir::new("bench-fanout");
-    let homes: Vec<std::path::PathBuf> = (0..HOSTS)
-        .map(|i| {
-            let home = scratch.path().join(format!("host{i}"));
-            std::fs::create_dir_all(&home).unwrap();
-            let status = Command::new("chown")
-                .arg(format!("{0}:{0}", outpost_e2e::TEST_USER))
-                .arg(&home)
-                .status()
-                .unwrap();
-            assert!(status.success());
-            home
-        })
+    let home_dirs: Vec<TempDir> = (0..HOSTS)
+        .map(|i| outpost_e2e::test_user_dir(&format!("bench-fanout-host{i}")))
         .collect();
-    let hosts: Vec<Sshd> = homes
-        .iter()
-        .map(|h| Sshd::start_with_env(&[("HOME", h.display().to_string())]))
-        .collect();
+    let homes: Vec<&Path> = home_dirs.iter().map(TempDir::path).collect();
+    let hosts: Vec<Sshd> = homes.iter().map(|h| Sshd::start_with_home(h)).collect();
     let host_refs: Vec<&Sshd> = hosts.iter().collect();
     let config = write_config(scratch.path(), "fan", &host_refs);
     let home = scratch.path().join("home");
