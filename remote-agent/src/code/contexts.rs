@@ -53,6 +53,10 @@ const MAX_CONTEXTS: usize = 32;
 /// How long a run's output may lag its answer (a C library's buffer being
 /// flushed, a child still writing) before it is taken as it is.
 const OUTPUT_LAG: Duration = Duration::from_secs(1);
+/// How long a worker found dead may still take to hand over an answer it
+/// wrote before it ended (its pipe is closed at once unless a child of it
+/// holds the write end).
+const LAST_ANSWER_WAIT: Duration = Duration::from_millis(200);
 /// Longest answer line a worker may send (it caps its own results well
 /// below this).
 const MAX_REPLY: usize = 64 << 20;
@@ -872,7 +876,14 @@ impl Worker {
                         },
                     },
                     status = reap(&mut self.child, &self.pid) => break match status {
-                        Ok(status) => End::Died(status),
+                        // A worker that answered and then ended (bash's
+                        // `exit`) can be reaped before its answer is read:
+                        // the line is in the pipe already, so read it.
+                        Ok(status) => match tokio::time::timeout(LAST_ANSWER_WAIT, self.replies.next()).await {
+                            Ok(Ok(line)) => serde_json::from_slice::<Reply>(&line)
+                                .map_or(End::Died(status), End::Answered),
+                            _ => End::Died(status),
+                        },
                         Err(e) => End::Broken(e.to_string()),
                     },
                     _ = sleep => {
