@@ -68,6 +68,23 @@ pub struct SandboxStatus {
     pub resources: Option<Resources>,
 }
 
+impl SandboxStatus {
+    /// The row once its host was measured (connected, or why not).
+    pub fn measured(mut self, resources: Result<Resources, String>) -> SandboxStatus {
+        self.connection_alive = resources.is_ok();
+        (self.resources, self.connection_error) = match resources {
+            Ok(r) => (Some(r), None),
+            Err(e) => (None, Some(e)),
+        };
+        self
+    }
+}
+
+/// Why a host's row has no answer: it did not come within `deadline`.
+pub fn no_answer(deadline: Duration) -> String {
+    format!("no answer within {:.0} s", deadline.as_secs_f64())
+}
+
 /// The Slurm job an allocation's id (`job-N`) names, on the cluster `login`.
 pub fn allocation_job(login: &str, id: &str) -> Result<u64, String> {
     id.strip_prefix("job-")
@@ -199,38 +216,38 @@ impl Fleet {
     pub async fn list(&self, check_resources: bool, deadline: Duration) -> Vec<SandboxStatus> {
         let active = self.active_name();
         let rows = self.sessions.iter().map(|session| {
-            let active = active.clone();
+            let active = &active;
             async move {
-                let (host, port, user) = session.config.address();
-                let mut row = SandboxStatus {
-                    name: session.name().to_string(),
-                    host,
-                    port,
-                    user,
-                    is_active: session.name() == active,
-                    connection_alive: false,
-                    connection_error: None,
-                    resources: None,
-                };
-                if check_resources {
-                    match Self::resources(session, deadline).await {
-                        Ok(r) => {
-                            row.connection_alive = true;
-                            row.resources = Some(r);
-                        }
-                        Err(e) => row.connection_error = Some(e),
-                    }
-                } else {
-                    match session.state() {
-                        SessionState::Connected => row.connection_alive = true,
-                        SessionState::Closed(reason) => row.connection_error = Some(reason),
-                        SessionState::Disconnected => {}
-                    }
+                let row = Self::status(session, active);
+                match check_resources {
+                    true => row.measured(Self::resources(session, deadline).await),
+                    false => row,
                 }
-                row
             }
         });
         futures::future::join_all(rows).await
+    }
+
+    /// A sandbox's row as it stands, without connecting: whether its
+    /// connection is alive now, or why it closed.
+    pub fn status(session: &Session, active: &str) -> SandboxStatus {
+        let (host, port, user) = session.config.address();
+        let mut row = SandboxStatus {
+            name: session.name().to_string(),
+            host,
+            port,
+            user,
+            is_active: session.name() == active,
+            connection_alive: false,
+            connection_error: None,
+            resources: None,
+        };
+        match session.state() {
+            SessionState::Connected => row.connection_alive = true,
+            SessionState::Closed(reason) => row.connection_error = Some(reason),
+            SessionState::Disconnected => {}
+        }
+        row
     }
 
     /// Connects the named (or active) sandbox and reports whether it is alive
@@ -252,7 +269,7 @@ impl Fleet {
         match tokio::time::timeout(deadline, session.metrics()).await {
             Ok(Ok(m)) => Ok(Resources::from_metrics(&m)),
             Ok(Err(e)) => Err(e.to_string()),
-            Err(_) => Err(format!("no answer within {:.0} s", deadline.as_secs_f64())),
+            Err(_) => Err(no_answer(deadline)),
         }
     }
 

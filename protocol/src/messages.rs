@@ -75,6 +75,10 @@ pub enum Request {
     GpuRelease { lease_id: String },
     /// Describe a tree. Answered by `Entries*` then `ScanDone`.
     Scan(ScanRequest),
+    /// The hash and chunk list of each of these regular files under `root`
+    /// (symlinks never followed). Answered by `Entries*` then `ScanDone`,
+    /// whose problems name the paths that could not be described.
+    DescribeFiles { root: String, paths: Vec<RelPath> },
     /// Write whole files atomically. Answered by `Applied`.
     PutFiles(PutFiles),
     /// Stage part of a large file (at an explicit offset, so parts may be
@@ -425,9 +429,13 @@ pub struct ScanRequest {
     /// The tree's root on the host; `~` is the home.
     pub root: String,
     pub filter: FilterSpec,
-    /// Include content hashes (and chunk lists for large files). Listings
-    /// that only show names and sizes leave it off.
+    /// Include content hashes. Listings that only show names and sizes
+    /// leave it off.
     pub hashes: bool,
+    /// With `hashes`, also the chunk lists of large files. A sync leaves
+    /// them out (on a no-op they would be most of the answer) and asks
+    /// `DescribeFiles` for those of the files it finds changed.
+    pub chunk_lists: bool,
     /// Descend into subdirectories.
     pub recursive: bool,
     /// Stop after this many entries (0: no limit); `ScanDone.truncated` says so.

@@ -58,9 +58,17 @@ fn sample_messages() -> (Hello, Vec<ClientMessage>, Vec<AgentMessage>) {
                     use_gitignore: true,
                 },
                 hashes: true,
+                chunk_lists: true,
                 recursive: true,
                 max_entries: 200,
             }),
+        },
+        ClientMessage::Request {
+            id: 6,
+            body: Request::DescribeFiles {
+                root: "~/proj".into(),
+                paths: vec![b"data/big.bin".to_vec(), b"\xff".to_vec()],
+            },
         },
         ClientMessage::Request {
             id: 7,

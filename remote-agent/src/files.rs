@@ -16,14 +16,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use outpost_protocol::limits::MAX_FRAME_LEN;
 use outpost_protocol::{
-    AgentError, ApplyMeta, ErrorKind, PutFiles, PutPart, ReadFiles, RequestId, Response, Resume,
-    ScanRequest, TreeEntry,
+    AgentError, ApplyMeta, ErrorKind, PutFiles, PutPart, ReadFiles, RelPath, RequestId, Response,
+    Resume, ScanRequest, ScanSummary, TreeEntry,
 };
 use outpost_treesync::apply::{self, Applier};
 use outpost_treesync::cache::{StatCache, Written};
 use outpost_treesync::codec;
 use outpost_treesync::filter::Filter;
-use outpost_treesync::scan::{self, ScanOptions};
+use outpost_treesync::scan::{self, ScanOptions, ScanOutput};
 use tokio::sync::{mpsc, watch};
 
 use crate::outbox::Outbox;
@@ -176,11 +176,16 @@ pub async fn scan(
         if let Some(cache) = cache.as_mut() {
             cache.record_written(&appliers.take_written(&root));
         }
-        let output = scan::scan(&root, &req.filter, &options, cache.as_mut());
+        let mut output = scan::scan(&root, &req.filter, &options, cache.as_mut());
         if let (Some(cache), Some(file)) = (cache, cache_file)
             && output.summary.root_exists
         {
             save_cache(&cache, &file);
+        }
+        if !req.chunk_lists {
+            for entry in &mut output.entries {
+                entry.chunks = Vec::new();
+            }
         }
         output
     });
@@ -191,7 +196,61 @@ pub async fn scan(
         },
         _ = wait_cancelled(&mut cancel) => return cancelled(),
     };
+    send_entries(id, output, outbox, &cancel).await
+}
 
+/// Answers a `DescribeFiles`: `Entries` batches, then `ScanDone` with the
+/// paths that could not be described. Uses (and adds to) the root's stat
+/// cache, which the scan before it filled.
+pub async fn describe(
+    id: RequestId,
+    raw_root: &str,
+    paths: Vec<RelPath>,
+    appliers: &Arc<Appliers>,
+    outbox: &Outbox,
+    mut cancel: watch::Receiver<bool>,
+) -> Response {
+    let root = match resolve_root(raw_root) {
+        Ok(root) => root,
+        Err(e) => return Response::Error(e),
+    };
+    let appliers = Arc::clone(appliers);
+    let work = tokio::task::spawn_blocking(move || {
+        let cache_file = cache_path(&root);
+        let mut cache = cache_file.as_deref().map(StatCache::load);
+        if let Some(cache) = cache.as_mut() {
+            cache.record_written(&appliers.take_written(&root));
+        }
+        let (entries, problems) = apply::describe_files(&root, &paths, cache.as_mut());
+        if let (Some(cache), Some(file)) = (cache, cache_file) {
+            save_cache(&cache, &file);
+        }
+        ScanOutput {
+            entries,
+            summary: ScanSummary {
+                root_exists: true,
+                problems,
+                ..ScanSummary::default()
+            },
+        }
+    });
+    let output = tokio::select! {
+        joined = work => match joined {
+            Ok(output) => output,
+            Err(_) => return Response::Error(error(ErrorKind::Internal, "describing files panicked")),
+        },
+        _ = wait_cancelled(&mut cancel) => return cancelled(),
+    };
+    send_entries(id, output, outbox, &cancel).await
+}
+
+/// Sends a scan's entries in batches that fit a frame, then its summary.
+async fn send_entries(
+    id: RequestId,
+    output: ScanOutput,
+    outbox: &Outbox,
+    cancel: &watch::Receiver<bool>,
+) -> Response {
     let mut batch = Vec::new();
     let mut batch_bytes = 0;
     for mut entry in output.entries {

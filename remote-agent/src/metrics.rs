@@ -135,16 +135,28 @@ struct Snapshot {
     taken: Instant,
 }
 
+impl Snapshot {
+    fn aged(&self) -> HostMetrics {
+        let mut metrics = self.metrics.clone();
+        metrics.age_ms = u32::try_from(self.taken.elapsed().as_millis()).unwrap_or(u32::MAX);
+        metrics
+    }
+}
+
 impl Monitor {
+    /// The latest snapshot with its age, if the sampler has taken one (never
+    /// blocks for long: a copy under a lock).
+    pub fn latest(&self) -> Option<HostMetrics> {
+        let latest = self.latest.lock().unwrap_or_else(|p| p.into_inner());
+        latest.as_ref().map(Snapshot::aged)
+    }
+
     /// The latest snapshot with its age. The first call samples (blocking for
     /// as long as that takes) and starts the sampler thread.
     pub fn current(self: &Arc<Self>) -> Result<HostMetrics, String> {
         let mut latest = self.latest.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(snapshot) = &*latest {
-            let mut metrics = snapshot.metrics.clone();
-            let age = snapshot.taken.elapsed().as_millis();
-            metrics.age_ms = u32::try_from(age).unwrap_or(u32::MAX);
-            return Ok(metrics);
+            return Ok(snapshot.aged());
         }
         let mut sampler = Sampler::new()?;
         let metrics = sample(&mut sampler);

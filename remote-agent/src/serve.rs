@@ -559,6 +559,26 @@ async fn answer(
             }
             Err(e) => Response::Error(e),
         },
+        Request::DescribeFiles {
+            root: mut raw,
+            paths,
+        } => match root(&mut raw, false) {
+            Ok(Some(held)) => unmask(
+                files::describe(id, &raw, paths, &shared.appliers, &outbox, cancel).await,
+                &held,
+            ),
+            Ok(None) => Response::ScanDone(ScanSummary {
+                problems: paths
+                    .into_iter()
+                    .map(|path| PathProblem {
+                        path,
+                        message: "does not exist".into(),
+                    })
+                    .collect(),
+                ..ScanSummary::default()
+            }),
+            Err(e) => Response::Error(e),
+        },
         Request::PutFiles(mut req) => match root(&mut req.root, true) {
             Ok(held) => unmask(
                 files::put_files(req, &shared.appliers).await,
@@ -689,6 +709,13 @@ fn unmask_root(response: Response, opened: &str, asked: &str) -> Response {
 }
 
 async fn metrics(shared: &Arc<Shared>) -> Response {
+    // Answered here when the sampler has a reading and there are no GPUs
+    // whose leases need reading: the common case costs no thread hop.
+    if let Some(m) = shared.monitor.latest()
+        && m.gpu.gpus.is_empty()
+    {
+        return Response::Metrics(m);
+    }
     let monitor = Arc::clone(&shared.monitor);
     blocking(move || {
         let mut m = monitor.current().map_err(|e| AgentError {

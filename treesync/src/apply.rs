@@ -59,11 +59,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outpost_protocol::{
-    ApplyReport, ChunkRef, Expect, FileContent, FilePut, MetaOp, PartData, PathProblem, PutFiles,
-    ReadSpec,
+    ApplyReport, ChunkRef, EntryKind, Expect, FileContent, FilePut, MetaOp, PartData, PathProblem,
+    PutFiles, ReadSpec, RelPath, TreeEntry,
 };
 
-use crate::cache::Written;
+use crate::cache::{StatCache, Written};
+use crate::chunk::{self, CHUNKED_MIN_SIZE};
 use crate::codec;
 use crate::filter::TEMP_PREFIX;
 use crate::relpath;
@@ -1338,27 +1339,7 @@ pub fn read_file(
         path: spec.path.clone(),
         message,
     };
-    let comps = relpath::components(&spec.path).map_err(problem)?;
-    let (leaf, parents) = comps.split_last().expect("components are never empty");
-    let mut dirs = Dirs::new(root);
-    let dir = dirs
-        .parent(parents, false)
-        .map_err(|e| problem(e.message))?;
-    let name = sys::cstring(leaf).map_err(|e| problem(e.to_string()))?;
-    let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
-    let fd = sys::openat(dir.as_fd(), &name, flags, 0).map_err(|err| {
-        problem(match err.raw_os_error() {
-            Some(libc::ELOOP) => "is a symlink; not followed".to_string(),
-            Some(libc::ENOENT) => "does not exist".to_string(),
-            Some(libc::EACCES) | Some(libc::EPERM) => "permission denied".to_string(),
-            _ => format!("cannot open: {err}"),
-        })
-    })?;
-    let st: Stat = sys::fstat(fd.as_fd()).map_err(|e| problem(e.to_string()))?;
-    if !st.is_file() {
-        return Err(problem(format!("is {}, not a file", st.kind_name())));
-    }
-    let file = File::from(fd);
+    let (file, st) = open_regular(&mut Dirs::new(root), &spec.path).map_err(problem)?;
     let piece = if piece == 0 {
         64 << 10
     } else {
@@ -1393,4 +1374,77 @@ pub fn read_file(
         emit(0, &[]).map_err(problem)?;
     }
     Ok(())
+}
+
+/// Opens the regular file at `path` under the root for reading: no
+/// component, the file included, is followed if it is a symlink.
+fn open_regular(dirs: &mut Dirs, path: &[u8]) -> Result<(File, Stat), String> {
+    let comps = relpath::components(path)?;
+    let (leaf, parents) = comps.split_last().expect("components are never empty");
+    let dir = dirs.parent(parents, false).map_err(|e| e.message)?;
+    let name = sys::cstring(leaf).map_err(|e| e.to_string())?;
+    let flags = libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY;
+    let fd = sys::openat(dir.as_fd(), &name, flags, 0).map_err(|err| match err.raw_os_error() {
+        Some(libc::ELOOP) => "is a symlink; not followed".to_string(),
+        Some(libc::ENOENT) => "does not exist".to_string(),
+        Some(libc::EACCES) | Some(libc::EPERM) => "permission denied".to_string(),
+        _ => format!("cannot open: {err}"),
+    })?;
+    let st: Stat = sys::fstat(fd.as_fd()).map_err(|e| e.to_string())?;
+    if !st.is_file() {
+        return Err(format!("is {}, not a file", st.kind_name()));
+    }
+    Ok((File::from(fd), st))
+}
+
+/// The hash and chunk list of each file of `paths` under `root` (for a sync
+/// whose scan left the chunk lists out and found these files changed),
+/// from `cache` where it knows the file, else read once. An entry carries
+/// the file's stat as it was read; a path that cannot be described (gone,
+/// not a regular file, changing while read) is a problem instead.
+pub fn describe_files(
+    root: &Path,
+    paths: &[RelPath],
+    mut cache: Option<&mut StatCache>,
+) -> (Vec<TreeEntry>, Vec<PathProblem>) {
+    let mut dirs = Dirs::new(root);
+    let mut entries = Vec::new();
+    let mut problems = Vec::new();
+    let mut buf = Vec::new();
+    for path in paths {
+        let described = open_regular(&mut dirs, path).and_then(|(mut file, st)| {
+            let entry = |hash, chunks| TreeEntry {
+                path: path.clone(),
+                kind: EntryKind::File,
+                mode: st.perm(),
+                size: st.size,
+                mtime_ns: st.mtime_ns,
+                hash: Some(hash),
+                chunks,
+            };
+            if let Some((hash, chunks)) = cache.as_deref_mut().and_then(|c| c.lookup(&st)) {
+                return Ok(entry(hash, chunks));
+            }
+            let read_start_ns = sys::now_ns();
+            let sizes = (st.size >= CHUNKED_MIN_SIZE).then(|| chunk::chunk_sizes(st.size));
+            let (hash, chunks, n) = chunk::hash_reader(&mut file, sizes, &mut buf)
+                .map_err(|e| format!("read failed: {e}"))?;
+            let after = sys::fstat(file.as_fd()).map_err(|e| e.to_string())?;
+            if after != st || n != st.size {
+                return Err("changed while being read".to_string());
+            }
+            if let Some(cache) = cache.as_deref_mut() {
+                cache.store(&st, read_start_ns, hash, chunks.clone());
+            }
+            Ok(entry(hash, chunks))
+        });
+        match described {
+            Ok(entry) => entries.push(entry),
+            Err(message) => problems.push(PathProblem {
+                path: path.clone(),
+                message,
+            }),
+        }
+    }
+    (entries, problems)
 }

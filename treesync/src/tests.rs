@@ -513,6 +513,64 @@ fn stat_cache_skips_hashing() {
     assert_eq!(StatCache::load(&save).len(), 2000);
 }
 
+/// `describe_files` gives what a scan with chunk lists gives, from the
+/// cache where it knows the file (poisoned, to prove it read nothing) and
+/// by reading it where not; symlinks (of the file or a parent), directories
+/// and missing paths are problems, never followed.
+#[test]
+fn described_files_match_the_scan_and_follow_no_symlink() {
+    let t = TempDir::new();
+    let root = t.path().join("tree");
+    fs::create_dir_all(root.join("d")).unwrap();
+    let big = pseudo_random(CHUNKED_MIN_SIZE as usize * 3, 4);
+    fs::write(root.join("d/big"), &big).unwrap();
+    fs::write(root.join("small"), b"small").unwrap();
+    fs::write(t.path().join("outside"), &big).unwrap();
+    symlink(t.path().join("outside"), root.join("link")).unwrap();
+    symlink(t.path(), root.join("up")).unwrap();
+    let scanned = scan_all(&root);
+    let of = |path: &[u8]| scanned.entries.iter().find(|e| e.path == path).unwrap();
+    assert!(of(b"d/big").chunks.len() > 100);
+
+    let paths: Vec<Vec<u8>> = [
+        &b"d/big"[..],
+        b"small",
+        b"link",
+        b"up/outside",
+        b"d",
+        b"gone",
+    ]
+    .iter()
+    .map(|p| p.to_vec())
+    .collect();
+    let (entries, problems) = apply::describe_files(&root, &paths, None);
+    assert_eq!(entries, vec![of(b"d/big").clone(), of(b"small").clone()]);
+    let said: Vec<(&[u8], &str)> = problems
+        .iter()
+        .map(|p| (&p.path[..], p.message.as_str()))
+        .collect();
+    assert_eq!(
+        said,
+        [
+            (&b"link"[..], "is a symlink; not followed"),
+            (b"up/outside", "parent is not a directory (symlink?): up"),
+            (b"d", "is a directory, not a file"),
+            (b"gone", "does not exist"),
+        ]
+    );
+
+    let mut cache = StatCache::default();
+    cache.racy_window_ns = 0;
+    let (first, _) = apply::describe_files(&root, &paths[..1], Some(&mut cache));
+    assert_eq!(first, entries[..1]);
+    for rec in cache.records_mut().values_mut() {
+        rec.hash = [0xee; 32];
+    }
+    let (cached, _) = apply::describe_files(&root, &paths[..1], Some(&mut cache));
+    assert_eq!(cached[0].hash, Some([0xee; 32]));
+    assert_eq!(cached[0].chunks, entries[0].chunks);
+}
+
 /// Files an applier commits go into the stat cache: the next scan takes
 /// their hashes from there (poisoned here, to prove it read nothing), but
 /// not a file whose mtime is too fresh to trust, nor one written since.

@@ -423,6 +423,7 @@ pub async fn list(fleet: &Fleet, p: ListRequest) -> Result<ListResult, String> {
         root: root.clone(),
         filter: FilterSpec::default(),
         hashes: false,
+        chunk_lists: false,
         recursive: p.recursive,
         max_entries: match p.max_entries.unwrap_or(200) {
             n @ 1..=MAX_LIST_ENTRIES => n,

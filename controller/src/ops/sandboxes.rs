@@ -22,8 +22,8 @@ use serde::Serialize;
 use super::jobs::{ask, unexpected, utc_time};
 use super::slurm::{self, Allocation, AllocationRequest};
 use crate::config::check_sandbox_id;
-use crate::fleet::{Fleet, SandboxStatus};
-use crate::resources::Requirements;
+use crate::fleet::{Fleet, SandboxStatus, no_answer};
+use crate::resources::{Requirements, Resources};
 use crate::session::Session;
 
 /// A sandbox's life when the caller does not say, in seconds.
@@ -549,7 +549,7 @@ pub async fn list(
             let host = fleet.get(Some(name))?;
             match tokio::time::timeout(deadline, list_on(&host)).await {
                 Ok(result) => result,
-                Err(_) => Err(format!("no answer within {:.0} s", deadline.as_secs_f64())),
+                Err(_) => Err(no_answer(deadline)),
             }
         };
         (name.clone(), listed.await)
@@ -559,27 +559,53 @@ pub async fn list(
 
 /// `list_sandboxes`' rows: every configured sandbox (see [`Fleet::list`]),
 /// and under each one connected, the isolated sandboxes live on it.
+///
+/// Each host on its own, all at once. A measured host is connected first
+/// (once: a dead host costs its timeout once), then asked for its
+/// resources and its sandboxes together, so both requests share one round
+/// trip (and one packet each way).
 pub async fn hosts(fleet: &Fleet, check_resources: bool, deadline: Duration) -> Vec<HostRow> {
-    let rows = fleet.list(check_resources, deadline).await;
-    let alive: Vec<String> = rows
-        .iter()
-        .filter(|r| r.connection_alive)
-        .map(|r| r.name.clone())
-        .collect();
-    let mut listed = list(fleet, &alive, deadline).await.into_iter();
-    rows.into_iter()
-        .map(|status| {
-            let sandboxes = if status.connection_alive {
-                match listed.next() {
-                    Some((_, Ok(all))) => Some(all.into_iter().filter(|s| s.is_live()).collect()),
-                    _ => None,
-                }
-            } else {
-                None
+    let active = fleet.active_name();
+    let rows = fleet.sessions().iter().map(|session| {
+        let active = &active;
+        async move {
+            let status = Fleet::status(session, active);
+            let live = |listed: Result<Vec<SandboxView>, String>| {
+                listed
+                    .ok()
+                    .map(|all| all.into_iter().filter(SandboxView::is_live).collect())
             };
-            HostRow { status, sandboxes }
-        })
-        .collect()
+            if !check_resources {
+                let sandboxes = match status.connection_alive {
+                    true => match tokio::time::timeout(deadline, list_on(session)).await {
+                        Ok(listed) => live(listed),
+                        Err(_) => None,
+                    },
+                    false => None,
+                };
+                return HostRow { status, sandboxes };
+            }
+            let checked = tokio::time::timeout(deadline, async {
+                session.connection().await.map_err(|e| e.to_string())?;
+                let (metrics, listed) = futures::join!(session.metrics(), list_on(session));
+                let resources = metrics.map_err(|e| e.to_string())?;
+                Ok::<_, String>((Resources::from_metrics(&resources), listed))
+            })
+            .await
+            .unwrap_or_else(|_| Err(no_answer(deadline)));
+            match checked {
+                Ok((resources, listed)) => HostRow {
+                    status: status.measured(Ok(resources)),
+                    sandboxes: live(listed),
+                },
+                Err(e) => HostRow {
+                    status: status.measured(Err(e)),
+                    sandboxes: None,
+                },
+            }
+        }
+    });
+    futures::future::join_all(rows).await
 }
 
 /// The sandbox an agent's answer describes, on `host`.

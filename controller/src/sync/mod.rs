@@ -53,8 +53,9 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use outpost_protocol::TreeEntry;
 use outpost_treesync::apply::Applier;
-use outpost_treesync::plan;
+use outpost_treesync::plan::{self, FileChange};
 
 use self::helpers::{add_problems, lock, until_cancelled};
 use self::local::{local_dir, record_written, scan_local};
@@ -64,7 +65,7 @@ use self::planning::{
 };
 use self::pull::PullFiles;
 use self::push::PushFiles;
-use self::remote::{create_remote_root, scan_on, scan_request};
+use self::remote::{create_remote_root, describe_on, scan_on, scan_request};
 pub use self::remote::{read_remote, scan_remote, write_remote};
 use self::run::{Dest, Run, partial_set};
 pub use self::single::{RemoteKind, file_target, renames};
@@ -160,6 +161,19 @@ async fn push_from(
     if options.dry_run {
         return Ok(dry_run_report(report, &plan, started));
     }
+    // The host's chunk lists of the large files it holds and that change:
+    // what a delta can reuse there.
+    until_cancelled(&progress, async {
+        fn host_side(c: &mut FileChange) -> Option<&mut TreeEntry> {
+            // Without the source's chunks there is nothing to match.
+            match c.src.chunks.is_empty() {
+                true => None,
+                false => c.dst.as_mut(),
+            }
+        }
+        Ok(describe_on(&conn, remote, &mut plan.files, host_side).await?)
+    })
+    .await?;
     start_progress(&progress, &plan, &mut report);
     let changes = std::mem::take(&mut plan.files);
 
@@ -237,6 +251,16 @@ pub async fn pull(
     if options.dry_run {
         return Ok(dry_run_report(report, &plan, started));
     }
+    // The chunk lists of the large files to pull: what a delta copies from
+    // the local files, and what a partial file of an interrupted pull is
+    // resumed by.
+    until_cancelled(&progress, async {
+        fn host_side(c: &mut FileChange) -> Option<&mut TreeEntry> {
+            Some(&mut c.src)
+        }
+        Ok(describe_on(&conn, remote, &mut plan.files, host_side).await?)
+    })
+    .await?;
     start_progress(&progress, &plan, &mut report);
     let changes = std::mem::take(&mut plan.files);
 

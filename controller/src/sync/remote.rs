@@ -3,13 +3,16 @@
 //! sync asks of the host on its own (its scans, creating a push's missing
 //! root, dropping staged transfers).
 
+use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use outpost_protocol::{
     ApplyMeta, EntryKind, Expect, FileContent, FilePut, FilterSpec, MetaOp, PartData, PutFiles,
     PutPart, ReadFiles, ReadSpec, RelPath, Request, Response, ScanRequest, ScanSummary, TreeEntry,
 };
+use outpost_treesync::chunk::CHUNKED_MIN_SIZE;
 use outpost_treesync::codec;
+use outpost_treesync::plan::FileChange;
 
 use super::helpers::{check_cancelled, unexpected};
 use super::limits::REQUEST_BYTES;
@@ -123,6 +126,7 @@ pub async fn write_remote(
                 root: parent.clone(),
                 filter: only(&name),
                 hashes: false,
+                chunk_lists: false,
                 recursive: false,
                 max_entries: 1,
             };
@@ -176,13 +180,67 @@ pub async fn write_remote(
 // ---------------------------------------------------------------------------
 // Requests of a sync
 
+/// A sync's scan of the host's side: hashes, but no chunk lists (see
+/// [`describe_on`]).
 pub(super) fn scan_request(root: &str, spec: &FilterSpec) -> ScanRequest {
     ScanRequest {
         root: root.to_string(),
         filter: spec.clone(),
         hashes: true,
+        chunk_lists: false,
         recursive: true,
         max_entries: 0,
+    }
+}
+
+/// Gives the host's large files among `changes` their chunk lists, which
+/// the scan left out: one request, and none when no such file changed
+/// (every no-op). `host_side` picks the host's entry of a change (the
+/// destination of a push, the source of a pull). A file that changed since
+/// the scan keeps no chunk list (it then travels whole); one that cannot
+/// be described at all is the transfer's to find out.
+pub(super) async fn describe_on(
+    conn: &ScopedConn,
+    root: &str,
+    changes: &mut [FileChange],
+    host_side: fn(&mut FileChange) -> Option<&mut TreeEntry>,
+) -> Result<(), CallError> {
+    let mut wanted = HashMap::new();
+    for (i, change) in changes.iter_mut().enumerate() {
+        if let Some(entry) = host_side(change)
+            && entry.size >= CHUNKED_MIN_SIZE
+            && entry.hash.is_some()
+            && entry.chunks.is_empty()
+        {
+            wanted.insert(entry.path.clone(), i);
+        }
+    }
+    if wanted.is_empty() {
+        return Ok(());
+    }
+    let mut call = conn.start(Request::DescribeFiles {
+        root: root.to_string(),
+        paths: wanted.keys().cloned().collect(),
+    })?;
+    loop {
+        match call.next().await? {
+            Response::Entries(described) => {
+                for d in described {
+                    let Some(&i) = wanted.get(&d.path) else {
+                        continue;
+                    };
+                    if let Some(entry) = host_side(&mut changes[i])
+                        && entry.hash == d.hash
+                        && entry.size == d.size
+                    {
+                        entry.chunks = d.chunks;
+                    }
+                }
+            }
+            Response::ScanDone(_) => return Ok(()),
+            Response::Error(e) => return Err(CallError::Agent(e)),
+            other => return Err(unexpected("describing files", &other)),
+        }
     }
 }
 
@@ -214,6 +272,7 @@ async fn stat_remote(
             root: parent.to_string(),
             filter: only(name),
             hashes: false,
+            chunk_lists: false,
             recursive: false,
             max_entries: 1,
         },
