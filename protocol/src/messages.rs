@@ -75,10 +75,6 @@ pub enum Request {
     GpuRelease { lease_id: String },
     /// Describe a tree. Answered by `Entries*` then `ScanDone`.
     Scan(ScanRequest),
-    /// The hash and chunk list of each of these regular files under `root`
-    /// (symlinks never followed). Answered by `Entries*` then `ScanDone`,
-    /// whose problems name the paths that could not be described.
-    DescribeFiles { root: String, paths: Vec<RelPath> },
     /// Write whole files atomically. Answered by `Applied`.
     PutFiles(PutFiles),
     /// Stage part of a large file (at an explicit offset, so parts may be
@@ -145,6 +141,10 @@ pub enum Request {
     /// pip), where the next `CodeRun` finds them. Answered like `Exec`
     /// (`ExecProgress` when `progress_ms`, then `ExecDone`).
     CodeInstall(CodeInstall),
+    /// The hash and chunk list of each of these regular files under `root`
+    /// (symlinks never followed). Answered by `Entries*` then `ScanDone`,
+    /// whose problems name the paths that could not be described.
+    DescribeFiles { root: String, paths: Vec<RelPath> },
 }
 
 /// Languages a code context speaks.

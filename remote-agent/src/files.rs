@@ -218,18 +218,22 @@ pub async fn describe(
     let work = tokio::task::spawn_blocking(move || {
         let cache_file = cache_path(&root);
         let mut cache = cache_file.as_deref().map(StatCache::load);
+        let written = appliers.take_written(&root);
         if let Some(cache) = cache.as_mut() {
-            cache.record_written(&appliers.take_written(&root));
+            cache.record_written(&written);
         }
-        let (entries, problems) = apply::describe_files(&root, &paths, cache.as_mut());
-        if let (Some(cache), Some(file)) = (cache, cache_file) {
+        let described = apply::describe_files(&root, &paths, cache.as_mut());
+        // Rewritten (whole) only when it learnt something.
+        if let (Some(cache), Some(file)) = (cache, cache_file)
+            && (described.read > 0 || !written.is_empty())
+        {
             save_cache(&cache, &file);
         }
         ScanOutput {
-            entries,
+            entries: described.entries,
             summary: ScanSummary {
                 root_exists: true,
-                problems,
+                problems: described.problems,
                 ..ScanSummary::default()
             },
         }

@@ -1397,6 +1397,16 @@ fn open_regular(dirs: &mut Dirs, path: &[u8]) -> Result<(File, Stat), String> {
     Ok((File::from(fd), st))
 }
 
+/// What [`describe_files`] found.
+#[derive(Debug, Default)]
+pub struct Described {
+    pub entries: Vec<TreeEntry>,
+    /// The paths that could not be described, and why.
+    pub problems: Vec<PathProblem>,
+    /// Files read because the cache did not know them.
+    pub read: usize,
+}
+
 /// The hash and chunk list of each file of `paths` under `root` (for a sync
 /// whose scan left the chunk lists out and found these files changed),
 /// from `cache` where it knows the file, else read once. An entry carries
@@ -1406,10 +1416,9 @@ pub fn describe_files(
     root: &Path,
     paths: &[RelPath],
     mut cache: Option<&mut StatCache>,
-) -> (Vec<TreeEntry>, Vec<PathProblem>) {
+) -> Described {
     let mut dirs = Dirs::new(root);
-    let mut entries = Vec::new();
-    let mut problems = Vec::new();
+    let mut out = Described::default();
     let mut buf = Vec::new();
     for path in paths {
         let described = open_regular(&mut dirs, path).and_then(|(mut file, st)| {
@@ -1425,6 +1434,7 @@ pub fn describe_files(
             if let Some((hash, chunks)) = cache.as_deref_mut().and_then(|c| c.lookup(&st)) {
                 return Ok(entry(hash, chunks));
             }
+            out.read += 1;
             let read_start_ns = sys::now_ns();
             let sizes = (st.size >= CHUNKED_MIN_SIZE).then(|| chunk::chunk_sizes(st.size));
             let (hash, chunks, n) = chunk::hash_reader(&mut file, sizes, &mut buf)
@@ -1439,12 +1449,12 @@ pub fn describe_files(
             Ok(entry(hash, chunks))
         });
         match described {
-            Ok(entry) => entries.push(entry),
-            Err(message) => problems.push(PathProblem {
+            Ok(entry) => out.entries.push(entry),
+            Err(message) => out.problems.push(PathProblem {
                 path: path.clone(),
                 message,
             }),
         }
     }
-    (entries, problems)
+    out
 }

@@ -543,7 +543,9 @@ fn described_files_match_the_scan_and_follow_no_symlink() {
     .iter()
     .map(|p| p.to_vec())
     .collect();
-    let (entries, problems) = apply::describe_files(&root, &paths, None);
+    let described = apply::describe_files(&root, &paths, None);
+    let (entries, problems) = (described.entries, described.problems);
+    assert_eq!(described.read, 2);
     assert_eq!(entries, vec![of(b"d/big").clone(), of(b"small").clone()]);
     let said: Vec<(&[u8], &str)> = problems
         .iter()
@@ -561,14 +563,15 @@ fn described_files_match_the_scan_and_follow_no_symlink() {
 
     let mut cache = StatCache::default();
     cache.racy_window_ns = 0;
-    let (first, _) = apply::describe_files(&root, &paths[..1], Some(&mut cache));
-    assert_eq!(first, entries[..1]);
+    let first = apply::describe_files(&root, &paths[..1], Some(&mut cache));
+    assert_eq!((&first.entries[..], first.read), (&entries[..1], 1));
     for rec in cache.records_mut().values_mut() {
         rec.hash = [0xee; 32];
     }
-    let (cached, _) = apply::describe_files(&root, &paths[..1], Some(&mut cache));
-    assert_eq!(cached[0].hash, Some([0xee; 32]));
-    assert_eq!(cached[0].chunks, entries[0].chunks);
+    let cached = apply::describe_files(&root, &paths[..1], Some(&mut cache));
+    assert_eq!(cached.read, 0);
+    assert_eq!(cached.entries[0].hash, Some([0xee; 32]));
+    assert_eq!(cached.entries[0].chunks, entries[0].chunks);
 }
 
 /// Files an applier commits go into the stat cache: the next scan takes

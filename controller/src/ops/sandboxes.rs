@@ -585,23 +585,36 @@ pub async fn hosts(fleet: &Fleet, check_resources: bool, deadline: Duration) -> 
                 };
                 return HostRow { status, sandboxes };
             }
-            let checked = tokio::time::timeout(deadline, async {
-                session.connection().await.map_err(|e| e.to_string())?;
-                let (metrics, listed) = futures::join!(session.metrics(), list_on(session));
-                let resources = metrics.map_err(|e| e.to_string())?;
-                Ok::<_, String>((Resources::from_metrics(&resources), listed))
-            })
-            .await
-            .unwrap_or_else(|_| Err(no_answer(deadline)));
-            match checked {
-                Ok((resources, listed)) => HostRow {
-                    status: status.measured(Ok(resources)),
-                    sandboxes: live(listed),
-                },
-                Err(e) => HostRow {
+            // One deadline for connecting and measuring; a listing that
+            // misses it only leaves the row without its sandboxes.
+            let until = tokio::time::Instant::now() + deadline;
+            let connected = match tokio::time::timeout_at(until, session.connection()).await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err(no_answer(deadline)),
+            };
+            if let Err(e) = connected {
+                return HostRow {
                     status: status.measured(Err(e)),
                     sandboxes: None,
-                },
+                };
+            }
+            let measured = async {
+                let metrics = session.metrics().await.map_err(|e| e.to_string())?;
+                Ok(Resources::from_metrics(&metrics))
+            };
+            let (resources, listed) = futures::join!(
+                tokio::time::timeout_at(until, measured),
+                tokio::time::timeout_at(until, list_on(session))
+            );
+            let resources = resources.unwrap_or_else(|_| Err(no_answer(deadline)));
+            let sandboxes = match (&resources, listed) {
+                (Ok(_), Ok(listed)) => live(listed),
+                _ => None,
+            };
+            HostRow {
+                status: status.measured(resources),
+                sandboxes,
             }
         }
     });

@@ -53,7 +53,6 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use outpost_protocol::TreeEntry;
 use outpost_treesync::apply::Applier;
 use outpost_treesync::plan::{self, FileChange};
 
@@ -65,9 +64,9 @@ use self::planning::{
 };
 use self::pull::PullFiles;
 use self::push::PushFiles;
-use self::remote::{create_remote_root, describe_on, scan_on, scan_request};
+use self::remote::{HostSide, create_remote_root, describe_on, scan_on, scan_request};
 pub use self::remote::{read_remote, scan_remote, write_remote};
-use self::run::{Dest, Run, partial_set};
+use self::run::{Dest, Run, has_partial, partial_set};
 pub use self::single::{RemoteKind, file_target, renames};
 use self::source::{Planning, Source};
 pub use self::types::{PLAN_LISTING, Progress, SyncError, SyncOptions, SyncReport};
@@ -135,7 +134,7 @@ async fn push_from(
         None => remote.to_string(),
     };
     let remote = remote.as_str();
-    let remote_scan = scan_on(&conn, scan_request(remote, &source.spec));
+    let remote_scan = scan_on(&conn, scan_request(&conn, remote, &source.spec));
     let (src, (dst, dst_summary)) = until_cancelled(&progress, async {
         tokio::try_join!(source.scanned(), async { Ok(remote_scan.await?) })
     })
@@ -164,14 +163,10 @@ async fn push_from(
     // The host's chunk lists of the large files it holds and that change:
     // what a delta can reuse there.
     until_cancelled(&progress, async {
-        fn host_side(c: &mut FileChange) -> Option<&mut TreeEntry> {
-            // Without the source's chunks there is nothing to match.
-            match c.src.chunks.is_empty() {
-                true => None,
-                false => c.dst.as_mut(),
-            }
-        }
-        Ok(describe_on(&conn, remote, &mut plan.files, host_side).await?)
+        // Without the source's chunks there is nothing to match them with.
+        let useful = |c: &FileChange| !c.src.chunks.is_empty();
+        let side = HostSide::Destination;
+        Ok(describe_on(&conn, remote, &mut plan.files, side, useful).await?)
     })
     .await?;
     start_progress(&progress, &plan, &mut report);
@@ -215,7 +210,7 @@ pub async fn pull(
     let local = local_dir(local, false)?;
     let spec = filter_spec(options, &local)?;
     let conn = session.connection().await?;
-    let remote_scan = scan_on(&conn, scan_request(remote, &spec));
+    let remote_scan = scan_on(&conn, scan_request(&conn, remote, &spec));
     let local_scan = scan_local(local.clone(), spec);
     let ((src, src_summary), dst) = until_cancelled(&progress, async {
         tokio::try_join!(async { Ok(remote_scan.await?) }, local_scan)
@@ -251,14 +246,14 @@ pub async fn pull(
     if options.dry_run {
         return Ok(dry_run_report(report, &plan, started));
     }
-    // The chunk lists of the large files to pull: what a delta copies from
-    // the local files, and what a partial file of an interrupted pull is
-    // resumed by.
+    // The chunk lists of the large files to pull that a local file or a
+    // partial file of an interrupted pull may have chunks of.
     until_cancelled(&progress, async {
-        fn host_side(c: &mut FileChange) -> Option<&mut TreeEntry> {
-            Some(&mut c.src)
-        }
-        Ok(describe_on(&conn, remote, &mut plan.files, host_side).await?)
+        let useful = |c: &FileChange| {
+            c.dst.as_ref().is_some_and(|d| !d.chunks.is_empty()) || has_partial(&partials, &c.src)
+        };
+        let side = HostSide::Source;
+        Ok(describe_on(&conn, remote, &mut plan.files, side, useful).await?)
     })
     .await?;
     start_progress(&progress, &plan, &mut report);

@@ -180,34 +180,61 @@ pub async fn write_remote(
 // ---------------------------------------------------------------------------
 // Requests of a sync
 
-/// A sync's scan of the host's side: hashes, but no chunk lists (see
-/// [`describe_on`]).
-pub(super) fn scan_request(root: &str, spec: &FilterSpec) -> ScanRequest {
+/// A sync's scan of the host's side: hashes, and no chunk lists (see
+/// [`describe_on`]) unless the root is in an isolated sandbox, whose
+/// files the host keeps no stat cache for: there, describing would read
+/// the changed large files a second time.
+pub(super) fn scan_request(conn: &ScopedConn, root: &str, spec: &FilterSpec) -> ScanRequest {
     ScanRequest {
         root: root.to_string(),
         filter: spec.clone(),
         hashes: true,
-        chunk_lists: false,
+        chunk_lists: conn.sandbox().is_some(),
         recursive: true,
         max_entries: 0,
     }
 }
 
-/// Gives the host's large files among `changes` their chunk lists, which
-/// the scan left out: one request, and none when no such file changed
-/// (every no-op). `host_side` picks the host's entry of a change (the
-/// destination of a push, the source of a pull). A file that changed since
-/// the scan keeps no chunk list (it then travels whole); one that cannot
-/// be described at all is the transfer's to find out.
+/// Which entry of a change is the host's.
+#[derive(Clone, Copy)]
+pub(super) enum HostSide {
+    /// A push's destination.
+    Destination,
+    /// A pull's source.
+    Source,
+}
+
+impl HostSide {
+    fn of(self, change: &mut FileChange) -> Option<&mut TreeEntry> {
+        match self {
+            HostSide::Destination => change.dst.as_mut(),
+            HostSide::Source => Some(&mut change.src),
+        }
+    }
+}
+
+/// Paths in one `DescribeFiles`, so a request stays far below the frame cap
+/// (at most 4,096 bytes a path).
+const DESCRIBE_PATHS: usize = 512;
+
+/// Gives the host's large files among `changes` (those `useful` picks)
+/// their chunk lists, which the scan left out: no request when no such
+/// file changed (every no-op). A file that changed since the scan keeps no
+/// chunk list, and so does every file when the host cannot describe them:
+/// they then travel whole, which costs bytes, never correctness.
 pub(super) async fn describe_on(
     conn: &ScopedConn,
     root: &str,
     changes: &mut [FileChange],
-    host_side: fn(&mut FileChange) -> Option<&mut TreeEntry>,
+    side: HostSide,
+    useful: impl Fn(&FileChange) -> bool,
 ) -> Result<(), CallError> {
     let mut wanted = HashMap::new();
     for (i, change) in changes.iter_mut().enumerate() {
-        if let Some(entry) = host_side(change)
+        if !useful(change) {
+            continue;
+        }
+        if let Some(entry) = side.of(change)
             && entry.size >= CHUNKED_MIN_SIZE
             && entry.hash.is_some()
             && entry.chunks.is_empty()
@@ -215,33 +242,35 @@ pub(super) async fn describe_on(
             wanted.insert(entry.path.clone(), i);
         }
     }
-    if wanted.is_empty() {
-        return Ok(());
-    }
-    let mut call = conn.start(Request::DescribeFiles {
-        root: root.to_string(),
-        paths: wanted.keys().cloned().collect(),
-    })?;
-    loop {
-        match call.next().await? {
-            Response::Entries(described) => {
-                for d in described {
-                    let Some(&i) = wanted.get(&d.path) else {
-                        continue;
-                    };
-                    if let Some(entry) = host_side(&mut changes[i])
-                        && entry.hash == d.hash
-                        && entry.size == d.size
-                    {
-                        entry.chunks = d.chunks;
+    let paths: Vec<RelPath> = wanted.keys().cloned().collect();
+    for some in paths.chunks(DESCRIBE_PATHS) {
+        let mut call = conn.start(Request::DescribeFiles {
+            root: root.to_string(),
+            paths: some.to_vec(),
+        })?;
+        loop {
+            match call.next().await? {
+                Response::Entries(described) => {
+                    for d in described {
+                        let Some(&i) = wanted.get(&d.path) else {
+                            continue;
+                        };
+                        if let Some(entry) = side.of(&mut changes[i])
+                            && entry.hash == d.hash
+                            && entry.size == d.size
+                        {
+                            entry.chunks = d.chunks;
+                        }
                     }
                 }
+                Response::ScanDone(_) => break,
+                // Refused (an agent error): the files travel whole.
+                Response::Error(_) => return Ok(()),
+                other => return Err(unexpected("describing files", &other)),
             }
-            Response::ScanDone(_) => return Ok(()),
-            Response::Error(e) => return Err(CallError::Agent(e)),
-            other => return Err(unexpected("describing files", &other)),
         }
     }
+    Ok(())
 }
 
 pub(super) async fn scan_on(

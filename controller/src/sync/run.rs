@@ -51,18 +51,22 @@ pub(super) fn partial_set(partials: &[Partial]) -> HashSet<(RelPath, [u8; 16], u
         .collect()
 }
 
+/// Whether the target holds a partial file of `src`'s content (of its
+/// size, in its directory).
+pub(super) fn has_partial(partials: &HashSet<(RelPath, [u8; 16], u64)>, src: &TreeEntry) -> bool {
+    let Some(hash) = src.hash else { return false };
+    let prefix: [u8; 16] = hash[..16].try_into().expect("16 of 32 bytes");
+    partials.contains(&(relpath::parent(&src.path).to_vec(), prefix, src.size))
+}
+
 impl Run {
     /// Whether an interrupted transfer left a partial file of this change's
     /// new content that chunks can be checked against.
     pub(super) fn resumable(&self, change: &FileChange) -> bool {
         let src = &change.src;
-        let Some(hash) = src.hash else { return false };
-        let prefix: [u8; 16] = hash[..16].try_into().expect("16 of 32 bytes");
         tiles(&src.chunks, src.size)
             && src.chunks.len() <= MAX_RESUME_CHUNKS
-            && self
-                .partials
-                .contains(&(relpath::parent(&src.path).to_vec(), prefix, src.size))
+            && has_partial(&self.partials, src)
     }
 
     /// Takes a resume's answer in: the chunks the partial file holds count

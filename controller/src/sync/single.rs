@@ -36,7 +36,7 @@ pub(super) async fn remote_kind(conn: &ScopedConn, path: &str) -> Result<RemoteK
         hashes: false,
         recursive: false,
         max_entries: 1,
-        ..scan_request(path, &nothing)
+        ..scan_request(conn, path, &nothing)
     };
     let (_, summary) = scan_on(conn, request).await?;
     if !summary.root_exists {

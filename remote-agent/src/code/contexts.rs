@@ -620,6 +620,8 @@ struct Ready {
 /// How a run's wait ended.
 enum End {
     Answered(Reply),
+    /// Answered, and found dead before its answer was read.
+    AnsweredThenDied(Reply, std::process::ExitStatus),
     Died(std::process::ExitStatus),
     /// The answer could not be read or made no sense.
     Broken(String),
@@ -880,8 +882,10 @@ impl Worker {
                         // `exit`) can be reaped before its answer is read:
                         // the line is in the pipe already, so read it.
                         Ok(status) => match tokio::time::timeout(LAST_ANSWER_WAIT, self.replies.next()).await {
-                            Ok(Ok(line)) => serde_json::from_slice::<Reply>(&line)
-                                .map_or(End::Died(status), End::Answered),
+                            Ok(Ok(line)) => match serde_json::from_slice::<Reply>(&line) {
+                                Ok(reply) => End::AnsweredThenDied(reply, status),
+                                Err(_) => End::Died(status),
+                            },
                             _ => End::Died(status),
                         },
                         Err(e) => End::Broken(e.to_string()),
@@ -897,8 +901,16 @@ impl Worker {
                 }
             }
         };
+        // An answer from a worker that then died: the run's result stands,
+        // and the state's loss is said (unless the answer says it exited).
+        let died_after = match &end {
+            End::AnsweredThenDied(_, status) => Some(*status),
+            _ => None,
+        };
         let lag = match &end {
-            End::Answered(reply) if reply.lost.is_empty() => OUTPUT_LAG,
+            End::Answered(reply) | End::AnsweredThenDied(reply, _) if reply.lost.is_empty() => {
+                OUTPUT_LAG
+            }
             _ => Duration::from_millis(100),
         };
         let (stdout, stderr) = self.streams.take(lag).await;
@@ -909,7 +921,7 @@ impl Worker {
             ..CodeExecution::default()
         };
         match end {
-            End::Answered(reply) => {
+            End::Answered(reply) | End::AnsweredThenDied(reply, _) => {
                 execution.results = cap_results(reply.results);
                 execution.error = reply.error.map(|e| CodeError {
                     name: e.name,
@@ -969,6 +981,14 @@ impl Worker {
                     GRACE.as_secs()
                 ));
             }
+        }
+        if let Some(status) = died_after
+            && execution.restarted.is_none()
+        {
+            execution.restarted = Some(format!(
+                "the interpreter {} after answering; its state is lost and the next run starts a fresh one",
+                died_how(status)
+            ));
         }
         execution
     }
