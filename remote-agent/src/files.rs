@@ -179,6 +179,7 @@ pub async fn scan(
         let mut output = scan::scan(&root, &req.filter, &options, cache.as_mut());
         if let (Some(cache), Some(file)) = (cache, cache_file)
             && output.summary.root_exists
+            && cache.is_changed()
         {
             save_cache(&cache, &file);
         }
@@ -218,14 +219,12 @@ pub async fn describe(
     let work = tokio::task::spawn_blocking(move || {
         let cache_file = cache_path(&root);
         let mut cache = cache_file.as_deref().map(StatCache::load);
-        let written = appliers.take_written(&root);
         if let Some(cache) = cache.as_mut() {
-            cache.record_written(&written);
+            cache.record_written(&appliers.take_written(&root));
         }
         let described = apply::describe_files(&root, &paths, cache.as_mut());
-        // Rewritten (whole) only when it learnt something.
         if let (Some(cache), Some(file)) = (cache, cache_file)
-            && (described.read > 0 || !written.is_empty())
+            && cache.is_changed()
         {
             save_cache(&cache, &file);
         }

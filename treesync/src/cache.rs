@@ -81,6 +81,8 @@ pub(crate) struct Record {
 pub struct StatCache {
     records: HashMap<(u64, u64), Record>,
     pub(crate) racy_window_ns: i64,
+    /// Records were added, replaced or dropped since it was loaded.
+    changed: bool,
 }
 
 impl Default for StatCache {
@@ -88,6 +90,7 @@ impl Default for StatCache {
         StatCache {
             records: HashMap::new(),
             racy_window_ns: RACY_WINDOW_NS,
+            changed: false,
         }
     }
 }
@@ -136,6 +139,12 @@ impl StatCache {
         result
     }
 
+    /// Whether it differs from the file it was loaded from (a scan that
+    /// found nothing new need not rewrite it).
+    pub fn is_changed(&self) -> bool {
+        self.changed
+    }
+
     /// Number of files the cache knows.
     pub fn len(&self) -> usize {
         self.records.len()
@@ -171,9 +180,10 @@ impl StatCache {
         if read_start_ns.saturating_sub(st.ctime_ns) < self.racy_window_ns
             || read_start_ns.saturating_sub(st.mtime_ns) < self.racy_window_ns
         {
-            self.records.remove(&(st.dev, st.ino));
+            self.changed |= self.records.remove(&(st.dev, st.ino)).is_some();
             return;
         }
+        self.changed = true;
         self.records.insert(
             (st.dev, st.ino),
             Record {
@@ -190,6 +200,7 @@ impl StatCache {
     /// Records files an applier wrote and checked ([`Written`]), so the next
     /// scan takes their hashes from here instead of reading them again.
     pub fn record_written(&mut self, files: &[Written]) {
+        self.changed |= !files.is_empty();
         for w in files {
             self.records.insert(
                 (w.dev, w.ino),
@@ -207,7 +218,9 @@ impl StatCache {
 
     /// Drops what the last scan did not see, and resets the marks.
     pub(crate) fn prune_unseen(&mut self) {
+        let before = self.records.len();
         self.records.retain(|_, rec| std::mem::take(&mut rec.seen));
+        self.changed |= self.records.len() != before;
     }
 
     /// Resets the marks without dropping anything (after a partial scan).

@@ -486,9 +486,15 @@ fn stat_cache_skips_hashing() {
     for rec in cache.records_mut().values_mut() {
         rec.hash = [0xee; 32];
     }
+    assert!(cache.is_changed());
+    cache.save(&t.path().join("cold")).unwrap();
+    let mut cache = StatCache::load(&t.path().join("cold"));
+    cache.racy_window_ns = 0;
+    assert!(!cache.is_changed());
     let started = Instant::now();
     let warm = scan(&root, &FilterSpec::default(), &opts(), Some(&mut cache));
     let warm_time = started.elapsed();
+    assert!(!cache.is_changed(), "a scan that found nothing new");
     assert!(warm.entries.iter().all(|e| e.hash == Some([0xee; 32])));
     let big = warm.entries.iter().find(|e| e.path == b"big").unwrap();
     assert_eq!(
@@ -506,6 +512,7 @@ fn stat_cache_skips_hashing() {
     fs::remove_file(root.join("f0002")).unwrap();
     let save = t.path().join("cache");
     let again = scan(&root, &FilterSpec::default(), &opts(), Some(&mut cache));
+    assert!(cache.is_changed());
     let f1 = again.entries.iter().find(|e| e.path == b"f0001").unwrap();
     assert_eq!(f1.hash, Some(*blake3::hash(b"changed!!").as_bytes()));
     assert_eq!(cache.len(), 2000);

@@ -26,8 +26,10 @@ pub(super) async fn scan_local(root: PathBuf, filter: FilterSpec) -> Result<Scan
             reap_stale_temps: true,
         };
         let output = scan::scan(&root, &filter, &options, cache.as_mut());
+        // Rewritten (whole) only when the scan learnt something.
         if let (Some(cache), Some(file)) = (cache, cache_file)
             && output.summary.root_exists
+            && cache.is_changed()
         {
             save_cache(&cache, &file);
         }
