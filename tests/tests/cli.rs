@@ -402,4 +402,12 @@ fn sync_to_several_hosts_from_the_command_line() {
         "{}",
         text(&out.stderr)
     );
+    // A bad sandbox id under a configured host is named as such.
+    let out = outpost(&home, &env, &["sync", &src_arg, "box0,box1/Bad_Id:fan"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("bad sandbox id \"Bad_Id\""),
+        "{}",
+        text(&out.stderr)
+    );
 }

@@ -36,14 +36,19 @@ pub(super) async fn sync(
         (Some((names, remote)), None) => (false, names, remote, target),
         (Some(_), Some(_)) => anyhow::bail!("both sides are sandboxes; one must be a local path"),
         (None, None) => {
-            // `gpu1/Bad_Id:x` names a host and a bad sandbox id.
+            // `gpu1/Bad_Id:x` (or `h1,gpu1/Bad_Id:x`) names a host and a
+            // bad sandbox id.
             for arg in [source, target] {
-                if let Some((name, _)) = arg.split_once(':')
-                    && let Some((host, _)) = name.rsplit_once('/')
-                    && fleet.names().iter().any(|n| n == host)
-                    && let Err(e) = fleet.get(Some(name))
-                {
-                    anyhow::bail!("{e}");
+                let Some((names, _)) = arg.split_once(':') else {
+                    continue;
+                };
+                for name in names.split(',') {
+                    if let Some((host, _)) = name.rsplit_once('/')
+                        && fleet.names().iter().any(|n| n == host)
+                        && let Err(e) = fleet.get(Some(name))
+                    {
+                        anyhow::bail!("{e}");
+                    }
                 }
             }
             let sandboxes = fleet.names().join(", ");
