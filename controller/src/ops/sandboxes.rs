@@ -23,7 +23,7 @@ use super::jobs::{ask, unexpected, utc_time};
 use super::slurm::{self, Allocation, AllocationRequest};
 use crate::config::check_sandbox_id;
 use crate::fleet::{Fleet, SandboxStatus, no_answer};
-use crate::resources::{Requirements, Resources};
+use crate::resources::Requirements;
 use crate::session::Session;
 
 /// A sandbox's life when the caller does not say, in seconds.
@@ -599,12 +599,8 @@ pub async fn hosts(fleet: &Fleet, check_resources: bool, deadline: Duration) -> 
                     sandboxes: None,
                 };
             }
-            let measured = async {
-                let metrics = session.metrics().await.map_err(|e| e.to_string())?;
-                Ok(Resources::from_metrics(&metrics))
-            };
             let (resources, listed) = futures::join!(
-                tokio::time::timeout_at(until, measured),
+                tokio::time::timeout_at(until, Fleet::resources(session, deadline)),
                 tokio::time::timeout_at(until, list_on(session))
             );
             let resources = resources.unwrap_or_else(|_| Err(no_answer(deadline)));
