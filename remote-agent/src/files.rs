@@ -59,8 +59,10 @@ fn cancelled() -> Response {
 /// The appliers of one connection, one per resolved root.
 ///
 /// Each sits behind its own mutex: requests run concurrently, and two writes
-/// to one root must not interleave (parts of one staged file, a commit racing
-/// its parts' neighbours). Roots do not block each other.
+/// to one root must not interleave (parts of one staged file, the check of
+/// what is at a path and the rename that replaces it). A batch of files lets
+/// it go while it waits for the disk ([`put_files`]). Roots do not block
+/// each other.
 #[derive(Default)]
 pub struct Appliers {
     roots: Mutex<HashMap<PathBuf, Arc<Mutex<Applier>>>>,
@@ -82,7 +84,8 @@ impl Appliers {
     /// Drops every applier, removing the staging files of transfers that were
     /// never committed, and records what they committed in the stat caches.
     /// Waits for work still running on each root, so call it on a blocking
-    /// thread.
+    /// thread; a batch still flushing then records nothing (its files are
+    /// hashed again at the next scan).
     pub fn close(&self) {
         let all: Vec<_> = self.roots().drain().map(|(_, a)| a).collect();
         for applier in all {
@@ -318,12 +321,22 @@ async fn with_applier(
     raw_root: &str,
     work: impl FnOnce(&mut Applier) -> Response + Send + 'static,
 ) -> Response {
+    with_shared_applier(appliers, raw_root, move |applier| work(&mut lock(applier))).await
+}
+
+/// Runs `work` with `root`'s applier on a blocking thread; `work` locks it
+/// for as long as it needs it.
+async fn with_shared_applier(
+    appliers: &Arc<Appliers>,
+    raw_root: &str,
+    work: impl FnOnce(&Mutex<Applier>) -> Response + Send + 'static,
+) -> Response {
     let root = match resolve_root(raw_root) {
         Ok(root) => root,
         Err(e) => return Response::Error(e),
     };
     let applier = appliers.get(&root);
-    match tokio::task::spawn_blocking(move || work(&mut lock(&applier))).await {
+    match tokio::task::spawn_blocking(move || work(&applier)).await {
         Ok(response) => response,
         Err(_) => Response::Error(error(ErrorKind::Internal, "the write panicked")),
     }
@@ -338,12 +351,29 @@ const WRITTEN_HELD: usize = 50_000;
 /// into the root's stat cache (at the next scan of the root, when the
 /// connection ends, or once [`WRITTEN_HELD`] wait), so the next scan (a
 /// re-push's) does not read back what was just written and checked.
+///
+/// The applier is held while the batch is written and renamed into place,
+/// not while it waits for the disk (the flush: a journal commit and the
+/// writeback of everything dirty; the directories' fsyncs): meanwhile the
+/// next batches and parts of the transfer are written.
 pub async fn put_files(req: PutFiles, appliers: &Arc<Appliers>) -> Response {
-    let root = req.root.clone();
-    with_applier(appliers, &root, move |applier| {
-        let report = applier.put_files(&req);
+    let raw_root = req.root.clone();
+    with_shared_applier(appliers, &raw_root, move |applier| {
+        let mut prepared = {
+            let mut applier = lock(applier);
+            let claimed = applier.claim(&req);
+            apply::prepare_files(applier.root(), &req, claimed)
+        };
+        prepared.flush();
+        let placed = {
+            let _held = lock(applier);
+            prepared.place()
+        };
+        let (report, written) = placed.finish();
+        let mut applier = lock(applier);
+        applier.add_written(written);
         if applier.written_count() >= WRITTEN_HELD {
-            record_written(applier, None);
+            record_written(&mut applier, None);
         }
         Response::Applied(report)
     })

@@ -610,7 +610,8 @@ impl Drop for McpHttp {
     }
 }
 
-/// A fresh directory `/tmp/outpost-<label>-<random>` (mode 0755), removed
+/// A fresh directory `<scratch>/outpost-<label>-<random>` (mode 0755; see
+/// [`scratch_base`]), removed
 /// with its contents on drop; for controller state, homes and the like.
 pub struct TempDir {
     path: PathBuf,
@@ -882,21 +883,30 @@ fn random_token() -> String {
     format!("{:016x}", h.finish())
 }
 
-/// Creates a new directory `/tmp/<prefix>-<random>`. /tmp rather than
-/// $TMPDIR because the test user must be able to traverse it.
+/// Where the harness makes its directories: `$OUTPOST_TEST_SCRATCH`, else
+/// /tmp. Not $TMPDIR, because the test user must be able to traverse it; the
+/// benchmark points it at a filesystem of its own (scripts/bench).
+pub fn scratch_base() -> PathBuf {
+    std::env::var_os("OUTPOST_TEST_SCRATCH")
+        .filter(|dir| !dir.is_empty())
+        .map_or_else(|| PathBuf::from("/tmp"), PathBuf::from)
+}
+
+/// Creates a new directory `<scratch>/<prefix>-<random>`.
 fn make_unique_dir(prefix: &str) -> PathBuf {
+    let base = scratch_base();
     for _ in 0..100 {
-        let path = Path::new("/tmp").join(format!("{prefix}-{}", random_token()));
+        let path = base.join(format!("{prefix}-{}", random_token()));
         match fs::create_dir(&path) {
             Ok(()) => return path,
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
             Err(e) => panic!("cannot create {}: {e}", path.display()),
         }
     }
-    panic!("cannot find a free name for /tmp/{prefix}-*");
+    panic!("cannot find a free name for {}/{prefix}-*", base.display());
 }
 
-/// Creates `/tmp/outpost-e2e-<random>/state`, both owned by the test user.
+/// Creates `<scratch>/outpost-e2e-<random>/state`, both owned by the test user.
 fn make_remote_dir() -> (PathBuf, PathBuf) {
     let (uid, gid) =
         passwd_entry(TEST_USER).unwrap_or_else(|| panic!("user {TEST_USER} missing: {SETUP_HINT}"));

@@ -36,8 +36,8 @@
 //! check at the commit, is removed.
 //!
 //! Leftovers: a process killed mid-write leaves its `.outpost-*.tmp` files
-//! behind (never at a final path). Staging files are `flock`ed for as long as
-//! an applier holds them, and other temporary files live for one request, so
+//! behind (never at a final path). Staging files are `flock`ed until they
+//! are committed or released, and other temporary files live for one request, so
 //! [`reap_stale_temp`] removes one only when it is unlocked and older than
 //! [`STALE_AFTER`] ([`RESUMABLE_FOR`] for a resumable partial); scans that
 //! prepare a sync call it for each such file they meet. Removing a live one by
@@ -79,8 +79,9 @@ const PARENT_MODE: u32 = 0o755;
 /// The message for an [`Expect`] that no longer holds.
 const CHANGED: &str = "changed underneath since the scan; rerun";
 
-/// Parent directories held open at once while writing a batch.
-const MAX_OPEN_DIRS: usize = 256;
+/// Parent directories held open at once while writing a batch. An agent
+/// may hold several batches of a push waiting for their flush at once.
+const MAX_OPEN_DIRS: usize = 128;
 
 /// Deepest directory tree a `Remove` takes apart.
 const MAX_REMOVE_DEPTH: usize = 1024;
@@ -199,36 +200,59 @@ struct Ready {
 /// Files of one `put_files` batch written and waiting to be committed
 /// together. Temporary files are closed once written (a batch may hold
 /// thousands); one open file per filesystem is kept for `syncfs`.
-struct Group<'a> {
-    dirs: Dirs<'a>,
+struct Group {
+    dirs: Dirs,
     ready: Vec<(usize, Ready)>,
     flush_with: HashMap<u64, File>,
+    /// Each filesystem's flush error, once flushed.
+    flushed: Option<HashMap<u64, Option<String>>>,
 }
 
-impl<'a> Group<'a> {
-    fn new(root: &'a Path) -> Group<'a> {
+impl Group {
+    fn new(root: &Path) -> Group {
         Group {
             dirs: Dirs::new(root),
             ready: Vec::new(),
             flush_with: HashMap::new(),
+            flushed: None,
         }
     }
 
-    /// Flushes the written files (one `syncfs` per filesystem), renames each
-    /// into place if its expectation holds, and fsyncs the directories that
-    /// changed. Committed files worth caching go to `written`.
+    /// Flushes the written files, renames each into place if its
+    /// expectation holds, and fsyncs the directories that changed.
+    /// Committed files worth caching go to `written`.
     fn finish(
         mut self,
         done: &mut u32,
         problems: &mut Vec<(usize, PathProblem)>,
         written: &mut Vec<Written>,
     ) {
-        let flushed: HashMap<u64, Option<String>> = self
+        self.place(done, problems, written);
+        self.sync_dirs(problems);
+    }
+
+    /// One `syncfs` per filesystem.
+    fn flush(&mut self) {
+        let flushed = self
             .flush_with
-            .iter()
-            .map(|(&dev, file)| (dev, sys::syncfs(file.as_fd()).err().map(|e| e.to_string())))
+            .drain()
+            .map(|(dev, file)| (dev, sys::syncfs(file.as_fd()).err().map(|e| e.to_string())))
             .collect();
-        drop(std::mem::take(&mut self.flush_with));
+        self.flushed = Some(flushed);
+    }
+
+    /// Renames each flushed file into place if its expectation holds
+    /// (flushing first if that is still to do).
+    fn place(
+        &mut self,
+        done: &mut u32,
+        problems: &mut Vec<(usize, PathProblem)>,
+        written: &mut Vec<Written>,
+    ) {
+        if self.flushed.is_none() {
+            self.flush();
+        }
+        let flushed = self.flushed.take().unwrap_or_default();
         for (index, r) in self.ready.drain(..) {
             let result = match flushed.get(&r.dev) {
                 Some(Some(err)) => Err(format!("could not flush to disk: {err}")),
@@ -252,12 +276,206 @@ impl<'a> Group<'a> {
                 }
             }
         }
+    }
+
+    /// fsyncs the directories that gained a name.
+    fn sync_dirs(mut self, problems: &mut Vec<(usize, PathProblem)>) {
         problems.extend(
             self.dirs
                 .sync_touched()
                 .into_iter()
                 .map(|p| (usize::MAX, p)),
         );
+    }
+}
+
+/// Staged transfers a `PutFiles` commits, taken out of their applier by
+/// [`Applier::claim`]: each one, or why it cannot be committed.
+/// Keyed by transfer and path: a request naming one transfer twice is
+/// answered as if its files were committed in order.
+pub struct Claimed(HashMap<(u64, Vec<u8>), Result<Staged, String>>);
+
+/// The first half of a `PutFiles` ([`Applier::put_files`]): writes and
+/// checks the temporary files of `req` under `root`. The other half is
+/// [`PreparedFiles::commit`].
+pub fn prepare_files(root: &Path, req: &PutFiles, mut claimed: Claimed) -> PreparedFiles {
+    let mut done = 0;
+    // (index in the request, problem): reported in request order.
+    let mut problems: Vec<(usize, PathProblem)> = Vec::new();
+    let mut written = Vec::new();
+    let mut group = Group::new(root);
+    for (index, put) in req.files.iter().enumerate() {
+        match prepare(put, &mut group.dirs, req.create_parents, &mut claimed) {
+            Ok((ready, file)) => {
+                group.flush_with.entry(ready.dev).or_insert(file);
+                group.ready.push((index, ready));
+            }
+            Err(message) => problems.push((
+                index,
+                PathProblem {
+                    path: put.path.clone(),
+                    message,
+                },
+            )),
+        }
+        // Each open parent holds a descriptor; a batch spread over very
+        // many directories is committed in groups to stay far from the
+        // process's descriptor limit.
+        if group.dirs.open.len() >= MAX_OPEN_DIRS {
+            group.finish(&mut done, &mut problems, &mut written);
+            group = Group::new(root);
+        }
+    }
+    PreparedFiles {
+        group,
+        done,
+        problems,
+        written,
+    }
+}
+
+/// Writes a file's content to a temporary file beside it and checks it.
+fn prepare(
+    put: &FilePut,
+    dirs: &mut Dirs,
+    create_parents: bool,
+    claimed: &mut Claimed,
+) -> Result<(Ready, File), String> {
+    let comps = relpath::components(&put.path)?;
+    let (leaf, parents) = comps.split_last().expect("components are never empty");
+    let name = sys::cstring(leaf).map_err(|e| e.to_string())?;
+    let parent = relpath::parent(&put.path).to_vec();
+    match &put.content {
+        FileContent::Inline(data) => {
+            let dir = dirs.parent(parents, create_parents)?;
+            let (tmp, file) =
+                create_temp(&dir).map_err(|e| format!("cannot create a temporary file: {e}"))?;
+            let st = sys::fstat(file.as_fd()).map_err(|e| e.to_string());
+            let written = st.clone().and_then(|_| write_inline(&file, data, put));
+            if let Err(message) = written {
+                let _ = sys::unlinkat(dir.as_fd(), &tmp, false);
+                return Err(message);
+            }
+            let st = st?;
+            let ready = Ready {
+                path: put.path.clone(),
+                parent,
+                dir,
+                tmp,
+                name,
+                dev: st.dev,
+                ino: st.ino,
+                expect: put.expect.clone(),
+                record: recordable(put),
+                _hold: None,
+            };
+            Ok((ready, file))
+        }
+        FileContent::Staged { xfer } => {
+            let mut staged = claimed
+                .0
+                .remove(&(*xfer, put.path.clone()))
+                .unwrap_or_else(|| Err(format!("no staged transfer {xfer}")))?;
+            // The staging directory must still be the one at the path: if
+            // it was removed and recreated, a rename would land nowhere.
+            let current = dirs.parent(parents, false);
+            let id = |fd: &OwnedFd| sys::fstat(fd.as_fd()).ok().map(|st| (st.dev, st.ino));
+            let same_dir = current.as_deref().ok().and_then(id) == id(&staged.dir);
+            let checked = match current {
+                Err(message) => Err(message.into()),
+                Ok(_) if !same_dir => {
+                    Err("the directory was replaced while parts were staged".to_string())
+                }
+                Ok(_) => verify_staged(&staged.file, staged.running.take(), put),
+            };
+            if let Err(message) = checked {
+                staged.discard();
+                return Err(message);
+            }
+            // One descriptor holds the lock until the rename, the other
+            // may serve the batch's flush.
+            let (hold, flush) = match staged.file.try_clone() {
+                Ok(flush) => (Some(staged.file), flush),
+                Err(_) => (None, staged.file),
+            };
+            let ready = Ready {
+                path: put.path.clone(),
+                parent,
+                dir: staged.dir.clone(),
+                tmp: staged.name.clone(),
+                name,
+                dev: staged.dev,
+                ino: staged.ino,
+                expect: put.expect.clone(),
+                record: recordable(put),
+                _hold: hold,
+            };
+            Ok((ready, flush))
+        }
+    }
+}
+
+/// A `put_files` batch written to temporary files and checked
+/// ([`prepare_files`]), waiting to be flushed, renamed into place and its
+/// directories synced: [`PreparedFiles::flush`], [`PreparedFiles::place`],
+/// [`Placed::finish`] ([`PreparedFiles::commit`] does all three). Only the
+/// renames must not interleave with another batch's on the same root (each
+/// checks what is at its path just before it renames); the flush and the
+/// directory syncs, which wait for the disk, need no applier.
+pub struct PreparedFiles {
+    group: Group,
+    done: u32,
+    /// (index in the request, problem).
+    problems: Vec<(usize, PathProblem)>,
+    written: Vec<Written>,
+}
+
+impl PreparedFiles {
+    /// Flushes the batch: one `syncfs` per filesystem.
+    pub fn flush(&mut self) {
+        self.group.flush();
+    }
+
+    /// Renames each file whose expectation holds into place, flushing first
+    /// if [`PreparedFiles::flush`] was not called.
+    pub fn place(mut self) -> Placed {
+        let (group, done, problems, written) = (
+            &mut self.group,
+            &mut self.done,
+            &mut self.problems,
+            &mut self.written,
+        );
+        group.place(done, problems, written);
+        Placed(self)
+    }
+
+    /// Flushes, places and syncs the directories.
+    pub fn commit(self) -> (ApplyReport, Vec<Written>) {
+        self.place().finish()
+    }
+}
+
+/// A batch renamed into place ([`PreparedFiles::place`]), its directories
+/// still to be synced.
+pub struct Placed(PreparedFiles);
+
+impl Placed {
+    /// fsyncs the directories that gained a name. Returns the report and the
+    /// committed files for the stat cache ([`Applier::add_written`]).
+    pub fn finish(self) -> (ApplyReport, Vec<Written>) {
+        let PreparedFiles {
+            group,
+            done,
+            mut problems,
+            written,
+        } = self.0;
+        group.sync_dirs(&mut problems);
+        problems.sort_by_key(|(index, _)| *index);
+        let report = ApplyReport {
+            done,
+            problems: problems.into_iter().map(|(_, p)| p).collect(),
+        };
+        (report, written)
     }
 }
 
@@ -314,126 +532,43 @@ impl Applier {
     /// With `create_parents`, missing parents (and the root itself) are
     /// created, mode 0755 before umask. `done` counts committed files.
     pub fn put_files(&mut self, req: &PutFiles) -> ApplyReport {
-        let root = self.root.clone();
-        let mut report = ApplyReport::default();
-        // (index in the request, problem): reported in request order.
-        let mut problems: Vec<(usize, PathProblem)> = Vec::new();
-        let mut group = Group::new(&root);
-        for (index, put) in req.files.iter().enumerate() {
-            match self.prepare(put, &mut group.dirs, req.create_parents) {
-                Ok((ready, file)) => {
-                    group.flush_with.entry(ready.dev).or_insert(file);
-                    group.ready.push((index, ready));
-                }
-                Err(message) => problems.push((
-                    index,
-                    PathProblem {
-                        path: put.path.clone(),
-                        message,
-                    },
-                )),
-            }
-            // Each open parent holds a descriptor; a batch spread over very
-            // many directories is committed in groups to stay far from the
-            // process's descriptor limit.
-            if group.dirs.open.len() >= MAX_OPEN_DIRS {
-                group.finish(&mut report.done, &mut problems, &mut self.written);
-                group = Group::new(&root);
-            }
-        }
-        group.finish(&mut report.done, &mut problems, &mut self.written);
-        problems.sort_by_key(|(index, _)| *index);
-        report.problems = problems.into_iter().map(|(_, p)| p).collect();
+        let claimed = self.claim(req);
+        let (report, written) = prepare_files(&self.root, req, claimed).commit();
+        self.add_written(written);
         report
     }
 
-    /// Writes a file's content to a temporary file beside it and checks it.
-    fn prepare(
-        &mut self,
-        put: &FilePut,
-        dirs: &mut Dirs,
-        create_parents: bool,
-    ) -> Result<(Ready, File), String> {
-        let comps = relpath::components(&put.path)?;
-        let (leaf, parents) = comps.split_last().expect("components are never empty");
-        let name = sys::cstring(leaf).map_err(|e| e.to_string())?;
-        let parent = relpath::parent(&put.path).to_vec();
-        match &put.content {
-            FileContent::Inline(data) => {
-                let dir = dirs.parent(parents, create_parents)?;
-                let (tmp, file) = create_temp(&dir)
-                    .map_err(|e| format!("cannot create a temporary file: {e}"))?;
-                let st = sys::fstat(file.as_fd()).map_err(|e| e.to_string());
-                let written = st.clone().and_then(|_| write_inline(&file, data, put));
-                if let Err(message) = written {
-                    let _ = sys::unlinkat(dir.as_fd(), &tmp, false);
-                    return Err(message);
-                }
-                let st = st?;
-                let ready = Ready {
-                    path: put.path.clone(),
-                    parent,
-                    dir,
-                    tmp,
-                    name,
-                    dev: st.dev,
-                    ino: st.ino,
-                    expect: put.expect.clone(),
-                    record: recordable(put),
-                    _hold: None,
-                };
-                Ok((ready, file))
-            }
-            FileContent::Staged { xfer } => {
-                let mut staged = self
-                    .staged
-                    .remove(xfer)
-                    .ok_or_else(|| format!("no staged transfer {xfer}"))?;
-                if staged.path != put.path {
+    /// Takes out the staged transfers `req` commits, for [`prepare_files`]:
+    /// the rest of a `PutFiles` needs no applier, so a caller that shares
+    /// one holds it only for this, and the next batches and parts are
+    /// written while this one is written, flushed and renamed.
+    pub fn claim(&mut self, req: &PutFiles) -> Claimed {
+        let mut claimed = HashMap::new();
+        for put in &req.files {
+            let FileContent::Staged { xfer } = put.content else {
+                continue;
+            };
+            let claim = match self.staged.remove(&xfer) {
+                None => Err(format!("no staged transfer {xfer}")),
+                Some(staged) if staged.path != put.path => {
                     let message = format!(
                         "transfer {xfer} was staged for {}, not for this path",
                         relpath::display(&staged.path)
                     );
-                    self.staged.insert(*xfer, staged);
-                    return Err(message);
+                    self.staged.insert(xfer, staged);
+                    Err(message)
                 }
-                // The staging directory must still be the one at the path: if
-                // it was removed and recreated, a rename would land nowhere.
-                let current = dirs.parent(parents, false);
-                let id = |fd: &OwnedFd| sys::fstat(fd.as_fd()).ok().map(|st| (st.dev, st.ino));
-                let same_dir = current.as_deref().ok().and_then(id) == id(&staged.dir);
-                let checked = match current {
-                    Err(message) => Err(message.into()),
-                    Ok(_) if !same_dir => {
-                        Err("the directory was replaced while parts were staged".to_string())
-                    }
-                    Ok(_) => verify_staged(&staged.file, staged.running.take(), put),
-                };
-                if let Err(message) = checked {
-                    staged.discard();
-                    return Err(message);
-                }
-                // One descriptor holds the lock until the rename, the other
-                // may serve the batch's flush.
-                let (hold, flush) = match staged.file.try_clone() {
-                    Ok(flush) => (Some(staged.file), flush),
-                    Err(_) => (None, staged.file),
-                };
-                let ready = Ready {
-                    path: put.path.clone(),
-                    parent,
-                    dir: staged.dir.clone(),
-                    tmp: staged.name.clone(),
-                    name,
-                    dev: staged.dev,
-                    ino: staged.ino,
-                    expect: put.expect.clone(),
-                    record: recordable(put),
-                    _hold: hold,
-                };
-                Ok((ready, flush))
-            }
+                Some(staged) => Ok(staged),
+            };
+            claimed.entry((xfer, put.path.clone())).or_insert(claim);
         }
+        Claimed(claimed)
+    }
+
+    /// Takes in files a [`PreparedFiles::commit`] put in place, for
+    /// [`Applier::take_written`].
+    pub fn add_written(&mut self, written: Vec<Written>) {
+        self.written.extend(written);
     }
 
     /// Writes one part of a staged file at `offset`. `content` is the hash
@@ -1150,16 +1285,16 @@ impl From<DirError> for String {
 
 /// Parent directories opened during one request, by relative path, and the
 /// directories whose names changed (to fsync once at the end).
-struct Dirs<'a> {
-    root: &'a Path,
+struct Dirs {
+    root: PathBuf,
     open: HashMap<Vec<u8>, Arc<OwnedFd>>,
     touched: HashMap<Vec<u8>, Arc<OwnedFd>>,
 }
 
-impl<'a> Dirs<'a> {
-    fn new(root: &'a Path) -> Dirs<'a> {
+impl Dirs {
+    fn new(root: &Path) -> Dirs {
         Dirs {
-            root,
+            root: root.to_path_buf(),
             open: HashMap::new(),
             touched: HashMap::new(),
         }
@@ -1170,10 +1305,10 @@ impl<'a> Dirs<'a> {
             return Ok(fd.clone());
         }
         let flags = libc::O_PATH | libc::O_DIRECTORY;
-        let opened = match sys::open_path(self.root, flags, 0) {
+        let opened = match sys::open_path(&self.root, flags, 0) {
             Err(err) if create && sys::is_errno(&err, libc::ENOENT) => {
-                std::fs::create_dir_all(self.root)
-                    .and_then(|()| sys::open_path(self.root, flags, 0))
+                std::fs::create_dir_all(&self.root)
+                    .and_then(|()| sys::open_path(&self.root, flags, 0))
                     .map_err(|e| DirError {
                         missing: false,
                         message: format!("cannot create the root {}: {e}", self.root.display()),

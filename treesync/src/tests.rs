@@ -1252,6 +1252,69 @@ fn staged_files_are_checked_against_what_is_on_disk() {
 }
 
 #[test]
+fn a_batch_is_written_and_committed_outside_its_applier() {
+    // The agent holds a root's applier only to claim a batch's staged
+    // files; the batch is then written, flushed and renamed while the
+    // applier takes the next parts.
+    let t = TempDir::new();
+    let mut ap = Applier::new(t.path());
+    let data = |b: &[u8]| PartData::Data(codec::compress(b));
+    let staged = |path: &[u8], xfer, content: &[u8]| {
+        let mut p = put(path, content, Expect::Any);
+        p.content = FileContent::Staged { xfer };
+        p
+    };
+    ap.put_part(1, b"d/big", (&[1; 32], 1 << 20), 0, &data(b"big one"))
+        .unwrap();
+    ap.put_part(2, b"elsewhere", (&[2; 32], 1 << 20), 0, &data(b"other"))
+        .unwrap();
+    let req = PutFiles {
+        root: String::new(),
+        create_parents: true,
+        files: vec![
+            put(b"d/small", b"small one", Expect::Any),
+            staged(b"d/big", 1, b"big one"),
+            // Staged for another path: refused, and left for that path.
+            staged(b"d/wrong", 2, b"other"),
+            staged(b"d/never", 9, b"nothing"),
+        ],
+    };
+    let claimed = ap.claim(&req);
+    // The applier goes on meanwhile.
+    ap.put_part(3, b"d/next", (&[3; 32], 1 << 20), 0, &data(b"next"))
+        .unwrap();
+    let prepared = apply::prepare_files(t.path(), &req, claimed);
+    assert!(!t.path().join("d/small").exists());
+    assert!(!t.path().join("d/big").exists());
+    let (report, written) = prepared.commit();
+    assert_eq!(report.done, 2, "{report:?}");
+    let messages: Vec<&str> = report.problems.iter().map(|p| &p.message[..]).collect();
+    assert_eq!(
+        messages,
+        [
+            "transfer 2 was staged for elsewhere, not for this path",
+            "no staged transfer 9"
+        ]
+    );
+    assert_eq!(written.len(), 2);
+    assert_eq!(fs::read(t.path().join("d/small")).unwrap(), b"small one");
+    assert_eq!(fs::read(t.path().join("d/big")).unwrap(), b"big one");
+    assert!(!t.path().join("d/wrong").exists());
+    ap.add_written(written);
+    assert_eq!(ap.take_written().len(), 2);
+    let report = put_files(
+        &mut ap,
+        vec![
+            staged(b"elsewhere", 2, b"other"),
+            staged(b"d/next", 3, b"next"),
+        ],
+    );
+    assert_eq!(report.done, 2, "{report:?}");
+    assert_eq!(fs::read(t.path().join("d/next")).unwrap(), b"next");
+    assert!(temp_files(t.path()).is_empty());
+}
+
+#[test]
 fn a_cancelled_transfer_leaves_its_partial_for_the_next_one() {
     let t = TempDir::new();
     let content = pseudo_random(3 << 20, 22);

@@ -197,52 +197,36 @@ impl<'r> PushFiles<'r> {
             }
         }
 
+        // Small files and large ones go in step, each by its share of the
+        // bytes sent: the host creates, flushes and renames small files (a
+        // matter of the disk's latency) while large ones stream (of the
+        // link's bandwidth), rather than one after the other.
+        let size = |c: &FileChange| u128::from(c.src.size);
+        let inline_total: u128 = inline.iter().map(size).sum();
+        let parted_total: u128 = parted.iter().map(|(c, _)| size(c)).sum();
+        let (mut inline_sent, mut parted_sent) = (0u128, 0u128);
         let inline = Arc::new(inline);
+        let mut parted = parted.into_iter();
         let mut next = 0;
-        while next < inline.len() {
-            check_cancelled(&self.run.progress)?;
-            // Read on a blocking thread; what is in flight meanwhile keeps
-            // the link busy.
-            let (source, changes) = (Arc::clone(&self.source), Arc::clone(&inline));
-            let batch = blocking(move || read_batch(&source, &changes, next)).await?;
-            next = batch.next;
-            for (path, message) in &batch.problems {
-                self.run.report.problems.push(problem(path, message));
+        loop {
+            let inline_turn = next < inline.len()
+                && (parted.len() == 0 || inline_sent * parted_total <= parted_sent * inline_total);
+            if inline_turn {
+                let after = self.send_batch(&inline, next).await?;
+                inline_sent += inline[next..after].iter().map(size).sum::<u128>();
+                next = after;
+            } else if let Some((change, parts)) = parted.next() {
+                parted_sent += size(&change);
+                if change.src.hash.is_none() {
+                    // The scan could not hash it: nothing to check a
+                    // commit against.
+                    self.run.skip(&change, UNHASHED);
+                    continue;
+                }
+                self.send_parts(change, parts).await?;
+            } else {
+                break;
             }
-            let progress = &self.run.progress;
-            progress
-                .files_done
-                .fetch_add(batch.problems.len() as u64, Ordering::Relaxed);
-            progress
-                .bytes_done
-                .fetch_add(batch.skipped_bytes, Ordering::Relaxed);
-            if batch.puts.is_empty() {
-                continue;
-            }
-            let files = batch
-                .puts
-                .iter()
-                .map(|p| (p.path.clone(), p.size))
-                .collect();
-            let request = Request::PutFiles(PutFiles {
-                root: self.root.clone(),
-                create_parents: false,
-                files: batch.puts,
-            });
-            self.send(request, PushTag::Batch(files), batch.weight)
-                .await?;
-            self.run.report.bytes_sent += batch.compressed;
-            self.commit_ready().await?;
-        }
-
-        for (change, parts) in parted {
-            if change.src.hash.is_none() {
-                // The scan could not hash it: nothing to check a commit
-                // against.
-                self.run.skip(&change, UNHASHED);
-                continue;
-            }
-            self.send_parts(change, parts).await?;
             self.commit_ready().await?;
         }
 
@@ -256,6 +240,47 @@ impl<'r> PushFiles<'r> {
         let aborts = std::mem::take(&mut self.aborts);
         self.abort(&aborts).await;
         Ok(())
+    }
+
+    /// Reads and sends the batch of small files that starts at
+    /// `inline[next]`. Returns where the next batch starts.
+    async fn send_batch(
+        &mut self,
+        inline: &Arc<Vec<FileChange>>,
+        next: usize,
+    ) -> Result<usize, SyncError> {
+        check_cancelled(&self.run.progress)?;
+        // Read on a blocking thread; what is in flight meanwhile keeps
+        // the link busy.
+        let (source, changes) = (Arc::clone(&self.source), Arc::clone(inline));
+        let batch = blocking(move || read_batch(&source, &changes, next)).await?;
+        for (path, message) in &batch.problems {
+            self.run.report.problems.push(problem(path, message));
+        }
+        let progress = &self.run.progress;
+        progress
+            .files_done
+            .fetch_add(batch.problems.len() as u64, Ordering::Relaxed);
+        progress
+            .bytes_done
+            .fetch_add(batch.skipped_bytes, Ordering::Relaxed);
+        if batch.puts.is_empty() {
+            return Ok(batch.next);
+        }
+        let files = batch
+            .puts
+            .iter()
+            .map(|p| (p.path.clone(), p.size))
+            .collect();
+        let request = Request::PutFiles(PutFiles {
+            root: self.root.clone(),
+            create_parents: false,
+            files: batch.puts,
+        });
+        self.send(request, PushTag::Batch(files), batch.weight)
+            .await?;
+        self.run.report.bytes_sent += batch.compressed;
+        Ok(batch.next)
     }
 
     async fn send_parts(
