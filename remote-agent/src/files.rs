@@ -352,24 +352,21 @@ const WRITTEN_HELD: usize = 50_000;
 /// connection ends, or once [`WRITTEN_HELD`] wait), so the next scan (a
 /// re-push's) does not read back what was just written and checked.
 ///
-/// The applier is held while the batch is written and renamed into place,
-/// not while it waits for the disk (the flush: a journal commit and the
-/// writeback of everything dirty; the directories' fsyncs): meanwhile the
-/// next batches and parts of the transfer are written.
+/// The applier is held to claim the batch's staged files and while they are
+/// renamed into place (each checks what is at its path just before), not
+/// while they are written nor while they wait for the disk (the flush: a
+/// journal commit and the writeback of everything dirty; the directories'
+/// fsyncs): meanwhile the next batches and parts of the transfer are
+/// written.
 pub async fn put_files(req: PutFiles, appliers: &Arc<Appliers>) -> Response {
     let raw_root = req.root.clone();
     with_shared_applier(appliers, &raw_root, move |applier| {
-        let mut prepared = {
+        let (root, claimed) = {
             let mut applier = lock(applier);
-            let claimed = applier.claim(&req);
-            apply::prepare_files(applier.root(), &req, claimed)
+            (applier.root().to_path_buf(), applier.claim(&req))
         };
-        prepared.flush();
-        let placed = {
-            let _held = lock(applier);
-            prepared.place()
-        };
-        let (report, written) = placed.finish();
+        let prepared = apply::prepare_files(&root, &req, claimed, || lock(applier));
+        let (report, written) = prepared.commit_shared(applier);
         let mut applier = lock(applier);
         applier.add_written(written);
         if applier.written_count() >= WRITTEN_HELD {

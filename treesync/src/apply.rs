@@ -55,7 +55,7 @@ use std::io::{self, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use outpost_protocol::{
@@ -79,9 +79,8 @@ const PARENT_MODE: u32 = 0o755;
 /// The message for an [`Expect`] that no longer holds.
 const CHANGED: &str = "changed underneath since the scan; rerun";
 
-/// Parent directories held open at once while writing a batch. An agent
-/// may hold several batches of a push waiting for their flush at once.
-const MAX_OPEN_DIRS: usize = 128;
+/// Parent directories held open at once while writing a batch.
+const MAX_OPEN_DIRS: usize = 256;
 
 /// Deepest directory tree a `Remove` takes apart.
 const MAX_REMOVE_DEPTH: usize = 1024;
@@ -219,24 +218,35 @@ impl Group {
     }
 
     /// Flushes the written files, renames each into place if its
-    /// expectation holds, and fsyncs the directories that changed.
-    /// Committed files worth caching go to `written`.
-    fn finish(
+    /// expectation holds (with what `hold` returns held), and fsyncs the
+    /// directories that changed. Committed files worth caching go to
+    /// `written`.
+    fn finish<G>(
         mut self,
+        hold: impl Fn() -> G,
         done: &mut u32,
         problems: &mut Vec<(usize, PathProblem)>,
         written: &mut Vec<Written>,
     ) {
-        self.place(done, problems, written);
+        self.flush();
+        {
+            let _held = hold();
+            self.place(done, problems, written);
+        }
         self.sync_dirs(problems);
     }
 
-    /// One `syncfs` per filesystem.
+    /// One `syncfs` per filesystem, once. The files stay open until the
+    /// renames: one may be the only descriptor, and so the lock, of a
+    /// staging file.
     fn flush(&mut self) {
+        if self.flushed.is_some() {
+            return;
+        }
         let flushed = self
             .flush_with
-            .drain()
-            .map(|(dev, file)| (dev, sys::syncfs(file.as_fd()).err().map(|e| e.to_string())))
+            .iter()
+            .map(|(&dev, file)| (dev, sys::syncfs(file.as_fd()).err().map(|e| e.to_string())))
             .collect();
         self.flushed = Some(flushed);
     }
@@ -249,9 +259,7 @@ impl Group {
         problems: &mut Vec<(usize, PathProblem)>,
         written: &mut Vec<Written>,
     ) {
-        if self.flushed.is_none() {
-            self.flush();
-        }
+        self.flush();
         let flushed = self.flushed.take().unwrap_or_default();
         for (index, r) in self.ready.drain(..) {
             let result = match flushed.get(&r.dev) {
@@ -276,6 +284,7 @@ impl Group {
                 }
             }
         }
+        self.flush_with.clear();
     }
 
     /// fsyncs the directories that gained a name.
@@ -296,9 +305,16 @@ impl Group {
 pub struct Claimed(HashMap<(u64, Vec<u8>), Result<Staged, String>>);
 
 /// The first half of a `PutFiles` ([`Applier::put_files`]): writes and
-/// checks the temporary files of `req` under `root`. The other half is
-/// [`PreparedFiles::commit`].
-pub fn prepare_files(root: &Path, req: &PutFiles, mut claimed: Claimed) -> PreparedFiles {
+/// checks the temporary files of `req` under `root`; it needs no applier.
+/// The other half is [`PreparedFiles::commit`]. A batch spread over very
+/// many directories commits its first groups here, renaming them with what
+/// `hold` returns held (the shared applier's guard).
+pub fn prepare_files<G>(
+    root: &Path,
+    req: &PutFiles,
+    mut claimed: Claimed,
+    hold: impl Fn() -> G,
+) -> PreparedFiles {
     let mut done = 0;
     // (index in the request, problem): reported in request order.
     let mut problems: Vec<(usize, PathProblem)> = Vec::new();
@@ -322,7 +338,7 @@ pub fn prepare_files(root: &Path, req: &PutFiles, mut claimed: Claimed) -> Prepa
         // many directories is committed in groups to stay far from the
         // process's descriptor limit.
         if group.dirs.open.len() >= MAX_OPEN_DIRS {
-            group.finish(&mut done, &mut problems, &mut written);
+            group.finish(&hold, &mut done, &mut problems, &mut written);
             group = Group::new(root);
         }
     }
@@ -453,6 +469,18 @@ impl PreparedFiles {
     pub fn commit(self) -> (ApplyReport, Vec<Written>) {
         self.place().finish()
     }
+
+    /// [`PreparedFiles::commit`] for an applier shared between threads: it
+    /// is held for the renames only, so other batches and parts are written
+    /// while this one waits for the disk.
+    pub fn commit_shared(mut self, applier: &Mutex<Applier>) -> (ApplyReport, Vec<Written>) {
+        self.flush();
+        let placed = {
+            let _held = applier.lock().unwrap_or_else(PoisonError::into_inner);
+            self.place()
+        };
+        placed.finish()
+    }
 }
 
 /// A batch renamed into place ([`PreparedFiles::place`]), its directories
@@ -533,15 +561,14 @@ impl Applier {
     /// created, mode 0755 before umask. `done` counts committed files.
     pub fn put_files(&mut self, req: &PutFiles) -> ApplyReport {
         let claimed = self.claim(req);
-        let (report, written) = prepare_files(&self.root, req, claimed).commit();
+        let (report, written) = prepare_files(&self.root, req, claimed, || ()).commit();
         self.add_written(written);
         report
     }
 
-    /// Takes out the staged transfers `req` commits, for [`prepare_files`]:
-    /// the rest of a `PutFiles` needs no applier, so a caller that shares
-    /// one holds it only for this, and the next batches and parts are
-    /// written while this one is written, flushed and renamed.
+    /// Takes out the staged transfers `req` commits, for [`prepare_files`]
+    /// (see [`PreparedFiles`] for what of a batch must still not interleave
+    /// with another's on the same root).
     pub fn claim(&mut self, req: &PutFiles) -> Claimed {
         let mut claimed = HashMap::new();
         for put in &req.files {

@@ -1253,9 +1253,8 @@ fn staged_files_are_checked_against_what_is_on_disk() {
 
 #[test]
 fn a_batch_is_written_and_committed_outside_its_applier() {
-    // The agent holds a root's applier only to claim a batch's staged
-    // files; the batch is then written, flushed and renamed while the
-    // applier takes the next parts.
+    // A batch's staged files are claimed from the applier, which then
+    // takes the next parts while the batch is written and committed.
     let t = TempDir::new();
     let mut ap = Applier::new(t.path());
     let data = |b: &[u8]| PartData::Data(codec::compress(b));
@@ -1283,7 +1282,7 @@ fn a_batch_is_written_and_committed_outside_its_applier() {
     // The applier goes on meanwhile.
     ap.put_part(3, b"d/next", (&[3; 32], 1 << 20), 0, &data(b"next"))
         .unwrap();
-    let prepared = apply::prepare_files(t.path(), &req, claimed);
+    let prepared = apply::prepare_files(t.path(), &req, claimed, || ());
     assert!(!t.path().join("d/small").exists());
     assert!(!t.path().join("d/big").exists());
     let (report, written) = prepared.commit();

@@ -289,6 +289,30 @@ pub fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
+/// The command that starts the agent of build `hash` installed under
+/// `remote_dir`, the shell expanding `~` (as the probe's `$HOME` does): for
+/// starting it before the probe has answered.
+fn guessed_start_command(remote_dir: &str, hash: &str) -> String {
+    let dir = remote_dir.trim_end_matches('/');
+    let agent = agent_path(dir, hash);
+    match dir.strip_prefix('~') {
+        Some(rest) if rest.is_empty() || rest.starts_with('/') => {
+            let rest = &agent[1..];
+            format!("exec \"$HOME\"{} serve", shell_quote(rest))
+        }
+        _ => format!("exec {} serve", shell_quote(&agent)),
+    }
+}
+
+/// Where the agent of build `hash` lives under `state_dir`.
+fn agent_path(state_dir: &str, hash: &str) -> String {
+    format!(
+        "{state_dir}/agents/{}-{}/outpost-agent",
+        env!("CARGO_PKG_VERSION"),
+        &hash[..12]
+    )
+}
+
 /// The remote state dir with `~` expanded against the probed home.
 pub fn remote_state_dir(remote_dir: &str, facts: &HostFacts) -> String {
     let dir = remote_dir.trim_end_matches('/');
@@ -337,16 +361,40 @@ pub async fn start_in_place(
 
 /// Probes the host, then starts (installing first if needed) the fitting
 /// agent under `remote_dir`.
+///
+/// The agent this controller would pick for a host like its own machine
+/// (the common case) is started beside the probe, which saves a round trip;
+/// the probe's facts then confirm that guess or it is dropped (its channel
+/// closed, so it exits) and the fitting one started.
 pub async fn start_installed(
     host: &dyn Host,
     remote_dir: &str,
     artifacts: &Artifacts,
     timeout: Duration,
 ) -> Result<Started, String> {
-    let probe = host
-        .run(&probe_command())
-        .await
-        .map_err(|e| format!("host probe failed: {e}"))?;
+    let guess = artifacts
+        .native
+        .as_ref()
+        .and_then(|native| native.hash().ok())
+        .map(|hash| (guessed_start_command(remote_dir, hash), hash.to_string()));
+    let mut early = Box::pin(async {
+        match &guess {
+            Some((command, hash)) => Some(try_start(host, command, hash, timeout).await),
+            None => None,
+        }
+    });
+    let mut early_done = None;
+    let probe_command = probe_command();
+    let probe = {
+        let mut probe = std::pin::pin!(host.run(&probe_command));
+        loop {
+            tokio::select! {
+                done = &mut probe => break done,
+                started = &mut early, if early_done.is_none() => early_done = Some(started),
+            }
+        }
+    };
+    let probe = probe.map_err(|e| format!("host probe failed: {e}"))?;
     let facts = parse_probe(&probe.stdout).map_err(|e| probe_failure(e, &probe))?;
     let artifact = artifacts.pick(&facts)?;
     let hash = artifact
@@ -354,12 +402,11 @@ pub async fn start_installed(
         .map_err(|e| format!("cannot read agent {}: {e}", artifact.path.display()))?
         .to_string();
     let state_dir = remote_state_dir(remote_dir, &facts);
-    let version_dir = format!(
-        "{state_dir}/agents/{}-{}",
-        env!("CARGO_PKG_VERSION"),
-        &hash[..12]
-    );
-    let agent_path = format!("{version_dir}/outpost-agent");
+    let agent_path = agent_path(&state_dir, &hash);
+    let version_dir = agent_path
+        .strip_suffix("/outpost-agent")
+        .unwrap_or(&agent_path)
+        .to_string();
     let command = format!("exec {} serve", shell_quote(&agent_path));
     let started = |(link, reader, hello), uploaded| Started {
         link,
@@ -370,7 +417,20 @@ pub async fn start_installed(
         facts: Some(facts.clone()),
     };
 
-    let reason = match try_start(host, &command, &hash, timeout).await {
+    // The guess started this very build at this very path.
+    let guessed = guess.as_ref().is_some_and(|(_, h)| *h == hash);
+    let first = if guessed {
+        let started = match early_done {
+            Some(started) => started,
+            None => early.await,
+        };
+        started.unwrap_or_else(|| Err("no agent was started".into()))
+    } else {
+        // A wrong guess's agent exits as its channel closes.
+        drop((early_done, early));
+        try_start(host, &command, &hash, timeout).await
+    };
+    let reason = match first {
         Ok(running) => return Ok(started(running, false)),
         Err(reason) => reason,
     };
@@ -443,6 +503,38 @@ async fn try_start(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_guessed_start_names_the_path_the_probe_leads_to() {
+        let hash = "0123456789abcdef0123";
+        let facts = HostFacts {
+            os: "linux".into(),
+            arch: "x86_64".into(),
+            glibc: Some((2, 36)),
+            libc_line: String::new(),
+            home: "/home/u".into(),
+        };
+        let version = env!("CARGO_PKG_VERSION");
+        for (remote_dir, guessed) in [
+            (
+                "~/.outpost/",
+                format!(
+                    "exec \"$HOME\"'/.outpost/agents/{version}-0123456789ab/outpost-agent' serve"
+                ),
+            ),
+            (
+                "/var/lib/o'p",
+                format!(
+                    "exec '/var/lib/o'\\''p/agents/{version}-0123456789ab/outpost-agent' serve"
+                ),
+            ),
+        ] {
+            assert_eq!(guessed_start_command(remote_dir, hash), guessed);
+            let expanded = guessed.replace("\"$HOME\"'", "'/home/u");
+            let probed = agent_path(&remote_state_dir(remote_dir, &facts), hash);
+            assert_eq!(expanded, format!("exec {} serve", shell_quote(&probed)));
+        }
+    }
 
     #[test]
     fn probe_output_after_noise() {

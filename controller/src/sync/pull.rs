@@ -4,7 +4,7 @@
 //! from it, a partial file of an interrupted pull is resumed, and a file
 //! sent in pieces is staged and then committed.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -13,7 +13,7 @@ use outpost_protocol::{
     FileContent, MetaOp, PartData, PathProblem, PutFiles, ReadFiles, ReadSpec, RelPath, Request,
     Response,
 };
-use outpost_treesync::apply::Applier;
+use outpost_treesync::apply::{self, Applier, PreparedFiles};
 use outpost_treesync::codec;
 use outpost_treesync::plan::FileChange;
 
@@ -34,6 +34,14 @@ enum PullTag {
     Range { staged: usize, len: u64 },
 }
 
+/// Commits waiting for the disk at once, in the background, while the
+/// pull reads on.
+const COMMITS_PENDING: usize = 4;
+
+/// A commit in the background: how many files it wrote, and the problems
+/// of the others.
+type Commit = tokio::task::JoinHandle<(u64, Vec<String>)>;
+
 /// Reads a pull's file contents through a [`Pipeline`] and writes them here.
 pub(super) struct PullFiles<'r> {
     root: String,
@@ -42,6 +50,9 @@ pub(super) struct PullFiles<'r> {
     run: &'r mut Run,
     pipe: Pipeline<PullTag>,
     staged: Vec<Staged>,
+    /// Oldest first; a batch's flush (a journal commit and the writeback of
+    /// what it wrote) and its directories' fsyncs wait for the disk.
+    commits: VecDeque<Commit>,
 }
 
 impl<'r> PullFiles<'r> {
@@ -59,14 +70,22 @@ impl<'r> PullFiles<'r> {
             run,
             pipe: Pipeline::new(conn),
             staged: Vec::new(),
+            commits: VecDeque::new(),
         }
     }
 
     pub(super) async fn run(mut self, changes: Vec<FileChange>) -> Result<(), SyncError> {
-        let result = self.read_all(changes).await;
-        if let Err(err) = &result {
+        let mut result = self.read_all(changes).await;
+        if result.is_err() {
             // Reads in flight are cancelled by dropping them.
             self.pipe.flights.clear();
+        }
+        // Commits already begun finish whatever happened to the reads.
+        let settled = self.settle_commits(0).await;
+        if result.is_ok() {
+            result = settled;
+        }
+        if let Err(err) = &result {
             // Partial files are kept for the next pull to resume, whether
             // the connection was lost or the pull cancelled; an abort only
             // releases them here (see `Applier::apply_meta`).
@@ -276,11 +295,11 @@ impl<'r> PullFiles<'r> {
         let bytes: u64 = changes.iter().map(|c| c.src.size).sum();
         let applier = Arc::clone(&self.applier);
         let root = self.local.display().to_string();
-        let (done, lines) =
-            blocking(move || write_batch(&mut lock(&applier), root, changes, pieces, problems))
-                .await?;
-        self.run.report.files_sent += done;
-        self.run.report.problems.extend(lines);
+        let pending =
+            blocking(move || write_batch(&applier, root, changes, pieces, problems)).await?;
+        let applier = Arc::clone(&self.applier);
+        self.commit_in_background(move || pending.commit(&applier))
+            .await?;
         let progress = &self.run.progress;
         progress.files_done.fetch_add(count, Ordering::Relaxed);
         progress.bytes_done.fetch_add(bytes, Ordering::Relaxed);
@@ -353,9 +372,42 @@ impl<'r> PullFiles<'r> {
             files: vec![put],
         };
         let applier = Arc::clone(&self.applier);
-        let report = blocking(move || lock(&applier).put_files(&request)).await?;
-        self.run.report.files_sent += u64::from(report.done);
-        add_problems(&mut self.run.report, &report.problems);
+        self.commit_in_background(move || {
+            let (root, claimed) = {
+                let mut applier = lock(&applier);
+                (applier.root().to_path_buf(), applier.claim(&request))
+            };
+            let prepared = apply::prepare_files(&root, &request, claimed, || lock(&applier));
+            let (report, written) = prepared.commit_shared(&applier);
+            lock(&applier).add_written(written);
+            (u64::from(report.done), problem_lines(&report.problems))
+        })
+        .await
+    }
+
+    /// Runs `commit` on a blocking thread while the pull goes on, once
+    /// fewer than [`COMMITS_PENDING`] others wait.
+    async fn commit_in_background(
+        &mut self,
+        commit: impl FnOnce() -> (u64, Vec<String>) + Send + 'static,
+    ) -> Result<(), SyncError> {
+        self.commits.push_back(tokio::task::spawn_blocking(commit));
+        self.settle_commits(COMMITS_PENDING).await
+    }
+
+    /// Waits for the oldest commits until at most `keep` are left, and
+    /// counts what they did.
+    async fn settle_commits(&mut self, keep: usize) -> Result<(), SyncError> {
+        while self.commits.len() > keep {
+            let Some(commit) = self.commits.pop_front() else {
+                break;
+            };
+            let (done, lines) = commit.await.map_err(|e| {
+                SyncError::Invalid(format!("a file operation failed unexpectedly: {e}"))
+            })?;
+            self.run.report.files_sent += done;
+            self.run.report.problems.extend(lines);
+        }
         Ok(())
     }
 
@@ -384,15 +436,60 @@ impl Staged {
     }
 }
 
-/// Commits a batch of whole files read from the host. Returns how many were
-/// written and the problems of the others.
+fn problem_lines(problems: &[PathProblem]) -> Vec<String> {
+    problems
+        .iter()
+        .map(|p| problem(&p.path, &p.message))
+        .collect()
+}
+
+/// A batch of whole files written to temporary files, its commit to come.
+struct PendingBatch {
+    prepared: PreparedFiles,
+    lines: Vec<String>,
+    /// Staged files: those in the batch, and those that failed before it.
+    staged: Vec<(RelPath, u64)>,
+    aborts: Vec<MetaOp>,
+}
+
+impl PendingBatch {
+    /// Commits the batch, the applier held for its renames only, and drops
+    /// the staged files it did not commit (now, not when the applier goes).
+    /// Returns how many files were written and the problems of the others.
+    fn commit(self, applier: &Mutex<Applier>) -> (u64, Vec<String>) {
+        let PendingBatch {
+            prepared,
+            mut lines,
+            staged,
+            mut aborts,
+        } = self;
+        let (report, written) = prepared.commit_shared(applier);
+        lines.extend(problem_lines(&report.problems));
+        let refused: HashSet<&[u8]> = report.problems.iter().map(|p| &p.path[..]).collect();
+        aborts.extend(
+            staged
+                .into_iter()
+                .filter(|(path, _)| refused.contains(&path[..]))
+                .map(|(_, xfer)| MetaOp::Abort { xfer }),
+        );
+        let mut applier = lock(applier);
+        applier.add_written(written);
+        if !aborts.is_empty() {
+            applier.apply_meta(&aborts);
+        }
+        (u64::from(report.done), lines)
+    }
+}
+
+/// Writes a batch of whole files read from the host to temporary files,
+/// the applier held for the files that came in several pieces only.
 fn write_batch(
-    applier: &mut Applier,
+    applier: &Mutex<Applier>,
     root: String,
     changes: Vec<FileChange>,
     pieces: Vec<(u32, u64, Vec<u8>)>,
     problems: Vec<PathProblem>,
-) -> (u64, Vec<String>) {
+) -> PendingBatch {
     let failed: HashSet<RelPath> = problems.into_iter().map(|p| p.path).collect();
     let mut by_file: HashMap<u32, Vec<(u64, Vec<u8>)>> = HashMap::new();
     for (index, offset, data) in pieces {
@@ -422,6 +519,7 @@ fn write_batch(
             }
             _ => {
                 let xfer = next_xfer();
+                let mut applier = lock(applier);
                 let written = pieces.into_iter().try_for_each(|(offset, data)| {
                     let content = (&hash, change.src.size);
                     applier.put_part(
@@ -443,23 +541,19 @@ fn write_batch(
         };
         puts.push(put_of(change, hash, content));
     }
-    let report = applier.put_files(&PutFiles {
+    let request = PutFiles {
         root,
         create_parents: false,
         files: puts,
-    });
-    lines.extend(report.problems.iter().map(|p| problem(&p.path, &p.message)));
-    // Staged files that were not committed are dropped now, not when the
-    // applier goes.
-    let refused: HashSet<&[u8]> = report.problems.iter().map(|p| &p.path[..]).collect();
-    aborts.extend(
-        staged
-            .into_iter()
-            .filter(|(path, _)| refused.contains(&path[..]))
-            .map(|(_, xfer)| MetaOp::Abort { xfer }),
-    );
-    if !aborts.is_empty() {
-        applier.apply_meta(&aborts);
+    };
+    let (local, claimed) = {
+        let mut applier = lock(applier);
+        (applier.root().to_path_buf(), applier.claim(&request))
+    };
+    PendingBatch {
+        prepared: apply::prepare_files(&local, &request, claimed, || lock(applier)),
+        lines,
+        staged,
+        aborts,
     }
-    (u64::from(report.done), lines)
 }

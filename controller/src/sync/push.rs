@@ -159,6 +159,34 @@ pub(super) struct PushFiles<'r> {
     ready: VecDeque<usize>,
     /// Transfers that will not be committed.
     aborts: Vec<u64>,
+    inline: Inline,
+}
+
+/// The small files of a push, sent in batches in step with the large files'
+/// parts, each stream by its share of the bytes sent: the host creates,
+/// flushes and renames small files (a matter of the disk's latency) while
+/// large ones stream (of the link's bandwidth), rather than one after the
+/// other.
+#[derive(Default)]
+struct Inline {
+    changes: Arc<Vec<FileChange>>,
+    /// Where the next batch starts.
+    next: usize,
+    /// Bytes of small files sent, of all small files, of large files sent
+    /// (or skipped), of all large files.
+    sent: u128,
+    total: u128,
+    parted_sent: u128,
+    parted_total: u128,
+}
+
+impl Inline {
+    /// Whether a batch of small files goes next, the large files being at
+    /// `parted_sent` of `parted_total`.
+    fn behind(&self) -> bool {
+        self.next < self.changes.len()
+            && self.sent * self.parted_total <= self.parted_sent * self.total
+    }
 }
 
 impl<'r> PushFiles<'r> {
@@ -176,6 +204,7 @@ impl<'r> PushFiles<'r> {
             staged: Vec::new(),
             ready: VecDeque::new(),
             aborts: Vec::new(),
+            inline: Inline::default(),
         }
     }
 
@@ -197,38 +226,27 @@ impl<'r> PushFiles<'r> {
             }
         }
 
-        // Small files and large ones go in step, each by its share of the
-        // bytes sent: the host creates, flushes and renames small files (a
-        // matter of the disk's latency) while large ones stream (of the
-        // link's bandwidth), rather than one after the other.
         let size = |c: &FileChange| u128::from(c.src.size);
-        let inline_total: u128 = inline.iter().map(size).sum();
-        let parted_total: u128 = parted.iter().map(|(c, _)| size(c)).sum();
-        let (mut inline_sent, mut parted_sent) = (0u128, 0u128);
-        let inline = Arc::new(inline);
-        let mut parted = parted.into_iter();
-        let mut next = 0;
-        loop {
-            let inline_turn = next < inline.len()
-                && (parted.len() == 0 || inline_sent * parted_total <= parted_sent * inline_total);
-            if inline_turn {
-                let after = self.send_batch(&inline, next).await?;
-                inline_sent += inline[next..after].iter().map(size).sum::<u128>();
-                next = after;
-            } else if let Some((change, parts)) = parted.next() {
-                parted_sent += size(&change);
-                if change.src.hash.is_none() {
-                    // The scan could not hash it: nothing to check a
-                    // commit against.
-                    self.run.skip(&change, UNHASHED);
-                    continue;
-                }
-                self.send_parts(change, parts).await?;
-            } else {
-                break;
+        self.inline = Inline {
+            total: inline.iter().map(size).sum(),
+            parted_total: parted.iter().map(|(c, _)| size(c)).sum(),
+            changes: Arc::new(inline),
+            ..Inline::default()
+        };
+        for (change, parts) in parted {
+            self.catch_up().await?;
+            if change.src.hash.is_none() {
+                // The scan could not hash it: nothing to check a commit
+                // against.
+                self.inline.parted_sent += size(&change);
+                self.run.skip(&change, UNHASHED);
+                continue;
             }
+            self.send_parts(change, parts).await?;
             self.commit_ready().await?;
         }
+        self.inline.parted_sent = self.inline.parted_total;
+        self.catch_up().await?;
 
         loop {
             self.commit_ready().await?;
@@ -242,18 +260,26 @@ impl<'r> PushFiles<'r> {
         Ok(())
     }
 
-    /// Reads and sends the batch of small files that starts at
-    /// `inline[next]`. Returns where the next batch starts.
-    async fn send_batch(
-        &mut self,
-        inline: &Arc<Vec<FileChange>>,
-        next: usize,
-    ) -> Result<usize, SyncError> {
+    /// Sends batches of small files while they are behind the large ones.
+    async fn catch_up(&mut self) -> Result<(), SyncError> {
+        while self.inline.behind() {
+            self.send_batch().await?;
+            self.commit_ready().await?;
+        }
+        Ok(())
+    }
+
+    /// Reads and sends the next batch of small files.
+    async fn send_batch(&mut self) -> Result<(), SyncError> {
         check_cancelled(&self.run.progress)?;
         // Read on a blocking thread; what is in flight meanwhile keeps
         // the link busy.
-        let (source, changes) = (Arc::clone(&self.source), Arc::clone(inline));
+        let (source, changes) = (Arc::clone(&self.source), Arc::clone(&self.inline.changes));
+        let next = self.inline.next;
         let batch = blocking(move || read_batch(&source, &changes, next)).await?;
+        let inline = &mut self.inline;
+        inline.sent += changes_size(&inline.changes[next..batch.next]);
+        inline.next = batch.next;
         for (path, message) in &batch.problems {
             self.run.report.problems.push(problem(path, message));
         }
@@ -265,7 +291,7 @@ impl<'r> PushFiles<'r> {
             .bytes_done
             .fetch_add(batch.skipped_bytes, Ordering::Relaxed);
         if batch.puts.is_empty() {
-            return Ok(batch.next);
+            return Ok(());
         }
         let files = batch
             .puts
@@ -280,7 +306,7 @@ impl<'r> PushFiles<'r> {
         self.send(request, PushTag::Batch(files), batch.weight)
             .await?;
         self.run.report.bytes_sent += batch.compressed;
-        Ok(batch.next)
+        Ok(())
     }
 
     async fn send_parts(
@@ -350,6 +376,8 @@ impl<'r> PushFiles<'r> {
             self.send(request, tag, weight).await?;
             self.staged[i].sent += 1;
             self.run.report.bytes_sent += weight;
+            self.inline.parted_sent += u128::from(part.len());
+            self.catch_up().await?;
         }
         self.staged[i].all_sent = true;
         self.resolve(i);
@@ -508,6 +536,10 @@ impl<'r> PushFiles<'r> {
         let (conn, root) = (self.pipe.conn.clone(), self.root.clone());
         abort_remote(&conn, &root, xfers).await;
     }
+}
+
+fn changes_size(changes: &[FileChange]) -> u128 {
+    changes.iter().map(|c| u128::from(c.src.size)).sum()
 }
 
 fn applied(response: Response, what: &str) -> Result<ApplyReport, SyncError> {
