@@ -14,6 +14,9 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = cli::Cli::parse();
+    // A pull commits batches in the background, each holding its parent
+    // directories open.
+    outpost_treesync::apply::raise_open_files();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -81,7 +81,8 @@ impl ServeOptions {
 /// exit code.
 pub fn run() -> i32 {
     widen_pipes();
-    raise_open_files();
+    // Sandbox roots a connection writes stay open for its life.
+    outpost_treesync::apply::raise_open_files();
     let workers = std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 4));
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers)
@@ -211,11 +212,6 @@ where
         // Commands must not outlive this process, even if it is SIGKILLed.
         guard::start();
     }
-    if options.own_process {
-        tokio::task::spawn_blocking(cleanup::remove_stale_versions);
-        // Jobs left running or lost while no daemon watched get one again.
-        jobs::nudge();
-    }
 
     let shared = Arc::new(Shared {
         inflight: Mutex::new(HashMap::new()),
@@ -265,6 +261,18 @@ where
 
 /// Reads and dispatches frames until the session should end; returns the exit
 /// code.
+/// What an agent of its own process does once the controller first speaks
+/// to it, not when it starts: a controller may start one beside its probe
+/// and drop it unused (a guess that the probe proved wrong), and that one
+/// must change nothing on the host.
+fn first_words(shared: &Shared) {
+    if shared.options.own_process {
+        tokio::task::spawn_blocking(cleanup::remove_stale_versions);
+        // Jobs left running or lost while no daemon watched get one again.
+        jobs::nudge();
+    }
+}
+
 async fn read_loop(
     mut input: impl AsyncRead + Unpin,
     shared: &Arc<Shared>,
@@ -277,11 +285,16 @@ async fn read_loop(
     let mut term = Signal::new(SignalKind::terminate(), signals);
     let mut hup = Signal::new(SignalKind::hangup(), signals);
     let mut int = Signal::new(SignalKind::interrupt(), signals);
+    let mut spoken_to = false;
     loop {
         tokio::select! {
             read = input.read(&mut buf) => match read {
                 Ok(0) => return 0,
                 Ok(n) => {
+                    if !spoken_to {
+                        spoken_to = true;
+                        first_words(shared);
+                    }
                     decoder.push(&buf[..n]);
                     if let Err(e) = dispatch_frames(&mut decoder, shared, outbox, tasks) {
                         eprintln!("outpost-agent: unusable input stream: {e}");
@@ -658,22 +671,6 @@ async fn answer(
             after_seq,
             limit,
         } => job_request(move || jobs::events(name.as_deref(), after_seq, limit)).await,
-    }
-}
-
-/// Lifts the soft limit on open descriptors to the hard one (at most
-/// 65536): sandbox roots a connection writes stay open for its life.
-fn raise_open_files() {
-    // SAFETY: getrlimit/setrlimit with a valid struct.
-    unsafe {
-        let mut lim: libc::rlimit = std::mem::zeroed();
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
-            let want = lim.rlim_max.min(65536);
-            if lim.rlim_cur < want {
-                lim.rlim_cur = want;
-                libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
-            }
-        }
     }
 }
 

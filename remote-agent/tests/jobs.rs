@@ -492,11 +492,12 @@ fn a_job_outlives_serve_and_the_daemon() {
     assert_eq!(host.status(&mut agent, &a.name).state, JobState::Running);
 
     // The daemon goes too; the jobs do not notice, and a new daemon (started
-    // by the next serve) adopts them.
+    // by the next serve, once spoken to) adopts them.
     kill(daemon, libc::SIGKILL);
     assert!(wait_until(Duration::from_secs(2), || !alive(daemon)));
     assert_eq!(host.status(&mut agent, &b.name).state, JobState::Running);
-    let _second = host.agent();
+    let mut second = host.agent();
+    assert_eq!(host.status(&mut second, &b.name).state, JobState::Running);
     assert!(
         wait_until(Duration::from_secs(5), || host
             .daemon()

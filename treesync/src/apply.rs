@@ -76,6 +76,23 @@ pub const MAX_PART_LEN: usize = 16 << 20;
 /// Directories created for missing parents get this mode (before umask).
 const PARENT_MODE: u32 = 0o755;
 
+/// Lifts the soft limit on open descriptors to the hard one (at most
+/// 65536): batches waiting for their commit hold their parent directories
+/// open (up to [`MAX_OPEN_DIRS`] each).
+pub fn raise_open_files() {
+    // SAFETY: getrlimit/setrlimit with a valid struct.
+    unsafe {
+        let mut lim: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 {
+            let want = lim.rlim_max.min(65536);
+            if lim.rlim_cur < want {
+                lim.rlim_cur = want;
+                libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+            }
+        }
+    }
+}
+
 /// The message for an [`Expect`] that no longer holds.
 const CHANGED: &str = "changed underneath since the scan; rerun";
 

@@ -426,9 +426,15 @@ pub async fn start_installed(
         };
         started.unwrap_or_else(|| Err("no agent was started".into()))
     } else {
-        // A wrong guess's agent exits as its channel closes.
-        drop((early_done, early));
-        try_start(host, &command, &hash, timeout).await
+        // A wrong guess is seen through, so that its channel is open and
+        // its agent exits as the link is dropped (a channel dropped while
+        // opening would stay open), beside the right start.
+        let wrong = async move {
+            if early_done.is_none() {
+                early.await;
+            }
+        };
+        tokio::join!(wrong, try_start(host, &command, &hash, timeout)).1
     };
     let reason = match first {
         Ok(running) => return Ok(started(running, false)),

@@ -35,8 +35,8 @@ enum PullTag {
 }
 
 /// Commits waiting for the disk at once, in the background, while the
-/// pull reads on.
-const COMMITS_PENDING: usize = 4;
+/// pull reads on (each holds up to 256 parent directories open).
+const COMMITS_PENDING: usize = 2;
 
 /// A commit in the background: how many files it wrote, and the problems
 /// of the others.
@@ -396,19 +396,28 @@ impl<'r> PullFiles<'r> {
     }
 
     /// Waits for the oldest commits until at most `keep` are left, and
-    /// counts what they did.
+    /// counts what they did. One that failed is reported once all the
+    /// others waited for have finished.
     async fn settle_commits(&mut self, keep: usize) -> Result<(), SyncError> {
+        let mut failed = Ok(());
         while self.commits.len() > keep {
             let Some(commit) = self.commits.pop_front() else {
                 break;
             };
-            let (done, lines) = commit.await.map_err(|e| {
-                SyncError::Invalid(format!("a file operation failed unexpectedly: {e}"))
-            })?;
-            self.run.report.files_sent += done;
-            self.run.report.problems.extend(lines);
+            match commit.await {
+                Ok((done, lines)) => {
+                    self.run.report.files_sent += done;
+                    self.run.report.problems.extend(lines);
+                }
+                Err(e) if failed.is_ok() => {
+                    failed = Err(SyncError::Invalid(format!(
+                        "a file operation failed unexpectedly: {e}"
+                    )));
+                }
+                Err(_) => {}
+            }
         }
-        Ok(())
+        failed
     }
 
     async fn abort(&mut self, xfers: Vec<u64>) -> Result<(), SyncError> {
