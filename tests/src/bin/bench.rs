@@ -1485,8 +1485,10 @@ fn sync_vs_rsync() {
     let src_arg = format!("{}/", src.display());
 
     // Fresh transfers are repeated into new directories, alternating tools, and
-    // the medians compared; dirty pages are flushed before each run so neither
-    // tool pays for the other's writeback.
+    // the medians compared; dirty pages are flushed before each run (fresh or
+    // not) so neither tool pays for the other's writeback: Outpost flushes
+    // what it wrote before renaming it, which on a journaled filesystem also
+    // waits for whatever rsync left unwritten just before.
     let flush = || {
         let _ = Command::new("sync").status();
     };
@@ -1505,9 +1507,13 @@ fn sync_vs_rsync() {
     let r_remote = format!("{user_host}:{}/", remote("r0").display());
 
     change_tree(&src, 0);
+    flush();
     let (o_re, _) = timed(outpost(&src_arg, &o_remote));
+    flush();
     let (r_re, _) = timed(rsync(src_arg.clone(), r_remote.clone()));
+    flush();
     let (o_noop, _) = timed(outpost(&src_arg, &o_remote));
+    flush();
     let (r_noop, _) = timed(rsync(src_arg.clone(), r_remote.clone()));
 
     let mut pull_o = Vec::new();
@@ -1534,9 +1540,11 @@ fn sync_vs_rsync() {
         let at = content.len() * (k + 1) / (EDITS + 1);
         content[at..at + 4096].copy_from_slice(&noise(4096, 77 + k as u64));
         std::fs::write(&weights, &content).unwrap();
+        flush();
         let (o_took, o_out) = timed(outpost(&src_arg, &o_remote));
         let mut r_cmd = rsync(src_arg.clone(), r_remote.clone());
         r_cmd.arg("--stats");
+        flush();
         let (r_took, r_out) = timed(r_cmd);
         if k == EDITS / 2 {
             (o_edit, r_edit) = (o_took, r_took);
