@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -557,6 +558,16 @@ fn serve_removes_unused_agent_versions() {
             .stdin(Stdio::piped())
             .stdout(Stdio::null()),
     );
+    // Nothing happens until the controller speaks: one it started and
+    // dropped unused must change nothing.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(agents.join("old").exists(), "removed before a request");
+    let ping = ClientMessage::Request {
+        id: 1,
+        body: Request::Ping,
+    };
+    let frame = outpost_protocol::encode_frame(&ping).unwrap();
+    agent.stdin.as_mut().unwrap().write_all(&frame).unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
     while agents.join("old").exists() || agents.join(".old-upload").exists() {
         assert!(Instant::now() < deadline, "stale versions not removed");
