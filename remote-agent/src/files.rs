@@ -361,14 +361,8 @@ const WRITTEN_HELD: usize = 50_000;
 pub async fn put_files(req: PutFiles, appliers: &Arc<Appliers>) -> Response {
     let raw_root = req.root.clone();
     with_shared_applier(appliers, &raw_root, move |applier| {
-        let (root, claimed) = {
-            let mut applier = lock(applier);
-            (applier.root().to_path_buf(), applier.claim(&req))
-        };
-        let prepared = apply::prepare_files(&root, &req, claimed, || lock(applier));
-        let (report, written) = prepared.commit_shared(applier);
+        let report = apply::put_files_shared(applier, &req);
         let mut applier = lock(applier);
-        applier.add_written(written);
         if applier.written_count() >= WRITTEN_HELD {
             record_written(&mut applier, None);
         }

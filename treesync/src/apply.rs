@@ -486,18 +486,26 @@ impl PreparedFiles {
     pub fn commit(self) -> (ApplyReport, Vec<Written>) {
         self.place().finish()
     }
+}
 
-    /// [`PreparedFiles::commit`] for an applier shared between threads: it
-    /// is held for the renames only, so other batches and parts are written
-    /// while this one waits for the disk.
-    pub fn commit_shared(mut self, applier: &Mutex<Applier>) -> (ApplyReport, Vec<Written>) {
-        self.flush();
-        let placed = {
-            let _held = applier.lock().unwrap_or_else(PoisonError::into_inner);
-            self.place()
-        };
-        placed.finish()
-    }
+/// [`Applier::put_files`] for an applier shared between threads: it is held
+/// to claim the staged files and for the renames only, so other batches and
+/// parts are written while this one is written and waits for the disk.
+pub fn put_files_shared(applier: &Mutex<Applier>, req: &PutFiles) -> ApplyReport {
+    let lock = || applier.lock().unwrap_or_else(PoisonError::into_inner);
+    let (root, claimed) = {
+        let mut applier = lock();
+        (applier.root().to_path_buf(), applier.claim(req))
+    };
+    let mut prepared = prepare_files(&root, req, claimed, lock);
+    prepared.flush();
+    let placed = {
+        let _held = lock();
+        prepared.place()
+    };
+    let (report, written) = placed.finish();
+    lock().add_written(written);
+    report
 }
 
 /// A batch renamed into place ([`PreparedFiles::place`]), its directories

@@ -304,13 +304,18 @@ fn guessed_start_command(remote_dir: &str, hash: &str) -> String {
     }
 }
 
-/// Where the agent of build `hash` lives under `state_dir`.
-fn agent_path(state_dir: &str, hash: &str) -> String {
+/// The directory of the agent of build `hash` under `state_dir`.
+fn version_dir(state_dir: &str, hash: &str) -> String {
     format!(
-        "{state_dir}/agents/{}-{}/outpost-agent",
+        "{state_dir}/agents/{}-{}",
         env!("CARGO_PKG_VERSION"),
         &hash[..12]
     )
+}
+
+/// Where the agent of build `hash` lives under `state_dir`.
+fn agent_path(state_dir: &str, hash: &str) -> String {
+    format!("{}/outpost-agent", version_dir(state_dir, hash))
 }
 
 /// The remote state dir with `~` expanded against the probed home.
@@ -402,11 +407,8 @@ pub async fn start_installed(
         .map_err(|e| format!("cannot read agent {}: {e}", artifact.path.display()))?
         .to_string();
     let state_dir = remote_state_dir(remote_dir, &facts);
+    let version_dir = version_dir(&state_dir, &hash);
     let agent_path = agent_path(&state_dir, &hash);
-    let version_dir = agent_path
-        .strip_suffix("/outpost-agent")
-        .unwrap_or(&agent_path)
-        .to_string();
     let command = format!("exec {} serve", shell_quote(&agent_path));
     let started = |(link, reader, hello), uploaded| Started {
         link,

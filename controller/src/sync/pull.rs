@@ -13,7 +13,7 @@ use outpost_protocol::{
     FileContent, MetaOp, PartData, PathProblem, PutFiles, ReadFiles, ReadSpec, RelPath, Request,
     Response,
 };
-use outpost_treesync::apply::{self, Applier, PreparedFiles};
+use outpost_treesync::apply::{self, Applier};
 use outpost_treesync::codec;
 use outpost_treesync::plan::FileChange;
 
@@ -373,13 +373,7 @@ impl<'r> PullFiles<'r> {
         };
         let applier = Arc::clone(&self.applier);
         self.commit_in_background(move || {
-            let (root, claimed) = {
-                let mut applier = lock(&applier);
-                (applier.root().to_path_buf(), applier.claim(&request))
-            };
-            let prepared = apply::prepare_files(&root, &request, claimed, || lock(&applier));
-            let (report, written) = prepared.commit_shared(&applier);
-            lock(&applier).add_written(written);
+            let report = apply::put_files_shared(&applier, &request);
             (u64::from(report.done), problem_lines(&report.problems))
         })
         .await
@@ -452,9 +446,9 @@ fn problem_lines(problems: &[PathProblem]) -> Vec<String> {
         .collect()
 }
 
-/// A batch of whole files written to temporary files, its commit to come.
+/// A batch of whole files, those that came in pieces staged, to commit.
 struct PendingBatch {
-    prepared: PreparedFiles,
+    request: PutFiles,
     lines: Vec<String>,
     /// Staged files: those in the batch, and those that failed before it.
     staged: Vec<(RelPath, u64)>,
@@ -462,17 +456,17 @@ struct PendingBatch {
 }
 
 impl PendingBatch {
-    /// Commits the batch, the applier held for its renames only, and drops
-    /// the staged files it did not commit (now, not when the applier goes).
-    /// Returns how many files were written and the problems of the others.
+    /// Commits the batch ([`apply::put_files_shared`]) and drops the staged
+    /// files it did not commit (now, not when the applier goes). Returns how
+    /// many files were written and the problems of the others.
     fn commit(self, applier: &Mutex<Applier>) -> (u64, Vec<String>) {
         let PendingBatch {
-            prepared,
+            request,
             mut lines,
             staged,
             mut aborts,
         } = self;
-        let (report, written) = prepared.commit_shared(applier);
+        let report = apply::put_files_shared(applier, &request);
         lines.extend(problem_lines(&report.problems));
         let refused: HashSet<&[u8]> = report.problems.iter().map(|p| &p.path[..]).collect();
         aborts.extend(
@@ -481,17 +475,15 @@ impl PendingBatch {
                 .filter(|(path, _)| refused.contains(&path[..]))
                 .map(|(_, xfer)| MetaOp::Abort { xfer }),
         );
-        let mut applier = lock(applier);
-        applier.add_written(written);
         if !aborts.is_empty() {
-            applier.apply_meta(&aborts);
+            lock(applier).apply_meta(&aborts);
         }
         (u64::from(report.done), lines)
     }
 }
 
-/// Writes a batch of whole files read from the host to temporary files,
-/// the applier held for the files that came in several pieces only.
+/// Takes in a batch of whole files read from the host: a file that came in
+/// several pieces is staged; the commit comes later.
 fn write_batch(
     applier: &Mutex<Applier>,
     root: String,
@@ -550,17 +542,12 @@ fn write_batch(
         };
         puts.push(put_of(change, hash, content));
     }
-    let request = PutFiles {
-        root,
-        create_parents: false,
-        files: puts,
-    };
-    let (local, claimed) = {
-        let mut applier = lock(applier);
-        (applier.root().to_path_buf(), applier.claim(&request))
-    };
     PendingBatch {
-        prepared: apply::prepare_files(&local, &request, claimed, || lock(applier)),
+        request: PutFiles {
+            root,
+            create_parents: false,
+            files: puts,
+        },
         lines,
         staged,
         aborts,
