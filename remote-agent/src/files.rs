@@ -168,6 +168,7 @@ pub async fn scan(
     let work = tokio::task::spawn_blocking(move || {
         let options = ScanOptions {
             hashes: req.hashes,
+            chunk_lists: req.chunk_lists,
             recursive: req.recursive,
             max_entries: req.max_entries,
             // A hashing scan prepares a sync into or out of this root.

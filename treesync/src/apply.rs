@@ -1080,7 +1080,7 @@ fn finish(file: &File, put: &FilePut) -> Result<(), String> {
 
 /// What a put's committed file may record in the stat cache.
 fn recordable(put: &FilePut) -> Option<(u64, i64, [u8; 32])> {
-    Written::recordable(put.size, put.mtime_ns).then_some((put.size, put.mtime_ns, put.hash))
+    Written::recordable(put.mtime_ns).then_some((put.size, put.mtime_ns, put.hash))
 }
 
 /// Renames a verified temporary file into place if the target still looks as
@@ -1618,7 +1618,7 @@ pub fn describe_files(
                 hash: Some(hash),
                 chunks,
             };
-            if let Some((hash, chunks)) = cache.as_deref_mut().and_then(|c| c.lookup(&st)) {
+            if let Some((hash, chunks)) = cache.as_deref_mut().and_then(|c| c.lookup(&st, true)) {
                 return Ok(entry(hash, chunks));
             }
             out.read += 1;

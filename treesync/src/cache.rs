@@ -40,10 +40,12 @@ const RECORD_MIN_LEN: usize = 5 * 8 + 32 + 4;
 const RACY_WINDOW_NS: i64 = 1_000_000_000;
 
 /// A file an applier committed: the hash its content was checked against,
-/// under the stat the file had just after its rename. Only files below
-/// [`crate::chunk::CHUNKED_MIN_SIZE`] (a larger one needs its chunk list,
-/// which the applier does not have), and only when their mtime (the
-/// source's) is older than the racy window: any later write sets the mtime
+/// under the stat the file had just after its rename. A file of at least
+/// [`crate::chunk::CHUNKED_MIN_SIZE`] is recorded without its chunk list
+/// (the applier has none): its hash serves scans that want no chunk lists,
+/// as a sync's scan of the host does, and a scan or describe that wants the
+/// list reads the file once more. Only files whose mtime (the source's) is
+/// older than the racy window: any later write sets the mtime
 /// to now, so a record never describes content it did not check. (Unlike a
 /// scan's records, the ctime is fresh: one left alone is exact; a writer
 /// that restored the old mtime within the same ctime tick would go unseen,
@@ -60,9 +62,8 @@ pub struct Written {
 
 impl Written {
     /// Whether a file of this size and mtime may be recorded now.
-    pub(crate) fn recordable(size: u64, mtime_ns: i64) -> bool {
-        size < crate::chunk::CHUNKED_MIN_SIZE
-            && crate::sys::now_ns().saturating_sub(mtime_ns) >= RACY_WINDOW_NS
+    pub(crate) fn recordable(mtime_ns: i64) -> bool {
+        crate::sys::now_ns().saturating_sub(mtime_ns) >= RACY_WINDOW_NS
     }
 }
 
@@ -155,13 +156,18 @@ impl StatCache {
     }
 
     /// The cached hash and chunks of a file with this stat, marking it seen.
-    pub(crate) fn lookup(&mut self, st: &Stat) -> Option<([u8; 32], Vec<ChunkRef>)> {
+    /// With `chunk_lists`, a large file's record must hold its chunk list
+    /// (one an applier wrote holds only the hash).
+    pub(crate) fn lookup(
+        &mut self,
+        st: &Stat,
+        chunk_lists: bool,
+    ) -> Option<([u8; 32], Vec<ChunkRef>)> {
         let rec = self.records.get_mut(&(st.dev, st.ino))?;
         if rec.size != st.size || rec.mtime_ns != st.mtime_ns || rec.ctime_ns != st.ctime_ns {
             return None;
         }
-        // A record from before chunking applied to this size is useless.
-        if st.size >= crate::chunk::CHUNKED_MIN_SIZE && rec.chunks.is_empty() {
+        if chunk_lists && st.size >= crate::chunk::CHUNKED_MIN_SIZE && rec.chunks.is_empty() {
             return None;
         }
         rec.seen = true;
@@ -366,16 +372,24 @@ mod tests {
         }];
         c.store(&stat(1, 5), 10_000_000_000, [1; 32], vec![]);
         c.store(&stat(2, 2 << 20), 10_000_000_000, [2; 32], chunks.clone());
+        // A large file an applier wrote: a hash, no chunk list.
+        c.store(&stat(3, 2 << 20), 10_000_000_000, [3; 32], vec![]);
         c.save(&path).unwrap();
         assert_eq!(
             std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
             0o600
         );
         let mut d = StatCache::load(&path);
-        assert_eq!(d.len(), 2);
-        assert_eq!(d.lookup(&stat(1, 5)), Some(([1; 32], vec![])));
-        assert_eq!(d.lookup(&stat(2, 2 << 20)), Some(([2; 32], chunks)));
-        assert_eq!(d.lookup(&stat(1, 6)), None, "size is part of the key");
+        assert_eq!(d.len(), 3);
+        assert_eq!(d.lookup(&stat(1, 5), true), Some(([1; 32], vec![])));
+        assert_eq!(d.lookup(&stat(2, 2 << 20), true), Some(([2; 32], chunks)));
+        assert_eq!(
+            d.lookup(&stat(1, 6), false),
+            None,
+            "size is part of the key"
+        );
+        assert_eq!(d.lookup(&stat(3, 2 << 20), true), None, "no chunk list");
+        assert_eq!(d.lookup(&stat(3, 2 << 20), false), Some(([3; 32], vec![])));
         // No temp files left beside it.
         assert_eq!(std::fs::read_dir(t.path()).unwrap().count(), 1);
     }

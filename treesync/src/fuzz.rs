@@ -202,6 +202,7 @@ fn damaged_stat_cache_files_load_or_are_refused() {
     cache.racy_window_ns = 0;
     let options = ScanOptions {
         hashes: true,
+        chunk_lists: true,
         recursive: true,
         max_entries: 0,
         reap_stale_temps: false,

@@ -37,6 +37,11 @@ pub struct ScanOptions {
     /// Compute BLAKE3 hashes (and chunk lists for files of at least
     /// [`crate::chunk::CHUNKED_MIN_SIZE`]).
     pub hashes: bool,
+    /// Whether the caller wants large files' chunk lists. Without, a cached
+    /// hash serves even where the cache holds no chunk list (the record of
+    /// a file an applier wrote). A large file that is read is chunked
+    /// either way, for the cache.
+    pub chunk_lists: bool,
     pub recursive: bool,
     /// 0: no limit.
     pub max_entries: u64,
@@ -145,6 +150,7 @@ pub fn scan(
             &mut out,
             &stats,
             cache,
+            options.chunk_lists,
             options.recursive && !truncated,
         );
     }
@@ -367,6 +373,7 @@ fn hash_entries(
     out: &mut ScanOutput,
     stats: &[Stat],
     cache: Option<&mut StatCache>,
+    chunk_lists: bool,
     prune: bool,
 ) {
     let mut cache = cache;
@@ -376,7 +383,7 @@ fn hash_entries(
             continue;
         }
         if let Some(cache) = cache.as_deref_mut()
-            && let Some((hash, chunks)) = cache.lookup(&stats[i])
+            && let Some((hash, chunks)) = cache.lookup(&stats[i], chunk_lists)
         {
             entry.hash = Some(hash);
             entry.chunks = chunks;

@@ -29,6 +29,7 @@ use crate::testutil::{TempDir, pseudo_random};
 fn opts() -> ScanOptions {
     ScanOptions {
         hashes: true,
+        chunk_lists: true,
         recursive: true,
         max_entries: 0,
         reap_stale_temps: false,
@@ -624,6 +625,52 @@ fn committed_files_are_recorded_for_the_next_scan() {
         hash(b"fresh"),
         Some(*blake3::hash(b"new content").as_bytes())
     );
+}
+
+/// A large file committed from staged parts is recorded with its hash and
+/// no chunk list: a scan that wants no chunk lists (a sync's scan of the
+/// host) takes the hash from the cache (poisoned, to prove it read
+/// nothing), while a describe, which wants the list, reads the file.
+#[test]
+fn committed_large_files_serve_scans_without_chunk_lists() {
+    let t = TempDir::new();
+    let root = t.path().join("tree");
+    fs::create_dir(&root).unwrap();
+    let big = pseudo_random(CHUNKED_MIN_SIZE as usize * 2 + 77, 11);
+    let (hash, size) = (*blake3::hash(&big).as_bytes(), big.len() as u64);
+    let mut ap = Applier::new(&root);
+    let half = big.len() / 2;
+    for (offset, piece) in [(0, &big[..half]), (half, &big[half..])] {
+        let data = PartData::Data(codec::compress(piece));
+        ap.put_part(1, b"big", (&hash, size), offset as u64, &data)
+            .unwrap();
+    }
+    let staged = FilePut {
+        content: FileContent::Staged { xfer: 1 },
+        size,
+        hash,
+        ..put(b"big", b"", Expect::Absent)
+    };
+    let report = put_files(&mut ap, vec![staged]);
+    assert_eq!(report.done, 1, "{report:?}");
+    let written = ap.take_written();
+    assert_eq!(written.len(), 1, "{written:?}");
+
+    let mut cache = StatCache::default();
+    cache.record_written(&written);
+    for rec in cache.records_mut().values_mut() {
+        rec.hash = [0xee; 32];
+    }
+    let no_lists = ScanOptions {
+        chunk_lists: false,
+        ..opts()
+    };
+    let out = scan(&root, &FilterSpec::default(), &no_lists, Some(&mut cache));
+    assert_eq!(out.entries[0].hash, Some([0xee; 32]));
+    let described = apply::describe_files(&root, &[b"big".to_vec()], Some(&mut cache));
+    assert_eq!(described.read, 1);
+    assert_eq!(described.entries[0], scan_all(&root).entries[0]);
+    assert!(described.entries[0].chunks.len() > 50);
 }
 
 #[test]

@@ -7,20 +7,30 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
-use outpost_protocol::FilterSpec;
+use outpost_protocol::{FilterSpec, RelPath};
+use outpost_treesync::apply::describe_files;
 use outpost_treesync::cache::{StatCache, Written};
+use outpost_treesync::plan::FileChange;
 use outpost_treesync::scan::{self, ScanOptions, ScanOutput};
 
+use super::planning::{Side, take_described, undescribed};
 use super::types::SyncError;
 
 /// Scans a local tree on a blocking thread, with the stat cache so unchanged
-/// files are not hashed again.
-pub(super) async fn scan_local(root: PathBuf, filter: FilterSpec) -> Result<ScanOutput, SyncError> {
+/// files are not hashed again. Without `chunk_lists` (a pull's destination,
+/// see [`describe_local`]), a large file a pull wrote is not read again for
+/// a chunk list its cache record lacks.
+pub(super) async fn scan_local(
+    root: PathBuf,
+    filter: FilterSpec,
+    chunk_lists: bool,
+) -> Result<ScanOutput, SyncError> {
     tokio::task::spawn_blocking(move || {
         let cache_file = local_cache_file(&root);
         let mut cache = cache_file.as_deref().map(StatCache::load);
         let options = ScanOptions {
             hashes: true,
+            chunk_lists,
             recursive: true,
             max_entries: 0,
             reap_stale_temps: true,
@@ -53,8 +63,36 @@ fn save_cache(cache: &StatCache, file: &Path) {
     }
 }
 
-/// Records the small files a pull wrote into `root`'s stat cache, so the
-/// next scan here does not read back what was just written and checked.
+/// Gives the large local files among `changes` (a pull's destination)
+/// the chunk lists its scan left out, from the stat cache where it has them,
+/// else read once: what a delta can reuse here.
+pub(super) async fn describe_local(root: &Path, changes: &mut [FileChange]) {
+    let wanted = undescribed(changes, Side::Destination, |_| true);
+    if wanted.is_empty() {
+        return;
+    }
+    let paths: Vec<RelPath> = wanted.keys().cloned().collect();
+    let root = root.to_path_buf();
+    let described = tokio::task::spawn_blocking(move || {
+        let cache_file = local_cache_file(&root);
+        let mut cache = cache_file.as_deref().map(StatCache::load);
+        let described = describe_files(&root, &paths, cache.as_mut());
+        if let (Some(cache), Some(file)) = (cache, cache_file)
+            && cache.is_changed()
+        {
+            save_cache(&cache, &file);
+        }
+        described.entries
+    })
+    .await;
+    // Not described (it panicked): the files travel whole.
+    if let Ok(described) = described {
+        take_described(changes, Side::Destination, &wanted, described);
+    }
+}
+
+/// Records the files a pull wrote into `root`'s stat cache, so the next
+/// scan here does not read back what was just written and checked.
 pub(super) async fn record_written(root: PathBuf, written: Vec<Written>) {
     if written.is_empty() {
         return;

@@ -57,14 +57,14 @@ use outpost_treesync::apply::Applier;
 use outpost_treesync::plan::{self, FileChange};
 
 use self::helpers::{add_problems, lock, until_cancelled};
-use self::local::{local_dir, record_written, scan_local};
+use self::local::{describe_local, local_dir, record_written, scan_local};
 use self::planning::{
-    diff_options, dry_run_report, filter_spec, only_name, problem_paths, root_problem,
+    Side, diff_options, dry_run_report, filter_spec, only_name, problem_paths, root_problem,
     spare_unseen, start_progress,
 };
 use self::pull::PullFiles;
 use self::push::PushFiles;
-use self::remote::{HostSide, create_remote_root, describe_on, scan_on, scan_request};
+use self::remote::{create_remote_root, describe_on, scan_on, scan_request};
 pub use self::remote::{read_remote, scan_remote, write_remote};
 use self::run::{Dest, Run, has_partial, partial_set};
 pub use self::single::{RemoteKind, file_target, renames};
@@ -165,7 +165,7 @@ async fn push_from(
     until_cancelled(&progress, async {
         // Without the source's chunks there is nothing to match them with.
         let useful = |c: &FileChange| !c.src.chunks.is_empty();
-        let side = HostSide::Destination;
+        let side = Side::Destination;
         Ok(describe_on(&conn, remote, &mut plan.files, side, useful).await?)
     })
     .await?;
@@ -211,7 +211,8 @@ pub async fn pull(
     let spec = filter_spec(options, &local)?;
     let conn = session.connection().await?;
     let remote_scan = scan_on(&conn, scan_request(&conn, remote, &spec));
-    let local_scan = scan_local(local.clone(), spec);
+    // Chunk lists only of the local files the pull replaces (below).
+    let local_scan = scan_local(local.clone(), spec, false);
     let ((src, src_summary), dst) = until_cancelled(&progress, async {
         tokio::try_join!(async { Ok(remote_scan.await?) }, local_scan)
     })
@@ -246,13 +247,15 @@ pub async fn pull(
     if options.dry_run {
         return Ok(dry_run_report(report, &plan, started));
     }
-    // The chunk lists of the large files to pull that a local file or a
-    // partial file of an interrupted pull may have chunks of.
+    // The chunk lists of the large local files the pull replaces, then of
+    // the large files to pull that a local file or a partial file of an
+    // interrupted pull may have chunks of.
     until_cancelled(&progress, async {
+        describe_local(&local, &mut plan.files).await;
         let useful = |c: &FileChange| {
             c.dst.as_ref().is_some_and(|d| !d.chunks.is_empty()) || has_partial(&partials, &c.src)
         };
-        let side = HostSide::Source;
+        let side = Side::Source;
         Ok(describe_on(&conn, remote, &mut plan.files, side, useful).await?)
     })
     .await?;

@@ -4,17 +4,80 @@
 //! dry-run report and the progress totals. The diff itself is
 //! [`outpost_treesync::plan::diff`]; this file is named apart from it.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use outpost_protocol::{FilterSpec, RelPath, ScanSummary, TreeEntry};
+use outpost_treesync::chunk::CHUNKED_MIN_SIZE;
 use outpost_treesync::filter::{self, DEFAULT_EXCLUDES, Filter};
-use outpost_treesync::plan::{DiffOptions, Plan};
+use outpost_treesync::plan::{DiffOptions, FileChange, Plan};
 use outpost_treesync::relpath;
 
 use super::types::{PLAN_LISTING, Progress, SyncError, SyncOptions, SyncReport};
+
+/// Which entry of a change a description fills in.
+#[derive(Clone, Copy)]
+pub(super) enum Side {
+    Destination,
+    Source,
+}
+
+impl Side {
+    fn of(self, change: &mut FileChange) -> Option<&mut TreeEntry> {
+        match self {
+            Side::Destination => change.dst.as_mut(),
+            Side::Source => Some(&mut change.src),
+        }
+    }
+}
+
+/// The changes (those `useful` picks) whose `side` is a large file listed
+/// with its hash and without its chunk list, by path: what a describe of
+/// that side fills in.
+pub(super) fn undescribed(
+    changes: &mut [FileChange],
+    side: Side,
+    useful: impl Fn(&FileChange) -> bool,
+) -> HashMap<RelPath, usize> {
+    let mut wanted = HashMap::new();
+    for (i, change) in changes.iter_mut().enumerate() {
+        if !useful(change) {
+            continue;
+        }
+        if let Some(entry) = side.of(change)
+            && entry.size >= CHUNKED_MIN_SIZE
+            && entry.hash.is_some()
+            && entry.chunks.is_empty()
+        {
+            wanted.insert(entry.path.clone(), i);
+        }
+    }
+    wanted
+}
+
+/// Takes the chunk lists of `described` files in, for those still the
+/// content the scan listed (a file changed since keeps none, and travels
+/// whole: it costs bytes, never correctness).
+pub(super) fn take_described(
+    changes: &mut [FileChange],
+    side: Side,
+    wanted: &HashMap<RelPath, usize>,
+    described: Vec<TreeEntry>,
+) {
+    for d in described {
+        let Some(&i) = wanted.get(&d.path) else {
+            continue;
+        };
+        if let Some(entry) = side.of(&mut changes[i])
+            && entry.hash == d.hash
+            && entry.size == d.size
+        {
+            entry.chunks = d.chunks;
+        }
+    }
+}
 
 /// The excludes of a sync: the defaults first, so that the caller's own
 /// `!pattern`s can re-include what they exclude.

@@ -3,14 +3,12 @@
 //! sync asks of the host on its own (its scans, creating a push's missing
 //! root, dropping staged transfers).
 
-use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use outpost_protocol::{
     ApplyMeta, EntryKind, Expect, FileContent, FilePut, FilterSpec, MetaOp, PartData, PutFiles,
     PutPart, ReadFiles, ReadSpec, RelPath, Request, Response, ScanRequest, ScanSummary, TreeEntry,
 };
-use outpost_treesync::chunk::CHUNKED_MIN_SIZE;
 use outpost_treesync::codec;
 use outpost_treesync::plan::FileChange;
 
@@ -18,6 +16,7 @@ use super::helpers::{check_cancelled, unexpected};
 use super::limits::REQUEST_BYTES;
 use super::parts::next_xfer;
 use super::pipeline::final_answer;
+use super::planning::{Side, take_described, undescribed};
 use super::types::{Progress, SyncError};
 use crate::session::{CallError, ScopedConn, Session};
 
@@ -195,24 +194,6 @@ pub(super) fn scan_request(conn: &ScopedConn, root: &str, spec: &FilterSpec) -> 
     }
 }
 
-/// Which entry of a change is the host's.
-#[derive(Clone, Copy)]
-pub(super) enum HostSide {
-    /// A push's destination.
-    Destination,
-    /// A pull's source.
-    Source,
-}
-
-impl HostSide {
-    fn of(self, change: &mut FileChange) -> Option<&mut TreeEntry> {
-        match self {
-            HostSide::Destination => change.dst.as_mut(),
-            HostSide::Source => Some(&mut change.src),
-        }
-    }
-}
-
 /// Paths in one `DescribeFiles`, so a request stays far below the frame cap
 /// (at most 4,096 bytes a path).
 const DESCRIBE_PATHS: usize = 512;
@@ -226,22 +207,10 @@ pub(super) async fn describe_on(
     conn: &ScopedConn,
     root: &str,
     changes: &mut [FileChange],
-    side: HostSide,
+    side: Side,
     useful: impl Fn(&FileChange) -> bool,
 ) -> Result<(), CallError> {
-    let mut wanted = HashMap::new();
-    for (i, change) in changes.iter_mut().enumerate() {
-        if !useful(change) {
-            continue;
-        }
-        if let Some(entry) = side.of(change)
-            && entry.size >= CHUNKED_MIN_SIZE
-            && entry.hash.is_some()
-            && entry.chunks.is_empty()
-        {
-            wanted.insert(entry.path.clone(), i);
-        }
-    }
+    let wanted = undescribed(changes, side, useful);
     let paths: Vec<RelPath> = wanted.keys().cloned().collect();
     for some in paths.chunks(DESCRIBE_PATHS) {
         let mut call = conn.start(Request::DescribeFiles {
@@ -251,17 +220,7 @@ pub(super) async fn describe_on(
         loop {
             match call.next().await? {
                 Response::Entries(described) => {
-                    for d in described {
-                        let Some(&i) = wanted.get(&d.path) else {
-                            continue;
-                        };
-                        if let Some(entry) = side.of(&mut changes[i])
-                            && entry.hash == d.hash
-                            && entry.size == d.size
-                        {
-                            entry.chunks = d.chunks;
-                        }
-                    }
+                    take_described(changes, side, &wanted, described);
                 }
                 Response::ScanDone(_) => break,
                 // Refused (an agent error): the files travel whole.

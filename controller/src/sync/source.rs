@@ -138,7 +138,9 @@ async fn scan(
     options: SyncOptions,
 ) -> Result<Arc<Scanned>, String> {
     let refused = |e: SyncError| e.to_string();
-    let mut out = scan_local(root.clone(), spec).await.map_err(refused)?;
+    let mut out = scan_local(root.clone(), spec, true)
+        .await
+        .map_err(refused)?;
     root_problem(&root.display().to_string(), &out.summary).map_err(refused)?;
     only_name(&mut out.entries, &options);
     if let Some(name) = &options.only {

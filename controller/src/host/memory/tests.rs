@@ -454,3 +454,102 @@ async fn push_and_pull_a_small_tree() {
         "changed\n"
     );
 }
+
+/// Counts the opens of one file from its creation on (inotify), to tell a
+/// scan that took a hash from its stat cache from one that read the file.
+struct OpenWatch(std::os::fd::OwnedFd);
+
+impl OpenWatch {
+    fn new(path: &Path) -> OpenWatch {
+        use std::os::fd::FromRawFd;
+        use std::os::unix::ffi::OsStrExt;
+        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+        assert!(fd >= 0, "inotify: {}", std::io::Error::last_os_error());
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+        let wd = unsafe { libc::inotify_add_watch(fd_of(&fd), c.as_ptr(), libc::IN_OPEN) };
+        assert!(wd >= 0, "inotify: {}", std::io::Error::last_os_error());
+        OpenWatch(fd)
+    }
+
+    fn opens(&self) -> usize {
+        // A watch on a file names nothing: every event is the bare struct.
+        let mut buf = [0u8; 4096];
+        let mut events = 0;
+        loop {
+            let n = unsafe { libc::read(fd_of(&self.0), buf.as_mut_ptr().cast(), buf.len()) };
+            if n <= 0 {
+                return events;
+            }
+            events += n as usize / std::mem::size_of::<libc::inotify_event>();
+        }
+    }
+}
+
+fn fd_of(fd: &std::os::fd::OwnedFd) -> i32 {
+    std::os::fd::AsRawFd::as_raw_fd(fd)
+}
+
+/// A large file a sync wrote serves the next sync's scan of that side from
+/// the stat cache, unread, on the host (a push) and here (a pull); and when
+/// it changes at the source, a pull still sends only a delta, the local
+/// copy's chunk list read then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_files_a_sync_wrote_are_not_read_again() {
+    let scratch = TempDir::new("written");
+    let src = scratch.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut big: Vec<u8> = (0..3 << 20)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect();
+    std::fs::write(src.join("big.bin"), &big).unwrap();
+    std::fs::write(src.join("small.txt"), "one\n").unwrap();
+    // Older than the stat cache's racy window, as most files are.
+    let an_hour_ago = std::time::SystemTime::now() - Duration::from_secs(3600);
+    for name in ["big.bin", "small.txt"] {
+        let file = std::fs::File::options().write(true).open(src.join(name));
+        file.unwrap().set_modified(an_hour_ago).unwrap();
+    }
+    let remote = scratch.path().join("remote");
+    let remote_str = remote.to_str().unwrap();
+    let back = scratch.path().join("back");
+    let session = session_on(&MemoryHost::new(), "mem");
+    let options = SyncOptions::default();
+    let progress = || Arc::new(Progress::default());
+
+    let report = push(&session, &src, remote_str, &options, progress()).await;
+    assert_eq!(report.unwrap().files_sent, 2);
+    let watch = OpenWatch::new(&remote.join("big.bin"));
+    std::fs::write(src.join("small.txt"), "two\n").unwrap();
+    let report = push(&session, &src, remote_str, &options, progress()).await;
+    assert_eq!(report.unwrap().files_sent, 1);
+    assert_eq!(
+        watch.opens(),
+        0,
+        "the host's scan read the large file again"
+    );
+
+    let report = pull(&session, remote_str, &back, &options, progress()).await;
+    assert_eq!(report.unwrap().files_sent, 2);
+    let watch = OpenWatch::new(&back.join("big.bin"));
+    std::fs::write(remote.join("small.txt"), "three\n").unwrap();
+    let report = pull(&session, remote_str, &back, &options, progress()).await;
+    assert_eq!(report.unwrap().files_sent, 1);
+    assert_eq!(watch.opens(), 0, "the local scan read the large file again");
+
+    big[1 << 20..(1 << 20) + 4096].fill(0xab);
+    std::fs::write(remote.join("big.bin"), &big).unwrap();
+    let report = pull(&session, remote_str, &back, &options, progress())
+        .await
+        .unwrap();
+    assert_eq!(report.files_sent, 1, "{report:?}");
+    assert!(report.bytes_sent < 256 * 1024, "not a delta: {report:?}");
+    assert_eq!(std::fs::read(back.join("big.bin")).unwrap(), big);
+    assert!(watch.opens() > 0, "the local copy was never read");
+}
