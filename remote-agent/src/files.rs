@@ -348,8 +348,8 @@ async fn with_shared_applier(
 /// square of a large tree's size).
 const WRITTEN_HELD: usize = 50_000;
 
-/// Answers a `PutFiles` with `Applied`. The small files it committed go
-/// into the root's stat cache (at the next scan of the root, when the
+/// Answers a `PutFiles` with `Applied`. The files it committed go into the
+/// root's stat cache (a large one by its hash alone) (at the next scan of the root, when the
 /// connection ends, or once [`WRITTEN_HELD`] wait), so the next scan (a
 /// re-push's) does not read back what was just written and checked.
 ///

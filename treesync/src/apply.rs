@@ -68,6 +68,7 @@ use crate::chunk::{self, CHUNKED_MIN_SIZE};
 use crate::codec;
 use crate::filter::TEMP_PREFIX;
 use crate::relpath;
+use crate::scan::hash_in_parallel;
 use crate::sys::{self, Stat};
 
 /// A part's data decompresses to at most this much.
@@ -1596,7 +1597,8 @@ pub struct Described {
 
 /// The hash and chunk list of each file of `paths` under `root` (for a sync
 /// whose scan left the chunk lists out and found these files changed),
-/// from `cache` where it knows the file, else read once. An entry carries
+/// from `cache` where it knows the file, else read once (several files at a
+/// time on several threads, once they are worth it). An entry carries
 /// the file's stat as it was read; a path that cannot be described (gone,
 /// not a regular file, changing while read) is a problem instead.
 pub fn describe_files(
@@ -1606,42 +1608,78 @@ pub fn describe_files(
 ) -> Described {
     let mut dirs = Dirs::new(root);
     let mut out = Described::default();
-    let mut buf = Vec::new();
-    for path in paths {
-        let described = open_regular(&mut dirs, path).and_then(|(mut file, st)| {
-            let entry = |hash, chunks| TreeEntry {
-                path: path.clone(),
-                kind: EntryKind::File,
-                mode: st.perm(),
-                size: st.size,
-                mtime_ns: st.mtime_ns,
-                hash: Some(hash),
-                chunks,
-            };
-            if let Some((hash, chunks)) = cache.as_deref_mut().and_then(|c| c.lookup(&st, true)) {
-                return Ok(entry(hash, chunks));
-            }
-            out.read += 1;
-            let read_start_ns = sys::now_ns();
-            let sizes = (st.size >= CHUNKED_MIN_SIZE).then(|| chunk::chunk_sizes(st.size));
-            let (hash, chunks, n) = chunk::hash_reader(&mut file, sizes, &mut buf)
-                .map_err(|e| format!("read failed: {e}"))?;
-            let after = sys::fstat(file.as_fd()).map_err(|e| e.to_string())?;
-            if after != st || n != st.size {
-                return Err("changed while being read".to_string());
-            }
-            if let Some(cache) = cache.as_deref_mut() {
-                cache.store(&st, read_start_ns, hash, chunks.clone());
-            }
-            Ok(entry(hash, chunks))
+    for window in paths.chunks(DESCRIBE_WINDOW) {
+        // Per path: its entry or its problem; `None` while it waits to be read.
+        let mut results: Vec<Option<Result<TreeEntry, String>>> = Vec::new();
+        let mut to_read = Vec::new();
+        for (k, path) in window.iter().enumerate() {
+            results.push(match open_regular(&mut dirs, path) {
+                Err(message) => Some(Err(message)),
+                Ok((file, st)) => match cache.as_deref_mut().and_then(|c| c.lookup(&st, true)) {
+                    Some((hash, chunks)) => Some(Ok(described(path, &st, hash, chunks))),
+                    None => {
+                        to_read.push((k, file, st));
+                        None
+                    }
+                },
+            });
+        }
+        out.read += to_read.len();
+        let bytes = to_read.iter().map(|(_, _, st)| st.size).sum();
+        let read = hash_in_parallel(to_read.len(), bytes, |buf, j| {
+            let (_, file, st) = &to_read[j];
+            read_whole(file, st, buf)
         });
-        match described {
-            Ok(entry) => out.entries.push(entry),
-            Err(message) => out.problems.push(PathProblem {
-                path: path.clone(),
-                message,
-            }),
+        for ((k, _, st), read) in to_read.iter().zip(read) {
+            results[*k] = Some(read.map(|(hash, chunks, read_start_ns)| {
+                if let Some(cache) = cache.as_deref_mut() {
+                    cache.store(st, read_start_ns, hash, chunks.clone());
+                }
+                described(&window[*k], st, hash, chunks)
+            }));
+        }
+        for (path, result) in window.iter().zip(results) {
+            match result.expect("every path was looked up or read") {
+                Ok(entry) => out.entries.push(entry),
+                Err(message) => out.problems.push(PathProblem {
+                    path: path.clone(),
+                    message,
+                }),
+            }
         }
     }
     out
+}
+
+/// Files a describe holds open at once, to read them on several threads.
+const DESCRIBE_WINDOW: usize = 64;
+
+fn described(path: &RelPath, st: &Stat, hash: [u8; 32], chunks: Vec<ChunkRef>) -> TreeEntry {
+    TreeEntry {
+        path: path.clone(),
+        kind: EntryKind::File,
+        mode: st.perm(),
+        size: st.size,
+        mtime_ns: st.mtime_ns,
+        hash: Some(hash),
+        chunks,
+    }
+}
+
+/// Hash and chunk list of an open file, provided it stays as `st` while it
+/// is read; with the wall clock at the start of the read, for the cache.
+fn read_whole(
+    mut file: &File,
+    st: &Stat,
+    buf: &mut Vec<u8>,
+) -> Result<([u8; 32], Vec<ChunkRef>, i64), String> {
+    let read_start_ns = sys::now_ns();
+    let sizes = (st.size >= CHUNKED_MIN_SIZE).then(|| chunk::chunk_sizes(st.size));
+    let (hash, chunks, n) =
+        chunk::hash_reader(&mut file, sizes, buf).map_err(|e| format!("read failed: {e}"))?;
+    let after = sys::fstat(file.as_fd()).map_err(|e| e.to_string())?;
+    if after != *st || n != st.size {
+        return Err("changed while being read".to_string());
+    }
+    Ok((hash, chunks, read_start_ns))
 }

@@ -61,7 +61,7 @@ pub struct Written {
 }
 
 impl Written {
-    /// Whether a file of this size and mtime may be recorded now.
+    /// Whether a file of this mtime may be recorded now.
     pub(crate) fn recordable(mtime_ns: i64) -> bool {
         crate::sys::now_ns().saturating_sub(mtime_ns) >= RACY_WINDOW_NS
     }

@@ -458,27 +458,36 @@ fn hash_entries(
 /// Hashes the files `jobs` (indices into `entries`), in order.
 fn run_jobs(root: &Path, entries: &[TreeEntry], stats: &[Stat], jobs: &[usize]) -> Vec<Hashed> {
     let bytes: u64 = jobs.iter().map(|&i| stats[i].size).sum();
-    // Threads pay off once there is real work: many files (per-file latency
-    // overlaps) or many bytes (hashing runs on several cores).
-    let threads = if jobs.len() >= 32 || (jobs.len() >= 2 && bytes >= 16 << 20) {
+    hash_in_parallel(jobs.len(), bytes, |buf, j| {
+        let i = jobs[j];
+        hash_one(root, &entries[i].path, &stats[i], buf)
+    })
+}
+
+/// Runs `hash(buf, j)` for every `j` below `count` (files of `bytes` in
+/// all) and returns the results in that order: on several threads once
+/// there is real work, many files (per-file latency overlaps) or many bytes
+/// (hashing runs on several cores). Each thread reuses one read buffer.
+pub(crate) fn hash_in_parallel<T: Send>(
+    count: usize,
+    bytes: u64,
+    hash: impl Fn(&mut Vec<u8>, usize) -> T + Sync,
+) -> Vec<T> {
+    let threads = if count >= 32 || (count >= 2 && bytes >= 16 << 20) {
         std::thread::available_parallelism()
             .map(|n| n.get())
             .unwrap_or(1)
             .clamp(1, 8)
-            .min(jobs.len())
+            .min(count)
     } else {
         1
     };
-    let one = |buf: &mut Vec<u8>, j: usize| {
-        let i = jobs[j];
-        hash_one(root, &entries[i].path, &stats[i], buf)
-    };
     if threads <= 1 {
         let mut buf = Vec::new();
-        return (0..jobs.len()).map(|j| one(&mut buf, j)).collect();
+        return (0..count).map(|j| hash(&mut buf, j)).collect();
     }
     let next = AtomicUsize::new(0);
-    let mut results: Vec<Option<Hashed>> = (0..jobs.len()).map(|_| None).collect();
+    let mut results: Vec<Option<T>> = (0..count).map(|_| None).collect();
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|_| {
@@ -487,10 +496,10 @@ fn run_jobs(root: &Path, entries: &[TreeEntry], stats: &[Stat], jobs: &[usize]) 
                     let mut done = Vec::new();
                     loop {
                         let j = next.fetch_add(1, Ordering::Relaxed);
-                        if j >= jobs.len() {
+                        if j >= count {
                             return done;
                         }
-                        done.push((j, one(&mut buf, j)));
+                        done.push((j, hash(&mut buf, j)));
                     }
                 })
             })
@@ -504,9 +513,10 @@ fn run_jobs(root: &Path, entries: &[TreeEntry], stats: &[Stat], jobs: &[usize]) 
             }
         }
     });
+    // Every index was taken by a thread that returned (a panic resumed).
     results
         .into_iter()
-        .map(|r| r.unwrap_or_else(|| Hashed::Failed("not hashed".to_string())))
+        .map(|r| r.expect("every job has a result"))
         .collect()
 }
 

@@ -580,6 +580,39 @@ fn described_files_match_the_scan_and_follow_no_symlink() {
     assert_eq!(cached.read, 0);
     assert_eq!(cached.entries[0].hash, Some([0xee; 32]));
     assert_eq!(cached.entries[0].chunks, entries[0].chunks);
+
+    // Enough files to be read on several threads, more than one window,
+    // in between paths that cannot be described: answers keep their order.
+    for i in 0..100 {
+        fs::write(root.join(format!("f{i:03}")), format!("file {i}")).unwrap();
+    }
+    let scanned = scan_all(&root);
+    let mut many = Vec::new();
+    let mut expected = Vec::new();
+    for i in 0..100 {
+        let name = format!("f{i:03}").into_bytes();
+        expected.push(
+            scanned
+                .entries
+                .iter()
+                .find(|e| e.path == name)
+                .unwrap()
+                .clone(),
+        );
+        many.push(name);
+        if i % 7 == 0 {
+            many.push(format!("gone{i}").into_bytes());
+        }
+    }
+    let described = apply::describe_files(&root, &many, None);
+    assert_eq!(described.read, 100);
+    assert_eq!(described.entries, expected);
+    let gone: Vec<Vec<u8>> = (0..100)
+        .step_by(7)
+        .map(|i| format!("gone{i}").into_bytes())
+        .collect();
+    let problems: Vec<Vec<u8>> = described.problems.into_iter().map(|p| p.path).collect();
+    assert_eq!(problems, gone);
 }
 
 /// Files an applier commits go into the stat cache: the next scan takes

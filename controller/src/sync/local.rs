@@ -7,13 +7,11 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
-use outpost_protocol::{FilterSpec, RelPath};
+use outpost_protocol::{FilterSpec, RelPath, TreeEntry};
 use outpost_treesync::apply::describe_files;
 use outpost_treesync::cache::{StatCache, Written};
-use outpost_treesync::plan::FileChange;
 use outpost_treesync::scan::{self, ScanOptions, ScanOutput};
 
-use super::planning::{Side, take_described, undescribed};
 use super::types::SyncError;
 
 /// Scans a local tree on a blocking thread, with the stat cache so unchanged
@@ -63,15 +61,14 @@ fn save_cache(cache: &StatCache, file: &Path) {
     }
 }
 
-/// Gives the large local files among `changes` (a pull's destination)
-/// the chunk lists its scan left out, from the stat cache where it has them,
-/// else read once: what a delta can reuse here.
-pub(super) async fn describe_local(root: &Path, changes: &mut [FileChange]) {
-    let wanted = undescribed(changes, Side::Destination, |_| true);
-    if wanted.is_empty() {
-        return;
+/// The hash and chunk list of each of `paths` under the local `root` (large
+/// files a pull replaces, whose chunk lists its scan left out), from the
+/// stat cache where it has them, else read once: what a delta can reuse
+/// here. A file that cannot be described is left out (it travels whole).
+pub(super) async fn describe_local(root: &Path, paths: Vec<RelPath>) -> Vec<TreeEntry> {
+    if paths.is_empty() {
+        return Vec::new();
     }
-    let paths: Vec<RelPath> = wanted.keys().cloned().collect();
     let root = root.to_path_buf();
     let described = tokio::task::spawn_blocking(move || {
         let cache_file = local_cache_file(&root);
@@ -85,10 +82,8 @@ pub(super) async fn describe_local(root: &Path, changes: &mut [FileChange]) {
         described.entries
     })
     .await;
-    // Not described (it panicked): the files travel whole.
-    if let Ok(described) = described {
-        take_described(changes, Side::Destination, &wanted, described);
-    }
+    // A panic describes nothing: the files travel whole.
+    described.unwrap_or_default()
 }
 
 /// Records the files a pull wrote into `root`'s stat cache, so the next

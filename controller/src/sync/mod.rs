@@ -53,14 +53,16 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use outpost_protocol::TreeEntry;
 use outpost_treesync::apply::Applier;
+use outpost_treesync::chunk::CHUNKED_MIN_SIZE;
 use outpost_treesync::plan::{self, FileChange};
 
 use self::helpers::{add_problems, lock, until_cancelled};
 use self::local::{describe_local, local_dir, record_written, scan_local};
 use self::planning::{
     Side, diff_options, dry_run_report, filter_spec, only_name, problem_paths, root_problem,
-    spare_unseen, start_progress,
+    spare_unseen, start_progress, take_described, undescribed,
 };
 use self::pull::PullFiles;
 use self::push::PushFiles;
@@ -247,16 +249,23 @@ pub async fn pull(
     if options.dry_run {
         return Ok(dry_run_report(report, &plan, started));
     }
-    // The chunk lists of the large local files the pull replaces, then of
-    // the large files to pull that a local file or a partial file of an
-    // interrupted pull may have chunks of.
+    // At once: the chunk lists of the large local files the pull replaces
+    // with large files (which the local scan left out where its cache held
+    // only a hash), and of the large files to pull that a local file or a
+    // partial file of an interrupted pull may have chunks of.
     until_cancelled(&progress, async {
-        describe_local(&local, &mut plan.files).await;
+        let large = |c: &FileChange| c.src.size >= CHUNKED_MIN_SIZE && c.src.hash.is_some();
+        let local_wanted = undescribed(&mut plan.files, Side::Destination, large);
         let useful = |c: &FileChange| {
-            c.dst.as_ref().is_some_and(|d| !d.chunks.is_empty()) || has_partial(&partials, &c.src)
+            let chunked =
+                |d: &TreeEntry| !d.chunks.is_empty() || local_wanted.contains_key(&d.path);
+            c.dst.as_ref().is_some_and(chunked) || has_partial(&partials, &c.src)
         };
-        let side = Side::Source;
-        Ok(describe_on(&conn, remote, &mut plan.files, side, useful).await?)
+        let here = describe_local(&local, local_wanted.keys().cloned().collect());
+        let there = describe_on(&conn, remote, &mut plan.files, Side::Source, useful);
+        let (described, ()) = tokio::try_join!(async { Ok(here.await) }, there)?;
+        take_described(&mut plan.files, Side::Destination, &local_wanted, described);
+        Ok(())
     })
     .await?;
     start_progress(&progress, &plan, &mut report);

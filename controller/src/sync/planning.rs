@@ -20,7 +20,9 @@ use super::types::{PLAN_LISTING, Progress, SyncError, SyncOptions, SyncReport};
 /// Which entry of a change a description fills in.
 #[derive(Clone, Copy)]
 pub(super) enum Side {
+    /// The file a change replaces (a push's on the host, a pull's here).
     Destination,
+    /// The new content (a push's here, a pull's on the host).
     Source,
 }
 
