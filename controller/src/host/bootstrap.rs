@@ -12,7 +12,7 @@
 //!    started again.
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use outpost_protocol::Hello;
@@ -104,7 +104,8 @@ pub struct Artifact {
     pub arch: String,
     pub libc: Libc,
     pub label: String,
-    hash: OnceLock<String>,
+    /// Shared by clones, so a hash computed ahead serves them all.
+    hash: Arc<OnceLock<String>>,
 }
 
 impl Artifact {
@@ -147,6 +148,19 @@ pub struct Artifacts {
 }
 
 impl Artifacts {
+    /// Hashes the native build on a thread of its own, so that the first
+    /// connection finds the hash ready instead of reading and hashing the
+    /// file (several MB) after its SSH handshake.
+    pub fn hash_ahead(&self) {
+        if let Some(native) = self.native.clone()
+            && native.hash.get().is_none()
+        {
+            let _ = std::thread::Builder::new()
+                .name("agent-hash".into())
+                .spawn(move || native.hash().map(|_| ()));
+        }
+    }
+
     /// Finds the native agent (`agent_bin`, else next to the controller
     /// executable) and portable builds under `extra_dirs`, `<exe dir>/agents` and
     /// the source tree's `dist/agents`.
@@ -164,7 +178,7 @@ impl Artifacts {
             arch: std::env::consts::ARCH.into(),
             libc: native_libc(),
             label: "native build".into(),
-            hash: OnceLock::new(),
+            hash: Default::default(),
         });
         let mut dirs: Vec<PathBuf> = extra_dirs.to_vec();
         if let Some(d) = &exe_dir {
@@ -207,7 +221,7 @@ impl Artifacts {
                     arch: parts[0].into(),
                     libc,
                     label: format!("{name} from {}", dir.display()),
-                    hash: OnceLock::new(),
+                    hash: Default::default(),
                 });
             }
         }
@@ -566,7 +580,7 @@ mod tests {
             arch: arch.into(),
             libc,
             label: "test".into(),
-            hash: OnceLock::new(),
+            hash: Default::default(),
         }
     }
 
