@@ -1,8 +1,9 @@
 //! How each changed file travels: whole in a batch with other small files
 //! ([`Route::Inline`]), or in [`Part`]s (copies of chunks the receiver
 //! already has, data for the rest, nothing for what a resumed partial file
-//! holds) and then committed; and [`Staged`], the state of one file sent in
-//! parts, which push and pull share.
+//! holds) and then committed; [`Staged`], the state of one file sent in
+//! parts; and [`Pace`], which keeps the two kinds in step. Push and pull
+//! share all of it.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,6 +27,55 @@ impl Part {
         match *self {
             Part::Copy { len, .. } | Part::Data { len, .. } => len,
         }
+    }
+}
+
+/// How far a sync's small files (whole, in batches) and its large ones (in
+/// parts) have gone, each as its share of its own bytes. A batch of small
+/// files goes whenever their share is behind, so the receiver creates,
+/// flushes and renames small files (a matter of the disk's latency) while
+/// the large ones stream (of the link's bandwidth), rather than one after
+/// the other.
+#[derive(Debug, Default)]
+pub(super) struct Pace {
+    small_sent: u128,
+    small_total: u128,
+    large_sent: u128,
+    large_total: u128,
+}
+
+impl Pace {
+    /// For the small files `small` and the large files `large`.
+    pub(super) fn new<'a>(
+        small: impl Iterator<Item = &'a FileChange>,
+        large: impl Iterator<Item = &'a FileChange>,
+    ) -> Pace {
+        let size = |c: &FileChange| u128::from(c.src.size);
+        Pace {
+            small_total: small.map(size).sum(),
+            large_total: large.map(size).sum(),
+            ..Pace::default()
+        }
+    }
+
+    /// Whether small files go next.
+    pub(super) fn small_behind(&self) -> bool {
+        self.small_sent * self.large_total <= self.large_sent * self.small_total
+    }
+
+    /// Small files' bytes sent (or skipped).
+    pub(super) fn small(&mut self, bytes: u64) {
+        self.small_sent += u128::from(bytes);
+    }
+
+    /// Large files' bytes sent, skipped, or already held by the receiver.
+    pub(super) fn large(&mut self, bytes: u64) {
+        self.large_sent += u128::from(bytes);
+    }
+
+    /// Every large file is on its way: the small ones left go now.
+    pub(super) fn large_done(&mut self) {
+        self.large_sent = self.large_total;
     }
 }
 

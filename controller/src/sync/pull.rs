@@ -21,7 +21,7 @@ use super::helpers::{
     CHANGED, UNHASHED, add_problems, blocking, check_cancelled, lock, problem, unexpected,
 };
 use super::limits::{BATCH_FILES, REQUEST_BYTES};
-use super::parts::{Part, Route, Staged, content_of, group_ranges, next_xfer, put_of, route};
+use super::parts::{Pace, Part, Route, Staged, content_of, group_ranges, next_xfer, put_of, route};
 use super::pipeline::{Landed, Pipeline};
 use super::run::Run;
 use super::types::{SyncError, SyncReport};
@@ -53,6 +53,10 @@ pub(super) struct PullFiles<'r> {
     /// Oldest first; a batch's flush (a journal commit and the writeback of
     /// what it wrote) and its directories' fsyncs wait for the disk.
     commits: VecDeque<Commit>,
+    /// Small files not yet asked for, in batches in step with the large
+    /// files' ranges ([`Pace`]).
+    small: VecDeque<FileChange>,
+    pace: Pace,
 }
 
 impl<'r> PullFiles<'r> {
@@ -71,6 +75,8 @@ impl<'r> PullFiles<'r> {
             pipe: Pipeline::new(conn),
             staged: Vec::new(),
             commits: VecDeque::new(),
+            small: VecDeque::new(),
+            pace: Pace::default(),
         }
     }
 
@@ -104,8 +110,7 @@ impl<'r> PullFiles<'r> {
     }
 
     async fn read_all(&mut self, changes: Vec<FileChange>) -> Result<(), SyncError> {
-        let mut batch = Vec::new();
-        let mut batch_bytes = 0;
+        let mut large = Vec::new();
         for change in changes {
             if change.src.hash.is_none() {
                 // The host could not hash it (it kept changing): a commit
@@ -114,26 +119,38 @@ impl<'r> PullFiles<'r> {
                 continue;
             }
             match route(&change) {
-                Route::Inline => {
-                    if !batch.is_empty()
-                        && (batch.len() >= BATCH_FILES
-                            || batch_bytes + change.src.size > REQUEST_BYTES)
-                    {
-                        self.send_batch(std::mem::take(&mut batch), batch_bytes)
-                            .await?;
-                        batch_bytes = 0;
-                    }
-                    batch_bytes += change.src.size;
-                    batch.push(change);
-                }
-                Route::Parts(parts) => self.read_parts(change, parts).await?,
+                Route::Inline => self.small.push_back(change),
+                Route::Parts(parts) => large.push((change, parts)),
             }
         }
-        if !batch.is_empty() {
-            self.send_batch(batch, batch_bytes).await?;
+        self.pace = Pace::new(self.small.iter(), large.iter().map(|(c, _)| c));
+        for (change, parts) in large {
+            self.catch_up().await?;
+            self.read_parts(change, parts).await?;
         }
+        self.pace.large_done();
+        self.catch_up().await?;
         while let Some(landed) = self.pipe.next().await {
             self.settle(landed).await?;
+        }
+        Ok(())
+    }
+
+    /// Asks for batches of small files while they are behind the large ones.
+    async fn catch_up(&mut self) -> Result<(), SyncError> {
+        while !self.small.is_empty() && self.pace.small_behind() {
+            let mut batch = Vec::new();
+            let mut bytes = 0;
+            while let Some(size) = self.small.front().map(|c| c.src.size) {
+                if !batch.is_empty() && (batch.len() >= BATCH_FILES || bytes + size > REQUEST_BYTES)
+                {
+                    break;
+                }
+                bytes += size;
+                batch.extend(self.small.pop_front());
+            }
+            self.pace.small(bytes);
+            self.send_batch(batch, bytes).await?;
         }
         Ok(())
     }
@@ -221,6 +238,15 @@ impl<'r> PullFiles<'r> {
                 Err(message) => self.staged[i].fail_with(&message, &mut self.run.report),
             }
         }
+        // What the local side already holds counts as asked for, for the
+        // small files' pace.
+        let to_read: u64 = parts
+            .iter()
+            .filter(|p| matches!(p, Part::Data { .. }))
+            .map(Part::len)
+            .sum();
+        self.pace
+            .large(self.staged[i].change.src.size.saturating_sub(to_read));
         for ranges in group_ranges(&parts, REQUEST_BYTES) {
             if self.staged[i].failed {
                 break;
@@ -236,6 +262,8 @@ impl<'r> PullFiles<'r> {
             self.send(request, PullTag::Range { staged: i, len }, len)
                 .await?;
             self.staged[i].sent += 1;
+            self.pace.large(len);
+            self.catch_up().await?;
         }
         self.staged[i].all_sent = true;
         self.resolve(i).await

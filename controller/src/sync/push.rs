@@ -22,7 +22,7 @@ use super::helpers::{
     until_cancelled,
 };
 use super::limits::{BATCH_FILES, BATCH_RAW, REQUEST_BYTES};
-use super::parts::{Part, Route, Staged, put_of, route};
+use super::parts::{Pace, Part, Route, Staged, put_of, route};
 use super::pipeline::{Landed, Pipeline, final_answer, final_of};
 use super::remote::abort_remote;
 use super::run::Run;
@@ -163,29 +163,19 @@ pub(super) struct PushFiles<'r> {
 }
 
 /// The small files of a push, sent in batches in step with the large files'
-/// parts, each stream by its share of the bytes sent: the host creates,
-/// flushes and renames small files (a matter of the disk's latency) while
-/// large ones stream (of the link's bandwidth), rather than one after the
-/// other.
+/// parts ([`Pace`]).
 #[derive(Default)]
 struct Inline {
     changes: Arc<Vec<FileChange>>,
     /// Where the next batch starts.
     next: usize,
-    /// Bytes of small files sent, of all small files, of large files sent
-    /// (or skipped), of all large files.
-    sent: u128,
-    total: u128,
-    parted_sent: u128,
-    parted_total: u128,
+    pace: Pace,
 }
 
 impl Inline {
-    /// Whether a batch of small files goes next, the large files being at
-    /// `parted_sent` of `parted_total`.
+    /// Whether a batch of small files goes next.
     fn behind(&self) -> bool {
-        self.next < self.changes.len()
-            && self.sent * self.parted_total <= self.parted_sent * self.total
+        self.next < self.changes.len() && self.pace.small_behind()
     }
 }
 
@@ -226,26 +216,24 @@ impl<'r> PushFiles<'r> {
             }
         }
 
-        let size = |c: &FileChange| u128::from(c.src.size);
         self.inline = Inline {
-            total: inline.iter().map(size).sum(),
-            parted_total: parted.iter().map(|(c, _)| size(c)).sum(),
+            pace: Pace::new(inline.iter(), parted.iter().map(|(c, _)| c)),
             changes: Arc::new(inline),
-            ..Inline::default()
+            next: 0,
         };
         for (change, parts) in parted {
             self.catch_up().await?;
             if change.src.hash.is_none() {
                 // The scan could not hash it: nothing to check a commit
                 // against.
-                self.inline.parted_sent += size(&change);
+                self.inline.pace.large(change.src.size);
                 self.run.skip(&change, UNHASHED);
                 continue;
             }
             self.send_parts(change, parts).await?;
             self.commit_ready().await?;
         }
-        self.inline.parted_sent = self.inline.parted_total;
+        self.inline.pace.large_done();
         self.catch_up().await?;
 
         loop {
@@ -278,7 +266,9 @@ impl<'r> PushFiles<'r> {
         let next = self.inline.next;
         let batch = blocking(move || read_batch(&source, &changes, next)).await?;
         let inline = &mut self.inline;
-        inline.sent += changes_size(&inline.changes[next..batch.next]);
+        inline
+            .pace
+            .small(changes_size(&inline.changes[next..batch.next]));
         inline.next = batch.next;
         for (path, message) in &batch.problems {
             self.run.report.problems.push(problem(path, message));
@@ -332,7 +322,7 @@ impl<'r> PushFiles<'r> {
         // pace.
         let to_send: u64 = parts.iter().map(Part::len).sum();
         let held = self.staged[i].change.src.size.saturating_sub(to_send);
-        self.inline.parted_sent += u128::from(held);
+        self.inline.pace.large(held);
         for part in parts {
             if self.staged[i].failed {
                 break;
@@ -381,7 +371,7 @@ impl<'r> PushFiles<'r> {
             self.send(request, tag, weight).await?;
             self.staged[i].sent += 1;
             self.run.report.bytes_sent += weight;
-            self.inline.parted_sent += u128::from(part.len());
+            self.inline.pace.large(part.len());
             self.catch_up().await?;
         }
         self.staged[i].all_sent = true;
@@ -543,8 +533,8 @@ impl<'r> PushFiles<'r> {
     }
 }
 
-fn changes_size(changes: &[FileChange]) -> u128 {
-    changes.iter().map(|c| u128::from(c.src.size)).sum()
+fn changes_size(changes: &[FileChange]) -> u64 {
+    changes.iter().map(|c| c.src.size).sum()
 }
 
 fn applied(response: Response, what: &str) -> Result<ApplyReport, SyncError> {
