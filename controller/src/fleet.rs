@@ -14,7 +14,7 @@ use anyhow::Result;
 use outpost_protocol::{ExecRequest, ExecResult, GpuLease, GpuLeaseRequest};
 use serde::Serialize;
 
-use crate::config::{Config, Target, check_sandbox_id, split_sandbox_name};
+use crate::config::{Config, check_sandbox_id, split_sandbox_name};
 use crate::host::HostContext;
 use crate::host::bootstrap::Artifacts;
 use crate::policy::Policy;
@@ -122,9 +122,6 @@ impl Fleet {
             connect_timeout: config.connect_timeout,
             artifacts: Artifacts::discover(config.agent_bin.as_deref(), &config.agent_dirs),
         });
-        if config.sandboxes.iter().any(|s| s.target != Target::Local) {
-            ctx.artifacts.hash_ahead();
-        }
         let sessions: Vec<Arc<Session>> = config
             .sandboxes
             .iter()

@@ -12,7 +12,8 @@
 //!    started again.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use outpost_protocol::Hello;
@@ -104,27 +105,65 @@ pub struct Artifact {
     pub arch: String,
     pub libc: Libc,
     pub label: String,
-    /// Shared by clones, so a hash computed ahead serves them all.
-    hash: Arc<OnceLock<String>>,
+    /// Shared by clones, so a hash taken ahead serves them all.
+    hash: Arc<ArtifactHash>,
+}
+
+/// An artifact's hash, kept with the identity of the file it was taken of.
+#[derive(Debug, Default)]
+struct ArtifactHash {
+    taken: Mutex<Option<(FileId, String)>>,
+    /// Whether [`Artifacts::hash_ahead`] has started hashing it.
+    ahead: AtomicBool,
+}
+
+/// Device, inode, size and mtime: a rebuilt file differs in one of them.
+type FileId = (u64, u64, u64, i64);
+
+fn file_id(meta: &std::fs::Metadata) -> FileId {
+    use std::os::unix::fs::MetadataExt;
+    (
+        meta.dev(),
+        meta.ino(),
+        meta.size(),
+        meta.mtime_nsec() + meta.mtime() * 1_000_000_000,
+    )
 }
 
 impl Artifact {
-    /// BLAKE3 of the file, hex; computed once.
-    pub fn hash(&self) -> std::io::Result<&str> {
+    /// BLAKE3 of the file, hex; hashed again only when the file is not the
+    /// one hashed before (a rebuild while the server runs).
+    pub fn hash(&self) -> std::io::Result<String> {
         // One hashing at a time: a fleet connecting at once would otherwise
         // read and hash the same file once per host before the first result
         // lands.
-        static HASHING: std::sync::Mutex<()> = std::sync::Mutex::new(());
-        if let Some(h) = self.hash.get() {
+        static HASHING: Mutex<()> = Mutex::new(());
+        let id = file_id(&std::fs::metadata(&self.path)?);
+        if let Some(h) = self.hash_of(id) {
             return Ok(h);
         }
         let _one = HASHING.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(h) = self.hash.get() {
+        if let Some(h) = self.hash_of(id) {
             return Ok(h);
         }
-        let bytes = std::fs::read(&self.path)?;
+        let mut file = std::fs::File::open(&self.path)?;
+        let before = file_id(&file.metadata()?);
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut file, &mut bytes)?;
         let h = blake3::hash(&bytes).to_hex().to_string();
-        Ok(self.hash.get_or_init(|| h))
+        // Kept only if the file did not change while it was read.
+        if file_id(&file.metadata()?) == before {
+            *self.hash.taken.lock().unwrap_or_else(|p| p.into_inner()) = Some((before, h.clone()));
+        }
+        Ok(h)
+    }
+
+    fn hash_of(&self, id: FileId) -> Option<String> {
+        let taken = self.hash.taken.lock().unwrap_or_else(|p| p.into_inner());
+        taken
+            .as_ref()
+            .filter(|(of, _)| *of == id)
+            .map(|(_, h)| h.clone())
     }
 
     fn fits(&self, host: &HostFacts) -> bool {
@@ -148,12 +187,12 @@ pub struct Artifacts {
 }
 
 impl Artifacts {
-    /// Hashes the native build on a thread of its own, so that the first
-    /// connection finds the hash ready instead of reading and hashing the
-    /// file (several MB) after its SSH handshake.
+    /// Hashes the native build on a thread of its own, once, so that the
+    /// first connection finds the hash ready after its SSH handshake instead
+    /// of reading and hashing the file (several MB) then.
     pub fn hash_ahead(&self) {
         if let Some(native) = self.native.clone()
-            && native.hash.get().is_none()
+            && !native.hash.ahead.swap(true, Ordering::Relaxed)
         {
             let _ = std::thread::Builder::new()
                 .name("agent-hash".into())
@@ -395,7 +434,7 @@ pub async fn start_installed(
         .native
         .as_ref()
         .and_then(|native| native.hash().ok())
-        .map(|hash| (guessed_start_command(remote_dir, hash), hash.to_string()));
+        .map(|hash| (guessed_start_command(remote_dir, &hash), hash));
     let mut early = Box::pin(async {
         match &guess {
             Some((command, hash)) => Some(try_start(host, command, hash, timeout).await),
@@ -418,8 +457,7 @@ pub async fn start_installed(
     let artifact = artifacts.pick(&facts)?;
     let hash = artifact
         .hash()
-        .map_err(|e| format!("cannot read agent {}: {e}", artifact.path.display()))?
-        .to_string();
+        .map_err(|e| format!("cannot read agent {}: {e}", artifact.path.display()))?;
     let state_dir = remote_state_dir(remote_dir, &facts);
     let version_dir = version_dir(&state_dir, &hash);
     let agent_path = agent_path(&state_dir, &hash);
@@ -571,6 +609,38 @@ mod tests {
         let musl = format!("\n{PROBE_MARKER}\nLinux\naarch64\nmusl libc (aarch64)\n/root\n");
         assert_eq!(parse_probe(musl.as_bytes()).unwrap().glibc, None);
         assert!(parse_probe(b"garbage").is_err());
+    }
+
+    /// A hash taken ahead serves the clones; a build replaced in place (same
+    /// inode and size, a new mtime) or by a new file is hashed again.
+    #[test]
+    fn an_artifact_rebuilt_while_the_controller_runs_is_hashed_again() {
+        let dir = std::env::temp_dir().join(format!("outpost-artifact-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("outpost-agent");
+        std::fs::write(&path, b"build one").unwrap();
+        let native = Artifact {
+            path: path.clone(),
+            ..artifact("x86_64", Libc::Musl)
+        };
+        let hex = |b: &[u8]| blake3::hash(b).to_hex().to_string();
+        let artifacts = Artifacts {
+            native: Some(native.clone()),
+            portable: Vec::new(),
+            searched: Vec::new(),
+        };
+        artifacts.hash_ahead();
+        assert_eq!(native.hash().unwrap(), hex(b"build one"));
+
+        let file = std::fs::File::options().write(true).open(&path).unwrap();
+        std::io::Write::write_all(&mut &file, b"build two").unwrap();
+        file.set_modified(std::time::SystemTime::UNIX_EPOCH)
+            .unwrap();
+        assert_eq!(native.hash().unwrap(), hex(b"build two"));
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(&path, b"build three, longer").unwrap();
+        assert_eq!(native.hash().unwrap(), hex(b"build three, longer"));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     fn artifact(arch: &str, libc: Libc) -> Artifact {

@@ -162,6 +162,7 @@ pub async fn start(target: &Target, ctx: &HostContext) -> Result<(Arc<dyn Host>,
             if let Some(why) = &target.unusable {
                 return Err(why.clone());
             }
+            ctx.artifacts.hash_ahead();
             let keys = ssh::HostKeyFiles {
                 user: ctx.user_known_hosts.as_deref(),
                 own: &ctx.known_hosts,
@@ -179,6 +180,7 @@ pub async fn start(target: &Target, ctx: &HostContext) -> Result<(Arc<dyn Host>,
             Ok((host, started))
         }
         Target::Command(target) => {
+            ctx.artifacts.hash_ahead();
             let host: Arc<dyn Host> = Arc::new(command::CommandHost::new(target.clone()));
             let started = start_installed(&*host, &target.remote_dir, ctx).await?;
             Ok((host, started))
