@@ -83,9 +83,11 @@ pub fn run() -> i32 {
     widen_pipes();
     // Sandbox roots a connection writes stay open for its life.
     outpost_treesync::apply::raise_open_files();
-    let workers = std::thread::available_parallelism().map_or(2, |n| n.get().clamp(2, 4));
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
+    // One thread for the session: its tasks mostly wait on pipes, and what
+    // takes CPU or may block (hashing, file IO, /proc) runs on the blocking
+    // pool. A second worker would be woken to steal every request's task, and
+    // that doubled the thread switches per answer, a good part of the CPU.
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
@@ -95,28 +97,32 @@ pub fn run() -> i32 {
             return 1;
         }
     };
-    let code = runtime.block_on(async {
-        let (input, output) = session_streams();
+    // A task, so that a panic in it ends the session with 1.
+    let session = runtime.spawn(async {
+        let (input, output) = stdio_streams();
         serve_on(input, output, ServeOptions::process()).await
     });
+    let code = runtime.block_on(session).unwrap_or(1);
     // Dropping the runtime would wait for the blocking stdin read forever;
     // the caller exits the process instead.
     std::mem::forget(runtime);
     code
 }
 
-/// stdin and stdout as the session's streams; must run inside the runtime.
+/// stdin and stdout as async streams, for a protocol spoken on them (this
+/// agent's, and the controller's MCP over stdio); must run inside a runtime.
 ///
-/// Pipes (sshd's, for a session without a terminal) are polled by the
-/// runtime like a socket. tokio's stdin and stdout hand every read, write
-/// and flush to a blocking thread and back: several thread wake-ups per
-/// request, a good part of an agent's CPU per metrics answer.
-/// Anything else (a socket, a terminal) keeps tokio's.
-fn session_streams() -> (
-    Box<dyn AsyncRead + Unpin>,
+/// Pipes (sshd's for a session without a terminal, an MCP client's) are
+/// polled by the runtime like a socket; they are set non-blocking, which
+/// only their other end shares. tokio's stdin and stdout hand every read,
+/// write and flush to a blocking thread and back: several thread wake-ups
+/// per request, a good part of an agent's CPU per metrics answer. Anything
+/// else (a terminal, a file) keeps tokio's.
+pub fn stdio_streams() -> (
+    Box<dyn AsyncRead + Unpin + Send>,
     Box<dyn AsyncWrite + Unpin + Send>,
 ) {
-    let input: Box<dyn AsyncRead + Unpin> =
+    let input: Box<dyn AsyncRead + Unpin + Send> =
         match dup(libc::STDIN_FILENO).map(pipe::Receiver::from_owned_fd) {
             Some(Ok(pipe)) => Box::new(pipe),
             _ => Box::new(tokio::io::stdin()),
@@ -472,6 +478,11 @@ fn start_request(
 }
 
 /// The answer to one request, inside `scope` when it is a sandbox's.
+///
+/// What a fleet asks most (pings, metrics and the sandbox list of
+/// `check_resources`) is answered here; every other kind in [`answer_boxed`],
+/// whose future is kilobytes (it holds the largest of all theirs) and would
+/// be copied several times into each request's task.
 async fn answer(
     id: RequestId,
     body: Request,
@@ -480,9 +491,26 @@ async fn answer(
     outbox: &Outbox,
     cancel: watch::Receiver<bool>,
 ) -> Response {
+    match body {
+        Request::Ping => Response::Pong,
+        Request::Metrics => metrics(shared).await,
+        Request::SandboxList if scope.is_none() && shared.options.own_process => {
+            blocking(sandbox::list).await
+        }
+        body => Box::pin(answer_boxed(id, body, scope, shared, outbox, cancel)).await,
+    }
+}
+
+async fn answer_boxed(
+    id: RequestId,
+    body: Request,
+    scope: Option<sandbox::Scope>,
+    shared: &Arc<Shared>,
+    outbox: &Outbox,
+    cancel: watch::Receiver<bool>,
+) -> Response {
     // A sandbox's file requests name paths inside it, opened there without
-    // following a symlink; the engine gets the directory checked. Ok(false):
-    // a root to read does not exist.
+    // following a symlink; the engine gets the directory checked.
     // Ok(None): a root to read does not exist; the Some holds it open while
     // the request runs. Messages name the root as it was asked for.
     let root = |raw: &mut String,

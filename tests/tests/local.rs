@@ -57,3 +57,74 @@ async fn local_metrics_agree_with_proc() {
         .unwrap();
     assert_eq!(m.mem_total_bytes / 1024, total_kb);
 }
+
+/// `outpost mcp` reads and writes pipes itself and anything else (here a
+/// file as stdout) through tokio's stdio: both serve the protocol, and the
+/// end of stdin ends the server cleanly.
+#[test]
+fn mcp_answers_on_a_pipe_and_into_a_file() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+
+    let home = scratch("mcp-stdio-home");
+    let out_path = home.path().join("stdout.jsonl");
+    let mut server = Command::new(target_bin("outpost"))
+        .arg("mcp")
+        .env_clear()
+        .env("HOME", home.path())
+        .env("PATH", std::env::var("PATH").unwrap())
+        .current_dir(home.path())
+        .stdin(Stdio::piped())
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = server.stdin.take().unwrap();
+    let messages = [
+        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "1"}}}),
+        serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+            "name": "exec_bash", "arguments": {"command": "echo $((6*7))"}}}),
+    ];
+    for message in &messages {
+        writeln!(stdin, "{message}").unwrap();
+    }
+    stdin.flush().unwrap();
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let answer = loop {
+        let written = std::fs::read_to_string(&out_path).unwrap();
+        let answer = written
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|m| m["id"] == 2);
+        if let Some(answer) = answer {
+            break answer;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no answer to the call: {written}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let result = &answer["result"]["structuredContent"];
+    assert_eq!(result["exit_code"], 0, "{answer}");
+    assert_eq!(result["stdout"], "42\n", "{answer}");
+
+    drop(stdin);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = server.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = server.kill();
+            panic!("outpost mcp did not end with its stdin");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}");
+}

@@ -222,7 +222,7 @@ fn status_kb(pid: i32, field: &str) -> u64 {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let only = std::env::args().nth(1);
-    if only.is_none() {
+    if only.is_none() || only.as_deref() == Some("exec") {
         exec_and_metrics().await;
     }
     if only.is_none() || only.as_deref() == Some("fleet") {
