@@ -431,28 +431,37 @@ pub async fn run(
     sandbox: Option<Scope>,
 ) -> Response {
     let started = Instant::now();
-    let plan = match plan(req, sandbox) {
-        Ok(plan) => plan,
-        Err(e) => return Response::Error(e),
+    // The cwd check and the fork (which waits for the child's chdir and
+    // exec) wait on the filesystem, a hung NFS home included: off the
+    // session's one thread, which must go on reading frames.
+    let launched = tokio::task::spawn_blocking(move || {
+        let plan = plan(req, sandbox)?;
+        let token = new_token();
+        // Under the guard from before the spawn until the command ended (or
+        // was killed), so that a dying serve never leaves it running.
+        let supervised = guard::watch(&token);
+        let mut child = match spawn(&plan, &token) {
+            Ok(child) => child,
+            Err(e) => {
+                supervised.ended();
+                return Err(e);
+            }
+        };
+        let (Some(pid), Some(stdout), Some(stderr)) =
+            (child.id(), child.stdout.take(), child.stderr.take())
+        else {
+            return Err(error(ErrorKind::Internal, "spawned child lacks its pipes"));
+        };
+        let pid = pid as i32;
+        supervised.rooted(pid);
+        Ok((plan, token, supervised, child, pid, stdout, stderr))
+    })
+    .await;
+    let (plan, token, supervised, mut child, pid, stdout, stderr) = match launched {
+        Ok(Ok(launched)) => launched,
+        Ok(Err(e)) => return Response::Error(e),
+        Err(_) => return Response::Error(error(ErrorKind::Internal, "the spawn panicked")),
     };
-    let token = new_token();
-    // Under the guard from before the spawn until the command ended (or was
-    // killed), so that a dying serve never leaves it running.
-    let supervised = guard::watch(&token);
-    let mut child = match spawn(&plan, &token) {
-        Ok(child) => child,
-        Err(e) => {
-            supervised.ended();
-            return Response::Error(e);
-        }
-    };
-    let (Some(pid), Some(stdout), Some(stderr)) =
-        (child.id(), child.stdout.take(), child.stderr.take())
-    else {
-        return Response::Error(error(ErrorKind::Internal, "spawned child lacks its pipes"));
-    };
-    let pid = pid as i32;
-    supervised.rooted(pid);
 
     // Stdin is fed by its own task so a command that never reads it cannot
     // stall output capture; EPIPE from a command that exits early is normal.

@@ -144,10 +144,17 @@ impl Snapshot {
 }
 
 impl Monitor {
-    /// The latest snapshot with its age, if the sampler has taken one (never
-    /// blocks for long: a copy under a lock).
+    /// The latest snapshot with its age, if the sampler has taken one and
+    /// the lock is free. Never waits: the first sample holds the lock for as
+    /// long as it takes (a GPU query, `sinfo`), and the session's thread
+    /// calls this; a caller that gets None asks [`Monitor::current`] on a
+    /// thread that may wait.
     pub fn latest(&self) -> Option<HostMetrics> {
-        let latest = self.latest.lock().unwrap_or_else(|p| p.into_inner());
+        let latest = match self.latest.try_lock() {
+            Ok(latest) => latest,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
         latest.as_ref().map(Snapshot::aged)
     }
 
@@ -418,6 +425,22 @@ fn mount_point_of<'a>(path: &Path, mount_points: &'a [PathBuf]) -> Option<&'a Pa
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn latest_never_waits_for_a_sample_in_progress() {
+        let monitor = Arc::new(Monitor::default());
+        let first = monitor.current().unwrap();
+        assert!(monitor.latest().is_some());
+        // What the first sample does for as long as it takes.
+        let held = monitor.latest.lock().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let asker = Arc::clone(&monitor);
+        std::thread::spawn(move || tx.send(asker.latest().is_none()).unwrap());
+        let answered = rx.recv_timeout(Duration::from_secs(10));
+        drop(held);
+        assert_eq!(answered, Ok(true), "latest() waited for the lock");
+        assert_eq!(monitor.latest().unwrap().cpu_count, first.cpu_count);
+    }
 
     #[test]
     fn mount_points_longest_prefix() {

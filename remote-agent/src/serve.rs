@@ -14,7 +14,6 @@
 //! signal handling, no job daemon, nothing done to the process as a whole.
 
 use std::collections::HashMap;
-use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,7 +22,6 @@ use outpost_protocol::{
     Request, RequestId, Response, ScanSummary, decode, encode_frame,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
-use tokio::net::unix::pipe;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -99,7 +97,7 @@ pub fn run() -> i32 {
     };
     // A task, so that a panic in it ends the session with 1.
     let session = runtime.spawn(async {
-        let (input, output) = stdio_streams();
+        let (input, output) = outpost_stdio::streams();
         serve_on(input, output, ServeOptions::process()).await
     });
     let code = runtime.block_on(session).unwrap_or(1);
@@ -107,42 +105,6 @@ pub fn run() -> i32 {
     // the caller exits the process instead.
     std::mem::forget(runtime);
     code
-}
-
-/// stdin and stdout as async streams, for a protocol spoken on them (this
-/// agent's, and the controller's MCP over stdio); must run inside a runtime.
-///
-/// Pipes (sshd's for a session without a terminal, an MCP client's) are
-/// polled by the runtime like a socket; they are set non-blocking, which
-/// only their other end shares. tokio's stdin and stdout hand every read,
-/// write and flush to a blocking thread and back: several thread wake-ups
-/// per request, a good part of an agent's CPU per metrics answer. Anything
-/// else (a terminal, a file) keeps tokio's.
-pub fn stdio_streams() -> (
-    Box<dyn AsyncRead + Unpin + Send>,
-    Box<dyn AsyncWrite + Unpin + Send>,
-) {
-    let input: Box<dyn AsyncRead + Unpin + Send> =
-        match dup(libc::STDIN_FILENO).map(pipe::Receiver::from_owned_fd) {
-            Some(Ok(pipe)) => Box::new(pipe),
-            _ => Box::new(tokio::io::stdin()),
-        };
-    let output: Box<dyn AsyncWrite + Unpin + Send> =
-        match dup(libc::STDOUT_FILENO).map(pipe::Sender::from_owned_fd) {
-            Some(Ok(pipe)) => Box::new(pipe),
-            _ => Box::new(tokio::io::stdout()),
-        };
-    (input, output)
-}
-
-/// A close-on-exec duplicate of one of the standard descriptors, which stay
-/// open for the life of the process.
-fn dup(fd: RawFd) -> Option<OwnedFd> {
-    // SAFETY: `fd` is 0 or 1, open for the whole process; it is only
-    // duplicated here, never closed.
-    unsafe { BorrowedFd::borrow_raw(fd) }
-        .try_clone_to_owned()
-        .ok()
 }
 
 /// Pipe capacity asked for on stdin and stdout.

@@ -58,29 +58,79 @@ async fn local_metrics_agree_with_proc() {
     assert_eq!(m.mem_total_bytes / 1024, total_kb);
 }
 
-/// `outpost mcp` reads and writes pipes itself and anything else (here a
-/// file as stdout) through tokio's stdio: both serve the protocol, and the
-/// end of stdin ends the server cleanly.
+/// `outpost mcp` polls pipes and stream sockets itself (Node-based clients
+/// give their servers socket pairs) and reads or writes anything else (here
+/// a file as stdout) through tokio's stdio: each serves the protocol, and
+/// the end of stdin ends the server cleanly.
 #[test]
-fn mcp_answers_on_a_pipe_and_into_a_file() {
-    use std::io::Write;
+fn mcp_answers_on_pipes_sockets_and_files() {
+    use std::os::unix::net::UnixStream;
+    use std::process::Stdio;
+
+    // Socket pairs both ways, as libuv spawns a child.
+    let (stdin_ours, stdin_theirs) = UnixStream::pair().unwrap();
+    let (stdout_ours, stdout_theirs) = UnixStream::pair().unwrap();
+    let received = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let sink = std::sync::Arc::clone(&received);
+    std::thread::spawn(move || {
+        use std::io::Read;
+        let mut stdout_ours = stdout_ours;
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = stdout_ours.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            sink.lock()
+                .unwrap()
+                .push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    mcp_conversation(
+        Stdio::from(std::os::fd::OwnedFd::from(stdin_theirs)),
+        Some(Box::new(stdin_ours)),
+        Stdio::from(std::os::fd::OwnedFd::from(stdout_theirs)),
+        &|| received.lock().unwrap().clone(),
+    );
+
+    // A pipe in, a file out.
+    let out = scratch("mcp-stdout-file");
+    let out_path = out.path().join("stdout.jsonl");
+    mcp_conversation(
+        Stdio::piped(),
+        None,
+        Stdio::from(std::fs::File::create(&out_path).unwrap()),
+        &|| std::fs::read_to_string(&out_path).unwrap(),
+    );
+}
+
+/// Starts `outpost mcp` with the given stdio, writes initialize and one
+/// exec_bash call (to `stdin`, else to the piped stdin), waits for its
+/// answer in `written()`, then closes stdin and expects a clean exit.
+fn mcp_conversation(
+    stdin: std::process::Stdio,
+    writer: Option<Box<dyn std::io::Write>>,
+    stdout: std::process::Stdio,
+    written: &dyn Fn() -> String,
+) {
     use std::process::{Command, Stdio};
     use std::time::{Duration, Instant};
 
     let home = scratch("mcp-stdio-home");
-    let out_path = home.path().join("stdout.jsonl");
     let mut server = Command::new(target_bin("outpost"))
         .arg("mcp")
         .env_clear()
         .env("HOME", home.path())
         .env("PATH", std::env::var("PATH").unwrap())
         .current_dir(home.path())
-        .stdin(Stdio::piped())
-        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stdin(stdin)
+        .stdout(stdout)
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let mut stdin = server.stdin.take().unwrap();
+    let mut writer: Box<dyn std::io::Write> = match writer {
+        Some(writer) => writer,
+        None => Box::new(server.stdin.take().unwrap()),
+    };
     let messages = [
         serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
             "protocolVersion": "2025-06-18", "capabilities": {},
@@ -90,31 +140,31 @@ fn mcp_answers_on_a_pipe_and_into_a_file() {
             "name": "exec_bash", "arguments": {"command": "echo $((6*7))"}}}),
     ];
     for message in &messages {
-        writeln!(stdin, "{message}").unwrap();
+        writeln!(writer, "{message}").unwrap();
     }
-    stdin.flush().unwrap();
+    writer.flush().unwrap();
 
     let deadline = Instant::now() + Duration::from_secs(30);
     let answer = loop {
-        let written = std::fs::read_to_string(&out_path).unwrap();
-        let answer = written
+        let text = written();
+        let answer = text
             .lines()
             .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
             .find(|m| m["id"] == 2);
         if let Some(answer) = answer {
             break answer;
         }
-        assert!(
-            Instant::now() < deadline,
-            "no answer to the call: {written}"
-        );
+        if Instant::now() > deadline {
+            let _ = server.kill();
+            panic!("no answer to the call: {text}");
+        }
         std::thread::sleep(Duration::from_millis(20));
     };
     let result = &answer["result"]["structuredContent"];
     assert_eq!(result["exit_code"], 0, "{answer}");
     assert_eq!(result["stdout"], "42\n", "{answer}");
 
-    drop(stdin);
+    drop(writer);
     let deadline = Instant::now() + Duration::from_secs(30);
     let status = loop {
         if let Some(status) = server.try_wait().unwrap() {

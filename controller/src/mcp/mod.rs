@@ -541,7 +541,7 @@ fn audit_outcome(
 pub async fn serve_stdio(fleet: Arc<Fleet>) -> anyhow::Result<()> {
     let server = OutpostServer::new(fleet.clone());
     let events = server.events.clone();
-    let (stdin, stdout) = outpost_agent::serve::stdio_streams();
+    let (stdin, stdout) = outpost_stdio::streams();
     let transport = rmcp::transport::async_rw::AsyncRwTransport::new(
         LineLimit::new(stdin, MAX_MESSAGE_BYTES),
         stdout,
