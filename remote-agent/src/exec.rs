@@ -207,9 +207,20 @@ fn spawn(plan: &Plan, token: &str) -> Result<Child, AgentError> {
         .stderr(Stdio::piped())
         // Last resort if this task is ever dropped mid-flight.
         .kill_on_drop(true);
-    // SAFETY: child_setup only makes async-signal-safe calls.
+    let agent = std::process::id() as libc::pid_t;
+    // SAFETY: child_setup and getppid only make async-signal-safe calls,
+    // and the error is built without allocating.
     unsafe {
-        cmd.pre_exec(child_setup);
+        cmd.pre_exec(move || {
+            child_setup()?;
+            // Run after the chdir: a start stuck on a hung filesystem may
+            // outlive the session (which then no longer waits for it), and
+            // a command whose agent is gone would run unsupervised.
+            if libc::getppid() != agent {
+                return Err(io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
     }
     cmd.spawn().map_err(|e| {
         let message = if e.kind() == io::ErrorKind::NotFound && !shell.exists() {
@@ -223,6 +234,26 @@ fn spawn(plan: &Plan, token: &str) -> Result<Child, AgentError> {
         };
         error(ErrorKind::SpawnFailed, message)
     })
+}
+
+/// Resolves when a command that is still starting reaches its deadline or
+/// is cancelled.
+async fn stalled(
+    started: Instant,
+    timeout: Option<Duration>,
+    cancel: &mut watch::Receiver<bool>,
+) -> Ending {
+    let deadline = async {
+        match timeout {
+            Some(t) => tokio::time::sleep_until((started + t).into()).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = deadline => Ending::TimedOut,
+        // A dropped sender means nobody can cancel any more.
+        Ok(_) = cancel.wait_for(|c| *c) => Ending::Cancelled,
+    }
 }
 
 /// What progress reports are made of: counted as output passes, whatever
@@ -431,10 +462,11 @@ pub async fn run(
     sandbox: Option<Scope>,
 ) -> Response {
     let started = Instant::now();
+    let timeout = req.timeout_ms.map(Duration::from_millis);
     // The cwd check and the fork (which waits for the child's chdir and
     // exec) wait on the filesystem, a hung NFS home included: off the
     // session's one thread, which must go on reading frames.
-    let launched = tokio::task::spawn_blocking(move || {
+    let mut launching = tokio::task::spawn_blocking(move || {
         let plan = plan(req, sandbox)?;
         let token = new_token();
         // Under the guard from before the spawn until the command ended (or
@@ -450,13 +482,36 @@ pub async fn run(
         let (Some(pid), Some(stdout), Some(stderr)) =
             (child.id(), child.stdout.take(), child.stderr.take())
         else {
+            supervised.ended();
             return Err(error(ErrorKind::Internal, "spawned child lacks its pipes"));
         };
         let pid = pid as i32;
         supervised.rooted(pid);
         Ok((plan, token, supervised, child, pid, stdout, stderr))
-    })
-    .await;
+    });
+    let launched = tokio::select! {
+        launched = &mut launching => launched,
+        ending = stalled(started, timeout, &mut cancel) => {
+            // Still starting at its deadline or cancel: answer now, and end
+            // whatever the start gives once it returns.
+            tokio::spawn(async move {
+                if let Ok(Ok((_, token, supervised, mut child, pid, ..))) = launching.await {
+                    let _ = tokio::task::spawn_blocking(move || proctree::terminate(pid, &token)).await;
+                    let _ = tokio::time::timeout(STUCK, child.wait()).await;
+                    supervised.ended();
+                }
+            });
+            return Response::ExecDone(ExecResult {
+                exit_code: None,
+                signal: None,
+                timed_out: ending == Ending::TimedOut,
+                cancelled: ending == Ending::Cancelled,
+                stdout: CapturedOutput::default(),
+                stderr: CapturedOutput::default(),
+                duration_ms: started.elapsed().as_millis() as u64,
+            });
+        }
+    };
     let (plan, token, supervised, mut child, pid, stdout, stderr) = match launched {
         Ok(Ok(launched)) => launched,
         Ok(Err(e)) => return Response::Error(e),
@@ -591,6 +646,26 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_stuck_start_ends_at_its_deadline_or_cancel() {
+        let (tx, mut rx) = watch::channel(false);
+        let timeout = Some(Duration::from_millis(50));
+        let ending = stalled(Instant::now(), timeout, &mut rx).await;
+        assert!(ending == Ending::TimedOut);
+        tx.send(true).unwrap();
+        let ending = stalled(Instant::now(), None, &mut rx).await;
+        assert!(ending == Ending::Cancelled);
+        // Nobody left to cancel and no deadline: it waits for the start.
+        let (tx, mut rx) = watch::channel(false);
+        drop(tx);
+        let stuck = stalled(Instant::now(), None, &mut rx);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), stuck)
+                .await
+                .is_err()
+        );
+    }
 
     #[test]
     fn tokens_are_unique_and_environ_safe() {

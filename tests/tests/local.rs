@@ -64,31 +64,28 @@ async fn local_metrics_agree_with_proc() {
 /// the end of stdin ends the server cleanly.
 #[test]
 fn mcp_answers_on_pipes_sockets_and_files() {
+    use std::os::fd::OwnedFd;
     use std::os::unix::net::UnixStream;
     use std::process::Stdio;
 
     // Socket pairs both ways, as libuv spawns a child.
     let (stdin_ours, stdin_theirs) = UnixStream::pair().unwrap();
     let (stdout_ours, stdout_theirs) = UnixStream::pair().unwrap();
-    let received = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let sink = std::sync::Arc::clone(&received);
-    std::thread::spawn(move || {
-        use std::io::Read;
-        let mut stdout_ours = stdout_ours;
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = stdout_ours.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            sink.lock()
-                .unwrap()
-                .push_str(&String::from_utf8_lossy(&buf[..n]));
-        }
-    });
+    let received = collect(stdout_ours);
     mcp_conversation(
-        Stdio::from(std::os::fd::OwnedFd::from(stdin_theirs)),
-        Some(Box::new(stdin_ours)),
-        Stdio::from(std::os::fd::OwnedFd::from(stdout_theirs)),
+        Stdio::from(OwnedFd::from(stdin_theirs)),
+        Some(Box::new(HalfClose(stdin_ours))),
+        Stdio::from(OwnedFd::from(stdout_theirs)),
+        &|| received.lock().unwrap().clone(),
+    );
+
+    // One socket as both stdin and stdout, as inetd gives it.
+    let (ours, theirs) = UnixStream::pair().unwrap();
+    let received = collect(ours.try_clone().unwrap());
+    mcp_conversation(
+        Stdio::from(OwnedFd::from(theirs.try_clone().unwrap())),
+        Some(Box::new(HalfClose(ours))),
+        Stdio::from(OwnedFd::from(theirs)),
         &|| received.lock().unwrap().clone(),
     );
 
@@ -101,6 +98,44 @@ fn mcp_answers_on_pipes_sockets_and_files() {
         Stdio::from(std::fs::File::create(&out_path).unwrap()),
         &|| std::fs::read_to_string(&out_path).unwrap(),
     );
+}
+
+/// Everything read from `socket`, gathered by a thread until end of file.
+fn collect(mut socket: std::os::unix::net::UnixStream) -> std::sync::Arc<std::sync::Mutex<String>> {
+    use std::io::Read;
+    let received = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let sink = std::sync::Arc::clone(&received);
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = socket.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            let text = String::from_utf8_lossy(&buf[..n]);
+            sink.lock().unwrap().push_str(&text);
+        }
+    });
+    received
+}
+
+/// A socket written to and, when dropped, shut for writing: the end of
+/// input the other side sees while this side may still read.
+struct HalfClose(std::os::unix::net::UnixStream);
+
+impl std::io::Write for HalfClose {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
+}
+
+impl Drop for HalfClose {
+    fn drop(&mut self) {
+        let _ = self.0.shutdown(std::net::Shutdown::Write);
+    }
 }
 
 /// Starts `outpost mcp` with the given stdio, writes initialize and one
