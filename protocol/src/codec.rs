@@ -45,18 +45,47 @@ impl fmt::Display for ProtocolError {
 impl std::error::Error for ProtocolError {}
 
 /// Encodes `msg` as one frame: u32 little-endian length, then the payload.
+///
+/// The size is counted first (cheap: a byte string counts as its length), so
+/// a frame of file content is allocated once, at its size, and its bytes are
+/// copied as slices rather than byte by byte.
 pub fn encode_frame<T: Serialize>(msg: &T) -> Result<Vec<u8>, ProtocolError> {
-    let mut out =
-        postcard::to_extend(msg, vec![0u8; 4]).map_err(|e| ProtocolError::Encode(e.to_string()))?;
-    let len = out.len() - 4;
+    let encode_error = |e: postcard::Error| ProtocolError::Encode(e.to_string());
+    let len = postcard::serialize_with_flavor(msg, postcard::ser_flavors::Size::default())
+        .map_err(encode_error)?;
     if len > MAX_FRAME_LEN {
         return Err(ProtocolError::FrameTooLarge {
             len: len as u64,
             max: MAX_FRAME_LEN,
         });
     }
-    out[..4].copy_from_slice(&(len as u32).to_le_bytes());
+    let mut out = Vec::with_capacity(4 + len);
+    out.extend_from_slice(&(len as u32).to_le_bytes());
+    let out = postcard::serialize_with_flavor(msg, FrameBuffer(out)).map_err(encode_error)?;
+    debug_assert_eq!(out.len(), 4 + len);
     Ok(out)
+}
+
+/// postcard output into a `Vec` sized beforehand; postcard's own `Extend`
+/// flavor pushes byte by byte.
+struct FrameBuffer(Vec<u8>);
+
+impl postcard::ser_flavors::Flavor for FrameBuffer {
+    type Output = Vec<u8>;
+
+    fn try_push(&mut self, byte: u8) -> postcard::Result<()> {
+        self.0.push(byte);
+        Ok(())
+    }
+
+    fn try_extend(&mut self, bytes: &[u8]) -> postcard::Result<()> {
+        self.0.extend_from_slice(bytes);
+        Ok(())
+    }
+
+    fn finalize(self) -> postcard::Result<Vec<u8>> {
+        Ok(self.0)
+    }
 }
 
 /// Decodes one frame payload. Trailing bytes are ignored so that a newer peer's
@@ -71,8 +100,44 @@ pub enum DecodeEvent {
     /// Bytes before the preamble (shell rc output, a MOTD). Reported once.
     Noise(Vec<u8>),
     /// One complete frame payload.
-    Frame(Vec<u8>),
+    Frame(Payload),
 }
+
+/// A frame's payload. A large one is the buffer it was received into, handed
+/// over rather than copied (the payload starts past what came before it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Payload {
+    bytes: Vec<u8>,
+    start: usize,
+}
+
+impl Payload {
+    pub fn into_vec(mut self) -> Vec<u8> {
+        self.bytes.drain(..self.start);
+        self.bytes
+    }
+}
+
+impl From<Vec<u8>> for Payload {
+    fn from(bytes: Vec<u8>) -> Payload {
+        Payload { bytes, start: 0 }
+    }
+}
+
+impl std::ops::Deref for Payload {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.bytes[self.start..]
+    }
+}
+
+/// Frames at least this large are handed over in the buffer they arrived
+/// in; smaller ones are copied out, which keeps the buffer for the next.
+const HANDED_OVER: usize = 64 * 1024;
+
+/// Input buffered at once when no large frame is in progress.
+const READ_SIZE: usize = 64 * 1024;
 
 /// Incremental frame decoder: push bytes as they arrive, take events out.
 ///
@@ -105,11 +170,28 @@ impl FrameDecoder {
     }
 
     pub fn push(&mut self, data: &[u8]) {
+        self.compact();
+        self.buf.extend_from_slice(data);
+    }
+
+    /// The buffer to append input to in place (`AsyncReadExt::read_buf`),
+    /// instead of [`push`](Self::push)ing it from another: it has room for
+    /// the rest of the frame in progress, or for a read's worth. Only
+    /// appending is allowed.
+    pub fn input(&mut self) -> &mut Vec<u8> {
+        self.compact();
+        let room = self.buf.capacity() - self.buf.len();
+        if room < READ_SIZE {
+            self.buf.reserve(READ_SIZE);
+        }
+        &mut self.buf
+    }
+
+    fn compact(&mut self) {
         if self.start > 0 && self.start >= self.buf.len() / 2 {
             self.buf.drain(..self.start);
             self.start = 0;
         }
-        self.buf.extend_from_slice(data);
     }
 
     /// Bytes received but not yet returned.
@@ -152,8 +234,22 @@ impl FrameDecoder {
             self.buf.reserve(4 + len - pending.len());
             return Ok(None);
         }
-        let frame = pending[4..4 + len].to_vec();
-        self.start += 4 + len;
+        let end = self.start + 4 + len;
+        if len < HANDED_OVER {
+            let frame = self.buf[self.start + 4..end].to_vec();
+            self.start = end;
+            return Ok(Some(DecodeEvent::Frame(frame.into())));
+        }
+        // Hand the buffer over; what followed the frame (at most a read's
+        // worth) starts the next one.
+        let rest = self.buf[end..].to_vec();
+        let mut bytes = std::mem::replace(&mut self.buf, rest);
+        bytes.truncate(end);
+        let frame = Payload {
+            bytes,
+            start: self.start + 4,
+        };
+        self.start = 0;
         Ok(Some(DecodeEvent::Frame(frame)))
     }
 }
@@ -189,6 +285,54 @@ mod tests {
             other => panic!("unexpected {other:?}"),
         }
         assert_eq!(events.len(), 2);
+    }
+
+    /// Small and large frames, fed in pieces of every kind of size both ways
+    /// (pushed, and read into the decoder's own buffer), come out whole and in
+    /// order, large ones handed over.
+    #[test]
+    fn frames_of_every_size_survive_any_split() {
+        let messages: Vec<Vec<u8>> = [3usize, HANDED_OVER - 5, 0, HANDED_OVER + 7, 200_000, 1]
+            .iter()
+            .enumerate()
+            .map(|(i, &n)| (0..n).map(|b| (b * 31 + i) as u8).collect())
+            .collect();
+        let stream: Vec<u8> = messages
+            .iter()
+            .flat_map(|m| encode_frame(&serde_bytes::Bytes::new(m)).unwrap())
+            .collect();
+        for piece in [1, 3, 4096, HANDED_OVER - 1, HANDED_OVER + 3, stream.len()] {
+            for in_place in [false, true] {
+                let mut dec = FrameDecoder::framed();
+                let mut got = Vec::new();
+                for chunk in stream.chunks(piece) {
+                    if in_place {
+                        dec.input().extend_from_slice(chunk);
+                    } else {
+                        dec.push(chunk);
+                    }
+                    while let Some(event) = dec.next_event().unwrap() {
+                        let DecodeEvent::Frame(payload) = event else {
+                            panic!("noise in a framed stream");
+                        };
+                        got.push(decode::<serde_bytes::ByteBuf>(&payload).unwrap().into_vec());
+                    }
+                }
+                assert_eq!(got, messages, "pieces of {piece}, in place: {in_place}");
+                assert_eq!(dec.buffered(), 0);
+            }
+        }
+    }
+
+    #[test]
+    fn encoded_frames_are_exactly_sized() {
+        let data = vec![7u8; 300_000];
+        let frame = encode_frame(&serde_bytes::Bytes::new(&data)).unwrap();
+        assert_eq!(frame.capacity(), frame.len());
+        let len = u32::from_le_bytes(frame[..4].try_into().unwrap()) as usize;
+        assert_eq!(len, frame.len() - 4);
+        let payload = Payload::from(frame).into_vec();
+        assert_eq!(payload.len(), len + 4);
     }
 
     #[test]

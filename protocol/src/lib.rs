@@ -23,12 +23,12 @@ pub mod codec;
 pub mod limits;
 pub mod messages;
 
-pub use codec::{DecodeEvent, FrameDecoder, ProtocolError, decode, encode_frame};
+pub use codec::{DecodeEvent, FrameDecoder, Payload, ProtocolError, decode, encode_frame};
 pub use messages::*;
 
 /// Version of the message layout. The controller refuses an agent that reports
 /// another version and installs the matching agent instead.
-pub const PROTOCOL_VERSION: u32 = 12;
+pub const PROTOCOL_VERSION: u32 = 13;
 
 /// Written once by the agent before its first frame. Starts with NUL and ESC so no
 /// shell banner or MOTD can contain it by accident.

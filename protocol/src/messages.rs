@@ -526,7 +526,7 @@ pub enum Expect {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum FileContent {
-    /// The whole content, zstd-compressed.
+    /// The whole content, encoded by `outpost_treesync::codec` (zstd or stored).
     Inline(#[serde(with = "serde_bytes")] Vec<u8>),
     /// Assembled earlier by `PutPart`s with this transfer id.
     Staged { xfer: u64 },
@@ -555,7 +555,7 @@ pub struct PutFiles {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum PartData {
-    /// Bytes, zstd-compressed.
+    /// Bytes, encoded by `outpost_treesync::codec` (zstd or stored).
     Data(#[serde(with = "serde_bytes")] Vec<u8>),
     /// Bytes already in the current file at `path`, from this offset.
     Copy { from_offset: u64, len: u64 },
@@ -804,7 +804,7 @@ pub enum Response {
     Applied(ApplyReport),
     Ack,
     /// Part of a read (not final): bytes of `reads[index]` at `offset`,
-    /// zstd-compressed.
+    /// encoded by `outpost_treesync::codec`.
     FileData {
         index: u32,
         offset: u64,

@@ -567,7 +567,7 @@ fn one_frame(bytes: &[u8]) -> Vec<u8> {
     let mut dec = FrameDecoder::framed();
     dec.push(bytes);
     match dec.next_event().unwrap() {
-        Some(DecodeEvent::Frame(p)) => p,
+        Some(DecodeEvent::Frame(p)) => p.into_vec(),
         other => panic!("expected a frame, got {other:?}"),
     }
 }

@@ -248,7 +248,6 @@ async fn read_loop(
     tasks: &mut JoinSet<()>,
 ) -> i32 {
     let mut decoder = FrameDecoder::framed();
-    let mut buf = vec![0u8; 256 * 1024];
     let signals = shared.options.signals;
     let mut term = Signal::new(SignalKind::terminate(), signals);
     let mut hup = Signal::new(SignalKind::hangup(), signals);
@@ -256,14 +255,15 @@ async fn read_loop(
     let mut spoken_to = false;
     loop {
         tokio::select! {
-            read = input.read(&mut buf) => match read {
+            // Into the decoder's buffer: a large frame's content is read
+            // where it stays until its request is parsed.
+            read = input.read_buf(decoder.input()) => match read {
                 Ok(0) => return 0,
-                Ok(n) => {
+                Ok(_) => {
                     if !spoken_to {
                         spoken_to = true;
                         first_words(shared);
                     }
-                    decoder.push(&buf[..n]);
                     if let Err(e) = dispatch_frames(&mut decoder, shared, outbox, tasks) {
                         eprintln!("outpost-agent: unusable input stream: {e}");
                         return 1;

@@ -1,4 +1,9 @@
-//! zstd for file content on the wire.
+//! File content on the wire: a tag byte, then the content either stored as
+//! it is or as zstd frames.
+//!
+//! Content that would not shrink (compressed media, model weights) is
+//! stored: neither side spends a pass over it, and the receiver hashes and
+//! writes it straight from the frame it arrived in.
 //!
 //! The peer is not trusted to be honest about sizes: every decompression has
 //! an output bound, and a frame that would exceed it is an error before the
@@ -15,24 +20,60 @@ const LEVEL: i32 = 3;
 /// less; a frame asking for more is refused instead of allocated.
 const WINDOW_LOG_MAX: u32 = 24;
 
-/// zstd's fastest level, for data a sample shows to be incompressible
-/// (already compressed media, model weights): it emits raw blocks at close to
-/// memory speed instead of spending level 3's effort for nothing.
-const LEVEL_INCOMPRESSIBLE: i32 = -7;
+/// The tag of stored content.
+const STORED: u8 = 0;
+/// The tag of content as one or more zstd frames.
+pub(crate) const ZSTD: u8 = 1;
 
 /// Bytes sampled to judge compressibility.
 const SAMPLE: usize = 64 * 1024;
 
-/// Compresses at a fast level (the link, not the CPU, is usually the limit);
-/// data whose sample does not shrink by 5 % gets the fastest level.
+/// Encodes content: zstd at a fast level (the link, not the CPU, is usually
+/// the limit), or stored when a sample does not shrink by 5 % or zstd's
+/// output would not be smaller.
 pub fn compress(data: &[u8]) -> Vec<u8> {
-    let level = if data.len() > 2 * SAMPLE && !compressible(&data[..SAMPLE]) {
-        LEVEL_INCOMPRESSIBLE
-    } else {
-        LEVEL
-    };
+    if looks_incompressible(data) {
+        return stored(data);
+    }
+    zstd_or_stored(data)
+}
+
+/// Content read by `read` into a buffer of `len` bytes, encoded: read in
+/// place into the stored encoding, and kept there when it would not compress
+/// (no copy of it is made).
+pub fn compress_read(
+    len: usize,
+    read: impl FnOnce(&mut [u8]) -> io::Result<()>,
+) -> io::Result<Vec<u8>> {
+    let mut blob = vec![STORED; 1 + len];
+    read(&mut blob[1..])?;
+    if looks_incompressible(&blob[1..]) {
+        return Ok(blob);
+    }
+    Ok(zstd_or_stored(&blob[1..]))
+}
+
+fn looks_incompressible(data: &[u8]) -> bool {
+    data.len() > 2 * SAMPLE && !compressible(&data[..SAMPLE])
+}
+
+fn stored(data: &[u8]) -> Vec<u8> {
+    let mut blob = Vec::with_capacity(1 + data.len());
+    blob.push(STORED);
+    blob.extend_from_slice(data);
+    blob
+}
+
+fn zstd_or_stored(data: &[u8]) -> Vec<u8> {
+    let mut blob = vec![ZSTD; 1 + zstd::zstd_safe::compress_bound(data.len())];
     // Compressing into a buffer we sized with zstd's own bound cannot fail.
-    with_compressor(level, |c| c.compress(data)).expect("zstd compression into a bounded buffer")
+    let n = with_compressor(LEVEL, |c| c.compress_to_buffer(data, &mut blob[1..]))
+        .expect("zstd compression into a bounded buffer");
+    if n >= data.len() {
+        return stored(data);
+    }
+    blob.truncate(1 + n);
+    blob
 }
 
 fn compressible(sample: &[u8]) -> bool {
@@ -78,9 +119,35 @@ fn with_decompressor<T>(
     })
 }
 
-/// Decompresses, refusing output larger than `max_len` (a hostile or corrupt
+/// Splits a blob into its tag and content; an empty blob is empty content.
+fn untag(blob: &[u8]) -> Result<Option<(u8, &[u8])>, String> {
+    match blob.split_first() {
+        None => Ok(None),
+        Some((&tag, content)) if tag == STORED || tag == ZSTD => Ok(Some((tag, content))),
+        Some((tag, _)) => Err(format!("unknown content encoding {tag}")),
+    }
+}
+
+fn too_long(len: usize, max_len: u64) -> Result<(), String> {
+    if len as u64 > max_len {
+        return Err(format!(
+            "content of {len} bytes, more than the {max_len} allowed"
+        ));
+    }
+    Ok(())
+}
+
+/// Decodes, refusing output larger than `max_len` (a hostile or corrupt
 /// frame must not allocate without bound).
-pub fn decompress(data: &[u8], max_len: usize) -> Result<Vec<u8>, String> {
+pub fn decompress(blob: &[u8], max_len: usize) -> Result<Vec<u8>, String> {
+    let data = match untag(blob)? {
+        None => return Ok(Vec::new()),
+        Some((STORED, content)) => {
+            too_long(content.len(), max_len as u64)?;
+            return Ok(content.to_vec());
+        }
+        Some((_, frames)) => frames,
+    };
     // Fast path: a single frame that declares its size (ours always do) is
     // decoded in one call into an exactly sized buffer.
     if let Ok(Some(size)) = zstd::zstd_safe::get_frame_content_size(data) {
@@ -100,17 +167,39 @@ pub fn decompress(data: &[u8], max_len: usize) -> Result<Vec<u8>, String> {
         // Several frames, or a lying header: the streaming path decides.
     }
     let mut out = Vec::new();
-    decompress_into(data, max_len as u64, &mut |piece| {
+    unzstd_into(data, max_len as u64, &mut |piece| {
         out.extend_from_slice(piece);
         Ok(())
     })?;
     Ok(out)
 }
 
-/// Decompresses `data` in pieces handed to `sink`, refusing output larger than
+/// Decodes `blob` in pieces handed to `sink`, refusing output larger than
 /// `max_len`. Returns the number of bytes produced. Memory stays bounded
-/// whatever the frame claims, so it suits whole files written straight to disk.
+/// whatever the frame claims, so it suits whole files written straight to
+/// disk; stored content is handed over where it lies.
 pub fn decompress_into(
+    blob: &[u8],
+    max_len: u64,
+    sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
+) -> Result<u64, String> {
+    match untag(blob)? {
+        None => Ok(0),
+        Some((STORED, content)) => {
+            too_long(content.len(), max_len)?;
+            // In pieces, so that what a sink does twice (hash and write)
+            // reads from the CPU cache the second time.
+            for piece in content.chunks(PIECE) {
+                sink(piece).map_err(|err| format!("write failed: {err}"))?;
+            }
+            Ok(content.len() as u64)
+        }
+        Some((_, frames)) => unzstd_into(frames, max_len, sink),
+    }
+}
+
+/// [`decompress_into`] for zstd frames.
+fn unzstd_into(
     data: &[u8],
     max_len: u64,
     sink: &mut dyn FnMut(&[u8]) -> io::Result<()>,
@@ -192,18 +281,73 @@ mod tests {
 
     #[test]
     fn corrupt_and_truncated() {
-        let data = pseudo_random(100_000, 3);
+        let data = text(100_000);
         let z = compress(&data);
+        assert_eq!(z[0], ZSTD);
         assert!(decompress(&z[..z.len() / 2], data.len()).is_err());
         assert!(decompress(b"not zstd at all", 1000).is_err());
         let mut bad = z.clone();
         let mid = bad.len() / 2;
         bad[mid] ^= 0xff;
-        // zstd checks its own structure; a flipped byte in raw data may pass
-        // here, which is why every file is also checked against its BLAKE3.
+        // zstd checks its own structure, not every byte, and stored content
+        // is taken as it comes: which is why every file is also checked
+        // against its BLAKE3.
         if let Ok(out) = decompress(&bad, data.len()) {
             assert_ne!(out, data);
         }
+    }
+
+    /// Compressible, but not so much that zstd's output is a few bytes.
+    fn text(len: usize) -> Vec<u8> {
+        pseudo_random(len, 3)
+            .iter()
+            .map(|b| b'a' + b % 16)
+            .collect()
+    }
+
+    #[test]
+    fn stored_content_is_bounded_and_tags_are_checked() {
+        let noise = pseudo_random(3 * SAMPLE, 7);
+        let z = compress(&noise);
+        assert_eq!((z[0], z.len()), (STORED, noise.len() + 1));
+        assert_eq!(decompress(&z, noise.len()).unwrap(), noise);
+        assert!(decompress(&z, noise.len() - 1).is_err());
+        assert!(stream(&z, noise.len() as u64 - 1).is_err());
+        let mut pieces = 0;
+        let total = decompress_into(&z, noise.len() as u64, &mut |p| {
+            assert!(p.len() <= PIECE);
+            pieces += 1;
+            Ok(())
+        });
+        assert_eq!(total, Ok(noise.len() as u64));
+        assert_eq!(pieces, noise.len().div_ceil(PIECE));
+        // Small content zstd cannot shrink is stored too.
+        assert_eq!(compress(b"ab")[0], STORED);
+        assert_eq!(decompress(&compress(b"ab"), 2).unwrap(), b"ab");
+        assert!(
+            decompress(&[7, 1, 2], 10)
+                .unwrap_err()
+                .contains("encoding 7")
+        );
+        assert!(stream(&[7], 10).is_err());
+    }
+
+    #[test]
+    fn content_read_in_place_encodes_as_compress_does() {
+        for data in [
+            pseudo_random(3 * SAMPLE, 8),
+            text(3 * SAMPLE),
+            b"x".to_vec(),
+        ] {
+            let read = compress_read(data.len(), |buf| {
+                buf.copy_from_slice(&data);
+                Ok(())
+            })
+            .unwrap();
+            assert_eq!(read, compress(&data));
+        }
+        let failed = compress_read(10, |_| Err(io::Error::other("gone")));
+        assert!(failed.is_err());
     }
 
     #[test]
@@ -212,7 +356,7 @@ mod tests {
         let data = vec![0u8; 1 << 20];
         let mut enc = zstd::stream::write::Encoder::new(Vec::new(), 3).unwrap();
         std::io::Write::write_all(&mut enc, &data).unwrap();
-        let z = enc.finish().unwrap();
+        let z = [vec![ZSTD], enc.finish().unwrap()].concat();
         assert!(decompress(&z, 1000).is_err());
         assert_eq!(decompress(&z, 1 << 20).unwrap().len(), 1 << 20);
         let mut n = 0;
@@ -225,7 +369,7 @@ mod tests {
     }
 
     #[test]
-    fn incompressible_data_round_trips_at_the_fast_level() {
+    fn incompressible_data_is_stored() {
         // xorshift noise: nothing for zstd to find.
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
         let noise: Vec<u8> = (0..(1 << 20))
@@ -238,7 +382,7 @@ mod tests {
             .collect();
         assert!(!compressible(&noise[..SAMPLE]));
         let z = compress(&noise);
-        assert!(z.len() < noise.len() + 1024, "raw blocks cost little");
+        assert_eq!(z.len(), noise.len() + 1);
         assert_eq!(decompress(&z, noise.len()).unwrap(), noise);
         // Text still gets the real level.
         let text = b"the quick brown fox jumps over the lazy dog\n".repeat(4096);
@@ -260,11 +404,13 @@ mod tests {
         // Exact multiples of the piece size, concatenated frames, truncation,
         // and a corrupt frame followed by a good one on the same thread's
         // decoder (an error must not poison the next call).
-        let data = pseudo_random(4 * PIECE, 9);
+        let data = text(4 * PIECE);
         let z = compress(&data);
+        assert_eq!(z[0], ZSTD);
         assert_eq!(stream(&z, data.len() as u64).unwrap(), data);
-        let mut two = compress(b"first ");
-        two.extend(compress(b"second"));
+        let mut two = vec![ZSTD];
+        two.extend(zstd::bulk::compress(b"first ", 3).unwrap());
+        two.extend(zstd::bulk::compress(b"second", 3).unwrap());
         assert_eq!(stream(&two, 100).unwrap(), b"first second");
         assert!(stream(&z[..z.len() - 3], data.len() as u64).is_err());
         assert!(stream(&z[..z.len() / 2], data.len() as u64).is_err());
@@ -283,11 +429,11 @@ mod tests {
     fn a_frame_claiming_a_huge_size_is_not_allocated_up_front() {
         // Magic, a single-segment header with an 8-byte content size of
         // 1 TiB, and one raw last block of one byte.
-        let mut frame = vec![0x28, 0xb5, 0x2f, 0xfd, 0xe0];
+        let mut frame = vec![ZSTD, 0x28, 0xb5, 0x2f, 0xfd, 0xe0];
         frame.extend((1u64 << 40).to_le_bytes());
         frame.extend([0x09, 0x00, 0x00, b'x']);
         assert!(matches!(
-            zstd::zstd_safe::get_frame_content_size(&frame),
+            zstd::zstd_safe::get_frame_content_size(&frame[1..]),
             Ok(Some(size)) if size == 1 << 40
         ));
         assert!(decompress(&frame, 1 << 20).is_err());
@@ -304,7 +450,7 @@ mod tests {
         enc.long_distance_matching(true).unwrap();
         enc.include_contentsize(false).unwrap();
         std::io::Write::write_all(&mut enc, &data).unwrap();
-        let z = enc.finish().unwrap();
+        let z = [vec![ZSTD], enc.finish().unwrap()].concat();
         assert!(stream(&z, 1 << 20).is_err());
     }
 }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use outpost_protocol::{DecodeEvent, FrameDecoder, Hello, HelloVersion, PROTOCOL_VERSION};
+use outpost_protocol::{DecodeEvent, FrameDecoder, Hello, HelloVersion, PROTOCOL_VERSION, Payload};
 use tokio::sync::mpsc;
 
 use super::{AgentLink, LinkEvent};
@@ -31,7 +31,7 @@ impl LinkReader {
         &mut self,
         events: &mut mpsc::Receiver<LinkEvent>,
         heard: &(dyn Fn() + Sync),
-    ) -> Result<Vec<u8>, String> {
+    ) -> Result<Payload, String> {
         loop {
             match self.decoder.next_event() {
                 Ok(Some(DecodeEvent::Frame(payload))) => return Ok(payload),

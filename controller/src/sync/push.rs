@@ -137,15 +137,13 @@ fn read_range_once(
 ) -> Result<Vec<u8>, String> {
     let path = relpath::join(local, &src.path)?;
     let file = std::fs::File::open(&path).map_err(|e| format!("cannot read: {e}"))?;
-    let mut buf = vec![0; len as usize];
-    file.read_exact_at(&mut buf, offset).map_err(|e| {
+    codec::compress_read(len as usize, |buf| file.read_exact_at(buf, offset)).map_err(|e| {
         if e.kind() == std::io::ErrorKind::UnexpectedEof {
             CHANGED.to_string()
         } else {
             format!("cannot read: {e}")
         }
-    })?;
-    Ok(codec::compress(&buf))
+    })
 }
 
 /// Sends a push's file contents through a [`Pipeline`].
