@@ -60,9 +60,17 @@ pub fn encode_frame<T: Serialize>(msg: &T) -> Result<Vec<u8>, ProtocolError> {
         });
     }
     let mut out = Vec::with_capacity(4 + len);
-    out.extend_from_slice(&(len as u32).to_le_bytes());
-    let out = postcard::serialize_with_flavor(msg, FrameBuffer(out)).map_err(encode_error)?;
-    debug_assert_eq!(out.len(), 4 + len);
+    out.extend_from_slice(&[0; 4]);
+    let mut out = postcard::serialize_with_flavor(msg, FrameBuffer(out)).map_err(encode_error)?;
+    // The prefix says what was written, whatever the count said.
+    let len = out.len() - 4;
+    if len > MAX_FRAME_LEN {
+        return Err(ProtocolError::FrameTooLarge {
+            len: len as u64,
+            max: MAX_FRAME_LEN,
+        });
+    }
+    out[..4].copy_from_slice(&(len as u32).to_le_bytes());
     Ok(out)
 }
 
@@ -105,7 +113,7 @@ pub enum DecodeEvent {
 
 /// A frame's payload. A large one is the buffer it was received into, handed
 /// over rather than copied (the payload starts past what came before it).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Payload {
     bytes: Vec<u8>,
     start: usize,
@@ -117,6 +125,14 @@ impl Payload {
         self.bytes
     }
 }
+
+impl PartialEq for Payload {
+    fn eq(&self, other: &Payload) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for Payload {}
 
 impl From<Vec<u8>> for Payload {
     fn from(bytes: Vec<u8>) -> Payload {
@@ -142,7 +158,9 @@ const READ_SIZE: usize = 64 * 1024;
 /// Incremental frame decoder: push bytes as they arrive, take events out.
 ///
 /// Memory is bounded by [`MAX_FRAME_LEN`] plus one read: a length prefix over the
-/// cap is an error before any payload is buffered.
+/// cap is an error before any payload is buffered, and a frame in progress is
+/// given room for exactly its rest (doubling a large frame's buffer would
+/// copy it).
 #[derive(Debug)]
 pub struct FrameDecoder {
     buf: Vec<u8>,
@@ -171,20 +189,35 @@ impl FrameDecoder {
 
     pub fn push(&mut self, data: &[u8]) {
         self.compact();
+        // Exactly: past a large frame's reserved end, doubling would copy it.
+        self.buf.reserve_exact(data.len());
         self.buf.extend_from_slice(data);
     }
 
-    /// The buffer to append input to in place (`AsyncReadExt::read_buf`),
-    /// instead of [`push`](Self::push)ing it from another: it has room for
-    /// the rest of the frame in progress, or for a read's worth. Only
+    /// The buffer to append input to in place (`AsyncReadExt::read_buf`,
+    /// which fills its spare capacity), instead of [`push`](Self::push)ing
+    /// it from another: its room is the rest of the frame in progress, so
+    /// that a large frame ends at the buffer's end and is handed over
+    /// without copying what follows it; else at least a read's worth. Only
     /// appending is allowed.
     pub fn input(&mut self) -> &mut Vec<u8> {
         self.compact();
-        let room = self.buf.capacity() - self.buf.len();
-        if room < READ_SIZE {
-            self.buf.reserve(READ_SIZE);
+        match self.missing() {
+            Some(missing) => self.buf.reserve_exact(missing),
+            None => self.buf.reserve(READ_SIZE),
         }
         &mut self.buf
+    }
+
+    /// Bytes still to come of the frame whose header is buffered.
+    fn missing(&self) -> Option<usize> {
+        let pending = &self.buf[self.start..];
+        if self.seeking_preamble || pending.len() < 4 {
+            return None;
+        }
+        let len = u32::from_le_bytes([pending[0], pending[1], pending[2], pending[3]]) as usize;
+        // An oversized prefix is next_event's error to report.
+        (len <= MAX_FRAME_LEN && pending.len() < 4 + len).then(|| 4 + len - pending.len())
     }
 
     fn compact(&mut self) {
@@ -230,8 +263,9 @@ impl FrameDecoder {
             });
         }
         if pending.len() < 4 + len {
-            // Reserve once for the whole frame instead of growing repeatedly.
-            self.buf.reserve(4 + len - pending.len());
+            // Reserve once for the whole frame instead of growing
+            // repeatedly, and exactly: what is read in place ends with it.
+            self.buf.reserve_exact(4 + len - pending.len());
             return Ok(None);
         }
         let end = self.start + 4 + len;
@@ -240,8 +274,9 @@ impl FrameDecoder {
             self.start = end;
             return Ok(Some(DecodeEvent::Frame(frame.into())));
         }
-        // Hand the buffer over; what followed the frame (at most a read's
-        // worth) starts the next one.
+        // Hand the buffer over; what followed the frame starts the next one
+        // (nothing when it was read in place; at most the piece it came in
+        // with when pushed).
         let rest = self.buf[end..].to_vec();
         let mut bytes = std::mem::replace(&mut self.buf, rest);
         bytes.truncate(end);
@@ -301,20 +336,37 @@ mod tests {
             .iter()
             .flat_map(|m| encode_frame(&serde_bytes::Bytes::new(m)).unwrap())
             .collect();
+        let largest = messages.iter().map(Vec::len).max().unwrap() + 8;
         for piece in [1, 3, 4096, HANDED_OVER - 1, HANDED_OVER + 3, stream.len()] {
             for in_place in [false, true] {
                 let mut dec = FrameDecoder::framed();
                 let mut got = Vec::new();
-                for chunk in stream.chunks(piece) {
-                    if in_place {
-                        dec.input().extend_from_slice(chunk);
+                let mut rest = &stream[..];
+                while !rest.is_empty() {
+                    let n = if in_place {
+                        // As `read_buf` does: at most the spare capacity.
+                        let buf = dec.input();
+                        let n = piece.min(rest.len()).min(buf.capacity() - buf.len());
+                        buf.extend_from_slice(&rest[..n]);
+                        n
                     } else {
-                        dec.push(chunk);
-                    }
+                        let n = piece.min(rest.len());
+                        dec.push(&rest[..n]);
+                        n
+                    };
+                    rest = &rest[n..];
+                    assert!(dec.buf.capacity() <= largest + READ_SIZE + piece);
                     while let Some(event) = dec.next_event().unwrap() {
                         let DecodeEvent::Frame(payload) = event else {
                             panic!("noise in a framed stream");
                         };
+                        let handed_over = payload.start > 0;
+                        assert_eq!(handed_over, payload.len() >= HANDED_OVER);
+                        if in_place && handed_over {
+                            // Reads were made to end with it (unless the
+                            // buffer had room to spare before its header).
+                            assert!(payload.bytes.capacity() <= payload.bytes.len() + READ_SIZE);
+                        }
                         got.push(decode::<serde_bytes::ByteBuf>(&payload).unwrap().into_vec());
                     }
                 }
@@ -331,8 +383,7 @@ mod tests {
         assert_eq!(frame.capacity(), frame.len());
         let len = u32::from_le_bytes(frame[..4].try_into().unwrap()) as usize;
         assert_eq!(len, frame.len() - 4);
-        let payload = Payload::from(frame).into_vec();
-        assert_eq!(payload.len(), len + 4);
+        assert_eq!(decode::<serde_bytes::ByteBuf>(&frame[4..]).unwrap(), data);
     }
 
     #[test]

@@ -285,7 +285,7 @@ mod tests {
         let z = compress(&data);
         assert_eq!(z[0], ZSTD);
         assert!(decompress(&z[..z.len() / 2], data.len()).is_err());
-        assert!(decompress(b"not zstd at all", 1000).is_err());
+        assert!(decompress(b"\x01not zstd at all", 1000).is_err());
         let mut bad = z.clone();
         let mid = bad.len() / 2;
         bad[mid] ^= 0xff;
@@ -330,6 +330,11 @@ mod tests {
                 .contains("encoding 7")
         );
         assert!(stream(&[7], 10).is_err());
+        // No content at all, either way.
+        for empty in [&[][..], &[STORED], &[ZSTD]] {
+            assert_eq!(decompress(empty, 0).unwrap(), b"");
+            assert_eq!(stream(empty, 0).unwrap(), b"");
+        }
     }
 
     #[test]
@@ -345,6 +350,10 @@ mod tests {
             })
             .unwrap();
             assert_eq!(read, compress(&data));
+            if read[0] == STORED && data.len() > 1 {
+                // Kept where it was read: no second buffer.
+                assert_eq!(read.capacity(), data.len() + 1);
+            }
         }
         let failed = compress_read(10, |_| Err(io::Error::other("gone")));
         assert!(failed.is_err());
@@ -414,7 +423,7 @@ mod tests {
         assert_eq!(stream(&two, 100).unwrap(), b"first second");
         assert!(stream(&z[..z.len() - 3], data.len() as u64).is_err());
         assert!(stream(&z[..z.len() / 2], data.len() as u64).is_err());
-        assert!(stream(b"not zstd at all", 1000).is_err());
+        assert!(stream(b"\x01not zstd at all", 1000).is_err());
         assert_eq!(stream(&z, data.len() as u64).unwrap(), data);
         assert!(stream(&z, data.len() as u64 - 1).is_err());
         assert_eq!(stream(b"", 0).unwrap(), b"");

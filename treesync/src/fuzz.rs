@@ -1,5 +1,5 @@
 //! Hostile and damaged input never panics the decoders a peer or a disk can
-//! feed: zstd content (bounded output), relative paths, partial-file names
+//! feed: encoded content (bounded output), relative paths, partial-file names
 //! and stat cache files.
 //!
 //! `OUTPOST_FUZZ_ITERS` sets the rounds of each loop (default 20 000, about a

@@ -12,7 +12,7 @@
 //!   flushed, checked against what the plan expected to replace, and renamed.
 //! * [`relpath`]: relative paths as raw bytes, checked so nothing escapes the root.
 //! * [`filter`]: gitignore-syntax excludes.
-//! * [`codec`]: zstd for content on the wire.
+//! * [`codec`]: content on the wire, zstd-compressed or stored.
 
 pub mod apply;
 pub mod cache;

@@ -1458,7 +1458,7 @@ fn a_cancelled_transfer_leaves_its_partial_for_the_next_one() {
     // A staging file a write failed on is not kept.
     ap.put_part(3, b"e/model.bin", (&hash, size), 0, &part(&chunks[0]))
         .unwrap();
-    let corrupt = PartData::Data(b"not zstd at all".to_vec());
+    let corrupt = PartData::Data(b"\x01not zstd at all".to_vec());
     let offset = chunks[1].offset;
     assert!(
         ap.put_part(3, b"e/model.bin", (&hash, size), offset, &corrupt)

@@ -2,8 +2,9 @@
 //! engine: scan both sides (the remote side by the agent, with its stat cache),
 //! diff with [`outpost_treesync::plan`], then send only what is missing —
 //! small files batched, large files as FastCDC chunks the other side lacks,
-//! everything zstd-compressed and pipelined (no round trip per file) under a
-//! bound on bytes in flight, so other calls on the same host stay fast.
+//! compressed unless it would not shrink, and pipelined (no round trip per
+//! file) under a bound on bytes in flight, so other calls on the same host
+//! stay fast.
 //!
 //! Push applies on the host through the agent's `PutFiles`/`PutPart`/
 //! `ApplyMeta`; pull reads through `ReadFiles` and applies here with the same
