@@ -21,7 +21,6 @@ use outpost_protocol::{
 };
 use outpost_treesync::apply::{self, Applier};
 use outpost_treesync::cache::{StatCache, Written};
-use outpost_treesync::codec;
 use outpost_treesync::filter::Filter;
 use outpost_treesync::scan::{self, ScanOptions, ScanOutput};
 use tokio::sync::{mpsc, watch};
@@ -134,12 +133,15 @@ pub fn resolve_root(raw: &str) -> Result<PathBuf, AgentError> {
 
 /// `<state dir>/cache/scan-<first 16 hex digits of BLAKE3(root)>`: one stat
 /// cache per root, shared by every connection (saves are atomic renames, so
-/// concurrent scans at worst lose one another's additions).
+/// concurrent scans at worst lose one another's additions). The root is
+/// spelled as its components, as the appliers' map compares it: `dir/`
+/// (as a pull's source is often written) and `dir` share one cache.
 fn cache_path(root: &Path) -> Option<PathBuf> {
     // A sandbox's root opened for one connection: its name does not last.
     if root.starts_with("/proc/self/fd") {
         return None;
     }
+    let root: PathBuf = root.components().collect();
     let hex = blake3::hash(root.as_os_str().as_bytes()).to_hex();
     let name = format!("scan-{}", &hex[..16]);
     Some(paths::state_dir()?.join("cache").join(name))
@@ -446,14 +448,14 @@ pub async fn read_files(
     let reader = tokio::task::spawn_blocking(move || {
         let mut problems = Vec::new();
         for (index, spec) in req.reads.iter().enumerate() {
-            let mut emit = |offset: u64, bytes: &[u8]| {
+            let mut emit = |offset: u64, data: Vec<u8>| {
                 if *reader_cancel.borrow() {
                     return Err("cancelled".to_string());
                 }
                 let piece = Response::FileData {
                     index: index as u32,
                     offset,
-                    data: codec::compress(bytes),
+                    data,
                 };
                 tx.blocking_send(piece)
                     .map_err(|_| "the request ended".to_string())
@@ -515,6 +517,10 @@ mod tests {
         let name = a.file_name().unwrap().to_str().unwrap();
         assert!(name.starts_with("scan-") && name.len() == 5 + 16, "{name}");
         assert_eq!(a.parent().unwrap().file_name().unwrap(), "cache");
+        // One root however it is spelled.
+        for same in ["/srv/a/", "/srv//a", "/srv/./a/"] {
+            assert_eq!(cache_path(Path::new(same)).unwrap(), a, "{same}");
+        }
     }
 
     #[test]

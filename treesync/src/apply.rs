@@ -1511,7 +1511,8 @@ impl Dirs {
 }
 
 /// Reads the file (or ranges) named by `spec` under `root`, in pieces of at
-/// most `piece` bytes, calling `emit(offset, bytes)` for each.
+/// most `piece` bytes, calling `emit(offset, encoded)` for each: the piece
+/// encoded by [`codec`], read straight into its encoding.
 ///
 /// A final symlink is not followed (a problem), nor is one among the parents.
 /// A whole empty file emits one empty piece at offset 0, so the reader learns
@@ -1521,7 +1522,7 @@ pub fn read_file(
     root: &Path,
     spec: &ReadSpec,
     piece: usize,
-    emit: &mut dyn FnMut(u64, &[u8]) -> Result<(), String>,
+    emit: &mut dyn FnMut(u64, Vec<u8>) -> Result<(), String>,
 ) -> Result<(), PathProblem> {
     let problem = |message: String| PathProblem {
         path: spec.path.clone(),
@@ -1535,31 +1536,30 @@ pub fn read_file(
     };
     let whole = [(0u64, u64::MAX)];
     let ranges: &[(u64, u64)] = spec.ranges.as_deref().unwrap_or(&whole);
-    let mut buf = vec![0u8; piece.min(st.size.max(1) as usize).max(1)];
+    // Pieces sized from the stat; a file that grew since it was opened
+    // may outrun that, and its pieces grow up to the piece size.
+    let mut size = piece.min(st.size.max(1) as usize).max(1);
     let mut emitted = false;
     for &(offset, len) in ranges {
         let end = offset.saturating_add(len);
         let mut pos = offset;
         while pos < end {
-            let want = buf.len().min((end - pos).min(usize::MAX as u64) as usize);
-            let n = match file.read_at(&mut buf[..want], pos) {
-                Ok(0) => break,
-                Ok(n) => n,
-                Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
-                Err(err) => return Err(problem(format!("read failed: {err}"))),
-            };
-            emit(pos, &buf[..n]).map_err(problem)?;
+            let want = size.min((end - pos).min(usize::MAX as u64) as usize);
+            let (encoded, n) = codec::read_at(&file, pos, want)
+                .map_err(|err| problem(format!("read failed: {err}")))?;
+            if n == 0 {
+                break;
+            }
+            emit(pos, encoded).map_err(problem)?;
             emitted = true;
             pos += n as u64;
-            // A file that grew since it was opened may outrun the buffer
-            // sized from its stat; grow it up to the piece size.
-            if n == buf.len() && buf.len() < piece {
-                buf.resize(piece, 0);
+            if n == size && size < piece {
+                size = piece;
             }
         }
     }
     if spec.ranges.is_none() && !emitted {
-        emit(0, &[]).map_err(problem)?;
+        emit(0, codec::compress(&[])).map_err(problem)?;
     }
     Ok(())
 }

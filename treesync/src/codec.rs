@@ -10,7 +10,9 @@
 //! memory is spent.
 
 use std::cell::RefCell;
+use std::fs::File;
 use std::io;
+use std::os::fd::AsFd;
 
 /// Level 3 (zstd's default): several hundred MB/s per core, so it keeps up
 /// with any SSH link while still shrinking text well.
@@ -38,19 +40,18 @@ pub fn compress(data: &[u8]) -> Vec<u8> {
     zstd_or_stored(data)
 }
 
-/// Content read by `read` into a buffer of `len` bytes, encoded: read in
-/// place into the stored encoding, and kept there when it would not compress
-/// (no copy of it is made).
-pub fn compress_read(
-    len: usize,
-    read: impl FnOnce(&mut [u8]) -> io::Result<()>,
-) -> io::Result<Vec<u8>> {
-    let mut blob = vec![STORED; 1 + len];
-    read(&mut blob[1..])?;
+/// Up to `len` bytes of `file` at `offset` (fewer only at its end),
+/// encoded, and how many there were: read straight into the stored
+/// encoding (no buffer zeroed first), and kept there when they would not
+/// compress (no copy of them is made).
+pub fn read_at(file: &File, offset: u64, len: usize) -> io::Result<(Vec<u8>, usize)> {
+    let mut blob = Vec::with_capacity(1 + len);
+    blob.push(STORED);
+    let n = crate::sys::pread_append(file.as_fd(), &mut blob, len, offset)?;
     if looks_incompressible(&blob[1..]) {
-        return Ok(blob);
+        return Ok((blob, n));
     }
-    Ok(zstd_or_stored(&blob[1..]))
+    Ok((zstd_or_stored(&blob[1..]), n))
 }
 
 fn looks_incompressible(data: &[u8]) -> bool {
@@ -339,24 +340,32 @@ mod tests {
 
     #[test]
     fn content_read_in_place_encodes_as_compress_does() {
+        let dir = crate::testutil::TempDir::new();
         for data in [
             pseudo_random(3 * SAMPLE, 8),
             text(3 * SAMPLE),
             b"x".to_vec(),
         ] {
-            let read = compress_read(data.len(), |buf| {
-                buf.copy_from_slice(&data);
-                Ok(())
-            })
-            .unwrap();
+            let path = dir.path().join("f");
+            std::fs::write(&path, &data).unwrap();
+            let file = File::open(&path).unwrap();
+            let (read, n) = read_at(&file, 0, data.len()).unwrap();
+            assert_eq!(n, data.len());
             assert_eq!(read, compress(&data));
             if read[0] == STORED && data.len() > 1 {
                 // Kept where it was read: no second buffer.
                 assert_eq!(read.capacity(), data.len() + 1);
             }
+            // Short only at the end of the file; nothing past it.
+            let (tail, n) = read_at(&file, 1, data.len()).unwrap();
+            assert_eq!(n, data.len() - 1);
+            assert_eq!(decompress(&tail, data.len()).unwrap(), &data[1..]);
+            let (none, n) = read_at(&file, data.len() as u64 + 5, 10).unwrap();
+            assert_eq!((decompress(&none, 0).unwrap().len(), n), (0, 0));
+            assert!(read_at(&file, u64::MAX, 10).is_err());
         }
-        let failed = compress_read(10, |_| Err(io::Error::other("gone")));
-        assert!(failed.is_err());
+        let unreadable = File::open(dir.path()).unwrap();
+        assert!(read_at(&unreadable, 0, 10).is_err());
     }
 
     #[test]

@@ -303,6 +303,43 @@ pub(crate) fn start_writeback(fd: BorrowedFd<'_>, offset: u64, len: u64) {
     }
 }
 
+/// Appends to `buf` up to `len` bytes read at `offset`, into its spare
+/// capacity (nothing is zeroed first); short only at the end of the file.
+/// Returns the bytes appended.
+pub(crate) fn pread_append(
+    fd: BorrowedFd<'_>,
+    buf: &mut Vec<u8>,
+    len: usize,
+    offset: u64,
+) -> io::Result<usize> {
+    buf.reserve_exact(len);
+    let mut done = 0;
+    while done < len {
+        let at = offset
+            .checked_add(done as u64)
+            .and_then(|at| libc::off64_t::try_from(at).ok())
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+        let spare = buf.spare_capacity_mut();
+        // SAFETY: pread writes at most `len - done` bytes into the spare
+        // capacity, which `reserve_exact` made at least that large.
+        let n = unsafe { libc::pread64(fd.as_raw_fd(), spare.as_mut_ptr().cast(), len - done, at) };
+        if n < 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        if n == 0 {
+            break;
+        }
+        // SAFETY: pread initialized the first `n` bytes of the spare capacity.
+        unsafe { buf.set_len(buf.len() + n as usize) };
+        done += n as usize;
+    }
+    Ok(done)
+}
+
 pub(crate) fn syncfs(fd: BorrowedFd<'_>) -> io::Result<()> {
     cvt(unsafe { libc::syncfs(fd.as_raw_fd()) })?;
     Ok(())

@@ -847,7 +847,7 @@ fn symlinks_never_lead_outside() {
         )
         .is_err()
     );
-    let mut sink = |_: u64, _: &[u8]| Ok(());
+    let mut sink = |_: u64, _: Vec<u8>| Ok(());
     let spec = |path: &[u8]| ReadSpec {
         path: path.to_vec(),
         ranges: None,
@@ -1585,8 +1585,8 @@ fn read_file_pieces_and_ranges() {
         path: b"f".to_vec(),
         ranges: None,
     };
-    read_file(t.path(), &spec, 3000, &mut |off, bytes| {
-        assert!(bytes.len() <= 3000);
+    read_file(t.path(), &spec, 3000, &mut |off, encoded| {
+        let bytes = codec::decompress(&encoded, 3000).unwrap();
         got.push((off, bytes.to_vec()));
         Ok(())
     })
@@ -1601,7 +1601,8 @@ fn read_file_pieces_and_ranges() {
         path: b"f".to_vec(),
         ranges: Some(vec![(100, 50), (9_990, 100)]),
     };
-    read_file(t.path(), &spec, 30, &mut |off, bytes| {
+    read_file(t.path(), &spec, 30, &mut |off, encoded| {
+        let bytes = codec::decompress(&encoded, 30).unwrap();
         got.push((off, bytes.to_vec()));
         Ok(())
     })
@@ -1615,8 +1616,8 @@ fn read_file_pieces_and_ranges() {
         path: b"empty".to_vec(),
         ranges: None,
     };
-    read_file(t.path(), &spec, 30, &mut |_, b| {
-        assert!(b.is_empty());
+    read_file(t.path(), &spec, 30, &mut |_, encoded| {
+        assert!(codec::decompress(&encoded, 0).unwrap().is_empty());
         pieces += 1;
         Ok(())
     })

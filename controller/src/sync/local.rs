@@ -116,6 +116,8 @@ fn local_cache_file(root: &Path) -> Option<PathBuf> {
                     .join(".outpost"),
             )
         })?;
+    // As its components: `dir/` and `dir` share one cache.
+    let root: PathBuf = root.components().collect();
     let hex = blake3::hash(root.as_os_str().as_bytes()).to_hex();
     Some(
         home.join("cache")
@@ -168,5 +170,20 @@ fn special_kind(kind: &std::fs::FileType) -> Option<&'static str> {
         Some("a socket")
     } else {
         None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_cache_per_root_however_spelled() {
+        let a = local_cache_file(Path::new("/srv/a"));
+        assert!(a.is_some());
+        for same in ["/srv/a/", "/srv//a", "/srv/./a/"] {
+            assert_eq!(local_cache_file(Path::new(same)), a, "{same}");
+        }
+        assert_ne!(local_cache_file(Path::new("/srv/b")), a);
     }
 }

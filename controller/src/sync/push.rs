@@ -5,7 +5,6 @@
 //! every uncommitted transfer is aborted on the host.
 
 use std::collections::VecDeque;
-use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -137,13 +136,11 @@ fn read_range_once(
 ) -> Result<Vec<u8>, String> {
     let path = relpath::join(local, &src.path)?;
     let file = std::fs::File::open(&path).map_err(|e| format!("cannot read: {e}"))?;
-    codec::compress_read(len as usize, |buf| file.read_exact_at(buf, offset)).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::UnexpectedEof {
-            CHANGED.to_string()
-        } else {
-            format!("cannot read: {e}")
-        }
-    })
+    match codec::read_at(&file, offset, len as usize) {
+        Ok((blob, n)) if n as u64 == len => Ok(blob),
+        Ok(_) => Err(CHANGED.to_string()),
+        Err(e) => Err(format!("cannot read: {e}")),
+    }
 }
 
 /// Sends a push's file contents through a [`Pipeline`].
