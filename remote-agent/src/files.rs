@@ -41,7 +41,7 @@ const MAX_ENTRY_BYTES: usize = MAX_FRAME_LEN / 2;
 /// queue (64 frames) at a few MiB and let pings and other requests' answers
 /// through between pieces.
 const READ_PIECE: usize = 256 * 1024;
-/// Compressed pieces waiting between the reading thread and the outbox.
+/// Encoded pieces waiting between the reading thread and the outbox.
 const READ_QUEUE: usize = 4;
 
 fn error(kind: ErrorKind, message: impl Into<String>) -> AgentError {
@@ -430,7 +430,7 @@ pub async fn apply_meta(req: ApplyMeta, appliers: &Arc<Appliers>) -> Response {
 
 /// Answers a `ReadFiles`: `FileData` pieces, then `ReadDone`.
 ///
-/// One blocking thread reads and compresses; a small queue hands pieces to
+/// One blocking thread reads and encodes; a small queue hands pieces to
 /// the outbox, whose bounded channel in turn slows the reader to the link's
 /// pace, so memory stays at a few pieces whatever the files' sizes.
 pub async fn read_files(

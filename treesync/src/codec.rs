@@ -42,10 +42,13 @@ pub fn compress(data: &[u8]) -> Vec<u8> {
 
 /// Up to `len` bytes of `file` at `offset` (fewer only at its end),
 /// encoded, and how many there were: read straight into the stored
-/// encoding (no buffer zeroed first), and kept there when they would not
-/// compress (no copy of them is made).
+/// encoding (no buffer zeroed first), and kept there, uncopied, when a
+/// sample shows they would not compress.
 pub fn read_at(file: &File, offset: u64, len: usize) -> io::Result<(Vec<u8>, usize)> {
-    let mut blob = Vec::with_capacity(1 + len);
+    let room = len
+        .checked_add(1)
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let mut blob = Vec::with_capacity(room);
     blob.push(STORED);
     let n = crate::sys::pread_append(file.as_fd(), &mut blob, len, offset)?;
     if looks_incompressible(&blob[1..]) {

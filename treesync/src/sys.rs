@@ -305,7 +305,7 @@ pub(crate) fn start_writeback(fd: BorrowedFd<'_>, offset: u64, len: u64) {
 
 /// Appends to `buf` up to `len` bytes read at `offset`, into its spare
 /// capacity (nothing is zeroed first); short only at the end of the file.
-/// Returns the bytes appended.
+/// Returns the bytes appended; on an error, `buf` is as it was.
 pub(crate) fn pread_append(
     fd: BorrowedFd<'_>,
     buf: &mut Vec<u8>,
@@ -328,6 +328,7 @@ pub(crate) fn pread_append(
             if err.kind() == io::ErrorKind::Interrupted {
                 continue;
             }
+            buf.truncate(buf.len() - done);
             return Err(err);
         }
         if n == 0 {
