@@ -189,8 +189,11 @@ impl FrameDecoder {
 
     pub fn push(&mut self, data: &[u8]) {
         self.compact();
-        // Exactly: past a large frame's reserved end, doubling would copy it.
-        self.buf.reserve_exact(data.len());
+        if self.missing().is_some() {
+            // Past a frame's reserved end exactly: doubling a large frame's
+            // buffer would copy it. Other input grows the buffer as usual.
+            self.buf.reserve_exact(data.len());
+        }
         self.buf.extend_from_slice(data);
     }
 
