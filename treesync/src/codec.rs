@@ -31,8 +31,9 @@ pub(crate) const ZSTD: u8 = 1;
 const SAMPLE: usize = 64 * 1024;
 
 /// Encodes content: zstd at a fast level (the link, not the CPU, is usually
-/// the limit), or stored when a sample does not shrink by 5 % or zstd's
-/// output would not be smaller.
+/// the limit), or stored when a sample does not shrink by 5 %, when small
+/// content's bytes look uniformly random, or when zstd's output would not
+/// be smaller.
 pub fn compress(data: &[u8]) -> Vec<u8> {
     if looks_incompressible(data) {
         return stored(data);
@@ -58,7 +59,56 @@ pub fn read_at(file: &File, offset: u64, len: usize) -> io::Result<(Vec<u8>, usi
 }
 
 fn looks_incompressible(data: &[u8]) -> bool {
-    data.len() > 2 * SAMPLE && !compressible(&data[..SAMPLE])
+    looks_random(data) || (data.len() > 2 * SAMPLE && !compressible(&data[..SAMPLE]))
+}
+
+/// Whether windows of `data` spread over it (all of it, up to 8 KiB) pass
+/// a chi-square test of uniform bytes, as compressed or encrypted content
+/// does. Such content is stored without trying zstd, which costs many times
+/// this count for nothing: on a small file its setup, match search and a
+/// Huffman table it gives up on; on a piece of a large one the 64 KiB
+/// sample. Passing means an order-0 entropy within about 0.05 bits of 8, so
+/// entropy coding could save under 1 %; the repeats a dictionary coder
+/// would find in such bytes are rare in real files, and are only sent as
+/// they are.
+fn looks_random(data: &[u8]) -> bool {
+    // Below this, counts per byte value are too few for the test, and
+    // zstd's cost too small to matter.
+    const MIN: usize = 512;
+    const WINDOW: usize = 1024;
+    const WINDOWS: usize = 8;
+    if data.len() < MIN {
+        return false;
+    }
+    let step = match data.len() <= WINDOW * WINDOWS {
+        true => WINDOW,
+        false => (data.len() - WINDOW) / (WINDOWS - 1),
+    };
+    let mut counts = [0u32; 256];
+    let mut n = 0;
+    for start in (0..WINDOWS)
+        .map(|i| i * step)
+        .take_while(|&s| s < data.len())
+    {
+        let window = &data[start..data.len().min(start + WINDOW)];
+        for &b in window {
+            counts[usize::from(b)] += 1;
+        }
+        n += window.len() as u64;
+        // Content that is not random nearly always shows it at once.
+        if start == 0 && !uniform(&counts, n) {
+            return false;
+        }
+    }
+    uniform(&counts, n)
+}
+
+/// chi² = Σ (c - n/256)² / (n/256) = 256 Σ c² / n - n. For uniform bytes
+/// its mean is 255 and its deviation about 22.6: 400 is over six
+/// deviations above the mean.
+fn uniform(counts: &[u32; 256], n: u64) -> bool {
+    let squares: u64 = counts.iter().map(|&c| u64::from(c) * u64::from(c)).sum();
+    256 * squares < (400 + n) * n
 }
 
 fn stored(data: &[u8]) -> Vec<u8> {
@@ -409,6 +459,33 @@ mod tests {
         let text = b"the quick brown fox jumps over the lazy dog\n".repeat(4096);
         assert!(compressible(&text[..SAMPLE]));
         assert!(compress(&text).len() < text.len() / 10);
+    }
+
+    #[test]
+    fn small_random_content_is_stored_without_zstd() {
+        // Noise of every small size a tree holds: stored, found by its
+        // byte counts alone.
+        for (seed, len) in [(1, 512), (2, 1000), (3, 2048), (4, 7000), (5, 2 * SAMPLE)] {
+            let noise = pseudo_random(len, seed);
+            assert!(looks_random(&noise), "{len}");
+            assert_eq!(compress(&noise), stored(&noise));
+        }
+        // Bytes of a few values, text, and skewed bytes over all 256
+        // values all go to zstd, and shrink.
+        let skewed: Vec<u8> = pseudo_random(16384, 9)
+            .chunks(4)
+            .map(|four| four.iter().copied().fold(u8::MAX, u8::min))
+            .collect();
+        let prose = b"fn main() { println!(\"hello, world\"); }\n".repeat(100);
+        for data in [text(4096), prose, skewed] {
+            assert!(!looks_random(&data));
+            let z = compress(&data);
+            assert_eq!(z[0], ZSTD);
+            assert_eq!(decompress(&z, data.len()).unwrap(), data);
+        }
+        // Too few bytes to judge: zstd decides (and stores what it cannot
+        // shrink).
+        assert!(!looks_random(&pseudo_random(511, 10)));
     }
 
     fn stream(data: &[u8], max_len: u64) -> Result<Vec<u8>, String> {
