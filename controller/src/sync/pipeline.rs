@@ -1,12 +1,12 @@
 //! The request pipeline: requests in flight on one connection, bounded in
 //! number and in content bytes ([`MAX_IN_FLIGHT`], [`MAX_IN_FLIGHT_BYTES`])
 //! so other calls on the connection stay fast, their answers collected as
-//! they land; and the final answer of a single call.
+//! they land or in the order asked; and the final answer of a single call.
 
 use std::future::Future;
 use std::pin::Pin;
 
-use futures::stream::{FuturesUnordered, StreamExt};
+use futures::stream::{FuturesOrdered, FuturesUnordered, StreamExt};
 use outpost_protocol::{Request, Response};
 
 use super::limits::{MAX_IN_FLIGHT, MAX_IN_FLIGHT_BYTES};
@@ -27,29 +27,61 @@ pub(super) struct Landed<T> {
 /// is lost while the sync is busy elsewhere.
 pub(super) struct Pipeline<T> {
     pub(super) conn: ScopedConn,
-    pub(super) flights: FuturesUnordered<Flight<T>>,
+    flights: Flights<T>,
     bytes: u64,
 }
 
+enum Flights<T> {
+    AsLanded(FuturesUnordered<Flight<T>>),
+    InOrder(FuturesOrdered<Flight<T>>),
+}
+
 impl<T: Send + 'static> Pipeline<T> {
+    /// Answers collected as they land.
     pub(super) fn new(conn: ScopedConn) -> Pipeline<T> {
         Pipeline {
             conn,
-            flights: FuturesUnordered::new(),
+            flights: Flights::AsLanded(FuturesUnordered::new()),
             bytes: 0,
         }
     }
 
+    /// Answers collected in the order the requests were sent: the host
+    /// serves them at once, so one may land before an earlier one.
+    pub(super) fn in_order(conn: ScopedConn) -> Pipeline<T> {
+        Pipeline {
+            conn,
+            flights: Flights::InOrder(FuturesOrdered::new()),
+            bytes: 0,
+        }
+    }
+
+    fn in_flight(&self) -> usize {
+        match &self.flights {
+            Flights::AsLanded(f) => f.len(),
+            Flights::InOrder(f) => f.len(),
+        }
+    }
+
+    /// Drops every request in flight, which cancels it.
+    pub(super) fn cancel_all(&mut self) {
+        match &mut self.flights {
+            Flights::AsLanded(f) => f.clear(),
+            Flights::InOrder(f) => f.clear(),
+        }
+        self.bytes = 0;
+    }
+
     /// Whether a request of `weight` bytes must wait for room.
     pub(super) fn is_full(&self, weight: u64) -> bool {
-        !self.flights.is_empty()
-            && (self.flights.len() >= MAX_IN_FLIGHT || self.bytes + weight > MAX_IN_FLIGHT_BYTES)
+        let in_flight = self.in_flight();
+        in_flight > 0 && (in_flight >= MAX_IN_FLIGHT || self.bytes + weight > MAX_IN_FLIGHT_BYTES)
     }
 
     pub(super) fn start(&mut self, request: Request, tag: T, weight: u64) -> Result<(), CallError> {
         let mut call = self.conn.start(request)?;
         self.bytes += weight;
-        self.flights.push(Box::pin(async move {
+        let flight: Flight<T> = Box::pin(async move {
             let mut responses = Vec::new();
             let result = loop {
                 match call.next().await {
@@ -68,12 +100,19 @@ impl<T: Send + 'static> Pipeline<T> {
                 weight,
                 result,
             }
-        }));
+        });
+        match &mut self.flights {
+            Flights::AsLanded(f) => f.push(flight),
+            Flights::InOrder(f) => f.push_back(flight),
+        }
         Ok(())
     }
 
     pub(super) async fn next(&mut self) -> Option<Landed<T>> {
-        let landed = self.flights.next().await?;
+        let landed = match &mut self.flights {
+            Flights::AsLanded(f) => f.next().await,
+            Flights::InOrder(f) => f.next().await,
+        }?;
         self.bytes -= landed.weight;
         Some(landed)
     }

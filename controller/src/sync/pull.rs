@@ -72,7 +72,10 @@ impl<'r> PullFiles<'r> {
             local,
             applier,
             run,
-            pipe: Pipeline::new(conn),
+            // In order: a file's ranges are then written in order, and
+            // hashed as they are (see `Applier::put_part`); as they land,
+            // the commit would read each large file back to hash it.
+            pipe: Pipeline::in_order(conn),
             staged: Vec::new(),
             commits: VecDeque::new(),
             small: VecDeque::new(),
@@ -83,8 +86,7 @@ impl<'r> PullFiles<'r> {
     pub(super) async fn run(mut self, changes: Vec<FileChange>) -> Result<(), SyncError> {
         let mut result = self.read_all(changes).await;
         if result.is_err() {
-            // Reads in flight are cancelled by dropping them.
-            self.pipe.flights.clear();
+            self.pipe.cancel_all();
         }
         // Commits already begun finish whatever happened to the reads.
         let settled = self.settle_commits(0).await;
