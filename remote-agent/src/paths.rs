@@ -82,17 +82,26 @@ pub const STATE_DIR_ENV: &str = "OUTPOST_STATE_DIR";
 /// `<dir>/agents/<version>/outpost-agent` (the controller may install into a
 /// custom remote dir), else `~/.outpost`. Host-wide state such as GPU leases
 /// lives here, so every agent started by any controller finds the same files.
+///
+/// Found once per process: it cannot change while the process runs, and
+/// finding it reads a link in `/proc`, on every sandbox listing of a fleet's
+/// `check_resources` among others.
 pub fn state_dir() -> Option<PathBuf> {
-    if let Some(dir) = std::env::var_os(STATE_DIR_ENV)
-        .map(PathBuf::from)
-        .filter(|d| d.is_absolute())
-    {
-        return Some(dir);
-    }
-    running_exe()
-        .as_deref()
-        .and_then(install_root)
-        .or_else(|| home_dir().map(|h| h.join(".outpost")))
+    static STATE: OnceLock<Option<PathBuf>> = OnceLock::new();
+    STATE
+        .get_or_init(|| {
+            if let Some(dir) = std::env::var_os(STATE_DIR_ENV)
+                .map(PathBuf::from)
+                .filter(|d| d.is_absolute())
+            {
+                return Some(dir);
+            }
+            running_exe()
+                .as_deref()
+                .and_then(install_root)
+                .or_else(|| home_dir().map(|h| h.join(".outpost")))
+        })
+        .clone()
 }
 
 /// `<dir>` of an executable at `<dir>/agents/<version>/<file>`.
