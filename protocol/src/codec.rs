@@ -74,6 +74,49 @@ pub fn encode_frame<T: Serialize>(msg: &T) -> Result<Vec<u8>, ProtocolError> {
     Ok(out)
 }
 
+/// The frame of a `FileData` answer in two parts, whose concatenation is
+/// what [`encode_frame`] makes of it: everything up to the content, then
+/// the content itself. The agent writes the two one after the other, so
+/// content read from a file goes out without being copied into a frame.
+///
+/// Relies on `data` being encoded last (the last field of the last field
+/// of the message): a byte string is its length as a varint, then its bytes.
+pub fn encode_file_data_frame(
+    id: crate::RequestId,
+    index: u32,
+    offset: u64,
+    data: Vec<u8>,
+) -> Result<(Vec<u8>, Vec<u8>), ProtocolError> {
+    let without = crate::AgentMessage::Response {
+        id,
+        body: crate::Response::FileData {
+            index,
+            offset,
+            data: Vec::new(),
+        },
+    };
+    let mut head = encode_frame(&without)?;
+    // The empty content's length, a single 0; the real one replaces it.
+    if head.pop() != Some(0) {
+        return Err(ProtocolError::Encode(
+            "file data is not encoded last".into(),
+        ));
+    }
+    let mut varint = [0u8; 10];
+    let length = postcard::to_slice(&(data.len() as u64), &mut varint)
+        .map_err(|e| ProtocolError::Encode(e.to_string()))?;
+    head.extend_from_slice(length);
+    let len = head.len() - 4 + data.len();
+    if len > MAX_FRAME_LEN {
+        return Err(ProtocolError::FrameTooLarge {
+            len: len as u64,
+            max: MAX_FRAME_LEN,
+        });
+    }
+    head[..4].copy_from_slice(&(len as u32).to_le_bytes());
+    Ok((head, data))
+}
+
 /// postcard output into a `Vec` sized beforehand; postcard's own `Extend`
 /// flavor pushes byte by byte.
 struct FrameBuffer(Vec<u8>);
@@ -299,6 +342,35 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn file_data_in_two_parts_is_the_frame_in_one() {
+        // Lengths on each side of every varint width, and ids and offsets
+        // that take several bytes.
+        for len in [
+            0usize, 1, 127, 128, 16_383, 16_384, 262_144, 2_097_151, 2_097_152,
+        ] {
+            for (id, index, offset) in [(0u64, 0u32, 0u64), (300, 70_000, u64::MAX)] {
+                let data: Vec<u8> = (0..len).map(|i| (i * 7) as u8).collect();
+                let whole = encode_frame(&crate::AgentMessage::Response {
+                    id,
+                    body: crate::Response::FileData {
+                        index,
+                        offset,
+                        data: data.clone(),
+                    },
+                })
+                .unwrap();
+                let (head, tail) = encode_file_data_frame(id, index, offset, data).unwrap();
+                assert_eq!([head, tail].concat(), whole, "{len} bytes");
+            }
+        }
+        let over = vec![0; MAX_FRAME_LEN];
+        assert!(matches!(
+            encode_file_data_frame(1, 0, 0, over),
+            Err(ProtocolError::FrameTooLarge { .. })
+        ));
+    }
 
     #[test]
     fn noise_before_preamble_is_reported_then_frames_flow() {

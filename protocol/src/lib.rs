@@ -23,7 +23,9 @@ pub mod codec;
 pub mod limits;
 pub mod messages;
 
-pub use codec::{DecodeEvent, FrameDecoder, Payload, ProtocolError, decode, encode_frame};
+pub use codec::{
+    DecodeEvent, FrameDecoder, Payload, ProtocolError, decode, encode_file_data_frame, encode_frame,
+};
 pub use messages::*;
 
 /// Version of the message layout. The controller refuses an agent that reports

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use outpost_protocol::limits::MAX_FRAME_LEN;
 use outpost_protocol::{
     AgentError, ApplyMeta, ErrorKind, PutFiles, PutPart, ReadFiles, RelPath, RequestId, Response,
-    Resume, ScanRequest, ScanSummary, TreeEntry,
+    Resume, ScanRequest, ScanSummary, TreeEntry, encode_file_data_frame,
 };
 use outpost_treesync::apply::{self, Applier};
 use outpost_treesync::cache::{StatCache, Written};
@@ -25,7 +25,7 @@ use outpost_treesync::filter::Filter;
 use outpost_treesync::scan::{self, ScanOptions, ScanOutput};
 use tokio::sync::{mpsc, watch};
 
-use crate::outbox::Outbox;
+use crate::outbox::{Frame, Outbox};
 use crate::paths;
 
 /// Most entries in one `Entries` response.
@@ -443,7 +443,7 @@ pub async fn read_files(
         Ok(root) => root,
         Err(e) => return Response::Error(e),
     };
-    let (tx, mut rx) = mpsc::channel::<Response>(READ_QUEUE);
+    let (tx, mut rx) = mpsc::channel::<Frame>(READ_QUEUE);
     let reader_cancel = cancel.clone();
     let reader = tokio::task::spawn_blocking(move || {
         let mut problems = Vec::new();
@@ -452,11 +452,10 @@ pub async fn read_files(
                 if *reader_cancel.borrow() {
                     return Err("cancelled".to_string());
                 }
-                let piece = Response::FileData {
-                    index: index as u32,
-                    offset,
-                    data,
-                };
+                // Encoded here, off the session's thread, with the
+                // content left where it was read.
+                let piece = encode_file_data_frame(id, index as u32, offset, data)
+                    .map_err(|e| e.to_string())?;
                 tx.blocking_send(piece)
                     .map_err(|_| "the request ended".to_string())
             };
@@ -474,7 +473,7 @@ pub async fn read_files(
         tokio::select! {
             piece = rx.recv() => match piece {
                 Some(piece) => {
-                    if !outbox.send(id, piece).await {
+                    if !outbox.send_encoded(piece).await {
                         return cancelled();
                     }
                 }

@@ -19,8 +19,14 @@ const QUEUE: usize = 64;
 /// A handle for sending responses; clone it freely.
 #[derive(Clone)]
 pub struct Outbox {
-    tx: mpsc::Sender<Vec<u8>>,
+    tx: mpsc::Sender<Frame>,
 }
+
+/// An encoded frame, written as its two parts one after the other: file
+/// content goes in the second, uncopied (see
+/// [`outpost_protocol::encode_file_data_frame`]); every other frame is
+/// whole in the first.
+pub type Frame = (Vec<u8>, Vec<u8>);
 
 impl Outbox {
     /// Queues one response unless the queue is full (or the writer gone):
@@ -28,9 +34,15 @@ impl Outbox {
     /// sender wait.
     pub fn offer(&self, id: RequestId, body: Response) -> bool {
         match encode_frame(&AgentMessage::Response { id, body }) {
-            Ok(frame) => self.tx.try_send(frame).is_ok(),
+            Ok(frame) => self.tx.try_send((frame, Vec::new())).is_ok(),
             Err(_) => false,
         }
+    }
+
+    /// Queues a `FileData` answer encoded beforehand (on the thread that
+    /// read it). Returns false once the writer is gone.
+    pub async fn send_encoded(&self, frame: Frame) -> bool {
+        self.tx.send(frame).await.is_ok()
     }
 
     /// Queues one response. Returns false once the writer is gone.
@@ -50,7 +62,7 @@ impl Outbox {
                 }
             }
         };
-        self.tx.send(frame).await.is_ok()
+        self.tx.send((frame, Vec::new())).await.is_ok()
     }
 }
 
@@ -68,19 +80,19 @@ where
 
 async fn write_frames<W: AsyncWrite + Unpin>(
     output: W,
-    mut rx: mpsc::Receiver<Vec<u8>>,
+    mut rx: mpsc::Receiver<Frame>,
     hello_frame: Vec<u8>,
 ) {
     let mut out = BufWriter::with_capacity(128 * 1024, output);
     let mut ok = write(&mut out, &PREAMBLE).await
         && write(&mut out, &hello_frame).await
         && out.flush().await.is_ok();
-    while let Some(frame) = rx.recv().await {
+    while let Some((head, tail)) = rx.recv().await {
         // Once the output is gone, keep draining so that senders never block.
-        ok = ok && write(&mut out, &frame).await;
+        ok = ok && write(&mut out, &head).await && write(&mut out, &tail).await;
         // Batch whatever is already queued into one flush.
-        while let Ok(frame) = rx.try_recv() {
-            ok = ok && write(&mut out, &frame).await;
+        while let Ok((head, tail)) = rx.try_recv() {
+            ok = ok && write(&mut out, &head).await && write(&mut out, &tail).await;
         }
         if ok && out.flush().await.is_err() {
             ok = false;
