@@ -74,39 +74,36 @@ pub fn encode_frame<T: Serialize>(msg: &T) -> Result<Vec<u8>, ProtocolError> {
     Ok(out)
 }
 
-/// The frame of a `FileData` answer in two parts, whose concatenation is
-/// what [`encode_frame`] makes of it: everything up to the content, then
-/// the content itself. The agent writes the two one after the other, so
-/// content read from a file goes out without being copied into a frame.
+/// The head of a frame whose last encoded field is a byte string of
+/// `tail_len` bytes: the frame is this head, then those bytes, exactly what
+/// [`encode_frame`] makes of the whole message. `with(bytes)` is the
+/// message holding `bytes`. The head is built without the bytes, so content
+/// is written after it without being copied into a frame, or shared by
+/// several hosts' frames.
 ///
-/// Relies on `data` being encoded last (the last field of the last field
-/// of the message): a byte string is its length as a varint, then its bytes.
-pub fn encode_file_data_frame(
-    id: crate::RequestId,
-    index: u32,
-    offset: u64,
-    data: Vec<u8>,
-) -> Result<(Vec<u8>, Vec<u8>), ProtocolError> {
-    let without = crate::AgentMessage::Response {
-        id,
-        body: crate::Response::FileData {
-            index,
-            offset,
-            data: Vec::new(),
-        },
-    };
-    let mut head = encode_frame(&without)?;
-    // The empty content's length, a single 0; the real one replaces it.
-    if head.pop() != Some(0) {
-        return Err(ProtocolError::Encode(
-            "file data is not encoded last".into(),
-        ));
+/// `None` when the byte string is not what is encoded last (checked: the
+/// message with one byte must encode as the one without, plus that byte).
+pub fn encode_frame_with_tail<T: Serialize>(
+    with: impl Fn(Vec<u8>) -> T,
+    tail_len: usize,
+) -> Result<Option<Vec<u8>>, ProtocolError> {
+    let mut head = encode_frame(&with(Vec::new()))?;
+    let one = encode_frame(&with(vec![0xa5]))?;
+    // A byte string is its length as a varint, then its bytes: empty, that
+    // is a single 0 at the very end.
+    let last = head.len() - 1;
+    if head[last] != 0 || one.len() != head.len() + 1 || one[4..last] != head[4..last] {
+        return Ok(None);
     }
+    if one[last..] != [1, 0xa5] {
+        return Ok(None);
+    }
+    head.truncate(last);
     let mut varint = [0u8; 10];
-    let length = postcard::to_slice(&(data.len() as u64), &mut varint)
+    let length = postcard::to_slice(&(tail_len as u64), &mut varint)
         .map_err(|e| ProtocolError::Encode(e.to_string()))?;
     head.extend_from_slice(length);
-    let len = head.len() - 4 + data.len();
+    let len = head.len() - 4 + tail_len;
     if len > MAX_FRAME_LEN {
         return Err(ProtocolError::FrameTooLarge {
             len: len as u64,
@@ -114,7 +111,31 @@ pub fn encode_file_data_frame(
         });
     }
     head[..4].copy_from_slice(&(len as u32).to_le_bytes());
-    Ok((head, data))
+    Ok(Some(head))
+}
+
+/// The frame of a `FileData` answer in two parts (see
+/// [`encode_frame_with_tail`]): its head, then `data`. The agent writes the
+/// two one after the other, so content read from a file goes out without
+/// being copied into a frame.
+pub fn encode_file_data_frame(
+    id: crate::RequestId,
+    index: u32,
+    offset: u64,
+    data: Vec<u8>,
+) -> Result<(Vec<u8>, Vec<u8>), ProtocolError> {
+    let with = |data| crate::AgentMessage::Response {
+        id,
+        body: crate::Response::FileData {
+            index,
+            offset,
+            data,
+        },
+    };
+    match encode_frame_with_tail(with, data.len())? {
+        Some(head) => Ok((head, data)),
+        None => Ok((encode_frame(&with(data))?, Vec::new())),
+    }
 }
 
 /// postcard output into a `Vec` sized beforehand; postcard's own `Extend`
@@ -370,6 +391,49 @@ mod tests {
             encode_file_data_frame(1, 0, 0, over),
             Err(ProtocolError::FrameTooLarge { .. })
         ));
+    }
+
+    #[test]
+    fn a_part_s_content_follows_its_head_in_a_sandbox_too() {
+        let part = |data: Vec<u8>| crate::PutPart {
+            root: "r".into(),
+            xfer: 9,
+            path: b"a/b".to_vec(),
+            offset: 1 << 40,
+            hash: [7; 32],
+            size: 0,
+            data: crate::PartData::Data(data),
+        };
+        for sandbox in [None, Some("sbx-1")] {
+            let request = |data: Vec<u8>| {
+                let body = crate::Request::PutPart(part(data));
+                crate::ClientMessage::Request {
+                    id: 42,
+                    body: match sandbox {
+                        Some(id) => crate::Request::InSandbox {
+                            id: id.into(),
+                            request: Box::new(body),
+                        },
+                        None => body,
+                    },
+                }
+            };
+            for len in [0usize, 1, 200, 70_000] {
+                let content: Vec<u8> = (0..len).map(|i| i as u8).collect();
+                let head = encode_frame_with_tail(request, len).unwrap().unwrap();
+                let whole = encode_frame(&request(content.clone())).unwrap();
+                assert_eq!([head, content].concat(), whole);
+            }
+            let mut body = match request(vec![1, 2]) {
+                crate::ClientMessage::Request { body, .. } => body,
+                _ => unreachable!(),
+            };
+            assert_eq!(body.content_mut(), Some(&mut vec![1, 2]));
+        }
+        // A message whose byte string is not last has no head of its own.
+        let not_last = |data: Vec<u8>| (serde_bytes::ByteBuf::from(data), 0u8);
+        assert_eq!(encode_frame_with_tail(not_last, 10).unwrap(), None);
+        assert_eq!(crate::Request::Ping.content_mut(), None);
     }
 
     #[test]

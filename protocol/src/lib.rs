@@ -24,13 +24,14 @@ pub mod limits;
 pub mod messages;
 
 pub use codec::{
-    DecodeEvent, FrameDecoder, Payload, ProtocolError, decode, encode_file_data_frame, encode_frame,
+    DecodeEvent, FrameDecoder, Payload, ProtocolError, decode, encode_file_data_frame,
+    encode_frame, encode_frame_with_tail,
 };
 pub use messages::*;
 
 /// Version of the message layout. The controller refuses an agent that reports
 /// another version and installs the matching agent instead.
-pub const PROTOCOL_VERSION: u32 = 13;
+pub const PROTOCOL_VERSION: u32 = 14;
 
 /// Written once by the agent before its first frame. Starts with NUL and ESC so no
 /// shell banner or MOTD can contain it by accident.

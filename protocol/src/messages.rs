@@ -147,6 +147,22 @@ pub enum Request {
     DescribeFiles { root: String, paths: Vec<RelPath> },
 }
 
+impl Request {
+    /// The content a `PutPart` carries, inside a sandbox's wrapper too: the
+    /// byte string a frame may write after its head (see
+    /// [`crate::codec::encode_frame_with_tail`]).
+    pub fn content_mut(&mut self) -> Option<&mut Vec<u8>> {
+        match self {
+            Request::PutPart(PutPart {
+                data: PartData::Data(data),
+                ..
+            }) => Some(data),
+            Request::InSandbox { request, .. } => request.content_mut(),
+            _ => None,
+        }
+    }
+}
+
 /// Languages a code context speaks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum CodeLanguage {
@@ -571,11 +587,13 @@ pub struct PutPart {
     pub path: RelPath,
     /// Where the part goes in the new file.
     pub offset: u64,
-    pub data: PartData,
     /// The whole new file's hash and size: they name its staging file, so
     /// that an interrupted transfer can be resumed by a later one.
     pub hash: [u8; 32],
     pub size: u64,
+    /// Last, so that content is encoded last: a frame can be its head, then
+    /// content shared with other hosts' frames ([`Request::content_mut`]).
+    pub data: PartData,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

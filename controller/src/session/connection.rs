@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use outpost_protocol::{
     AgentMessage, ClientMessage, Hello, Request, RequestId, Response, decode, encode_frame,
+    encode_frame_with_tail,
 };
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
@@ -22,7 +23,7 @@ use super::error::CallError;
 use super::heartbeat::{
     HEARTBEAT_DEAD, HEARTBEAT_DEAD_SENDING, HEARTBEAT_ID, HEARTBEAT_IDLE, Liveness,
 };
-use super::writer::{Lane, write_frame};
+use super::writer::{Lane, OutFrame, write_frame};
 
 type Pending = HashMap<RequestId, mpsc::UnboundedSender<Response>>;
 
@@ -35,8 +36,8 @@ pub struct Connection {
     next_id: AtomicU64,
     pending: Mutex<Pending>,
     /// Frames for the writer, in two lanes (see [`Lane`]).
-    urgent: mpsc::UnboundedSender<Vec<u8>>,
-    bulk: mpsc::UnboundedSender<Vec<u8>>,
+    urgent: mpsc::UnboundedSender<OutFrame>,
+    bulk: mpsc::UnboundedSender<OutFrame>,
     closed: Mutex<Option<String>>,
     liveness: Arc<Liveness>,
     tasks: Mutex<Vec<AbortHandle>>,
@@ -65,8 +66,8 @@ impl Connection {
             mut writer,
             _keep,
         } = link;
-        let (urgent_tx, mut urgent) = mpsc::unbounded_channel::<Vec<u8>>();
-        let (bulk_tx, mut bulk) = mpsc::unbounded_channel::<Vec<u8>>();
+        let (urgent_tx, mut urgent) = mpsc::unbounded_channel::<OutFrame>();
+        let (bulk_tx, mut bulk) = mpsc::unbounded_channel::<OutFrame>();
         let conn = Arc::new(Connection {
             hello,
             agent_path,
@@ -186,6 +187,39 @@ impl Connection {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let frame = encode_frame(&ClientMessage::Request { id, body: request })
             .map_err(|e| CallError::Protocol(e.to_string()))?;
+        self.start_frame(id, OutFrame::whole(frame))
+    }
+
+    /// Sends `request` with `content` as the content it carries (see
+    /// [`Request::content_mut`]; the request's own is left empty): the
+    /// frame is written as its head and then `content`, which is never
+    /// copied, so hosts given the same part share one buffer.
+    pub(super) fn start_with_content(
+        self: &Arc<Self>,
+        request: Request,
+        content: Arc<Vec<u8>>,
+    ) -> Result<Call, CallError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let protocol = |e: outpost_protocol::ProtocolError| CallError::Protocol(e.to_string());
+        let with = |bytes: Vec<u8>| {
+            let mut body = request.clone();
+            if let Some(data) = body.content_mut() {
+                *data = bytes;
+            }
+            ClientMessage::Request { id, body }
+        };
+        let frame = match encode_frame_with_tail(with, content.len()).map_err(protocol)? {
+            Some(head) => OutFrame {
+                head,
+                tail: Some(content),
+            },
+            // Not a request that carries content: sent whole.
+            None => OutFrame::whole(encode_frame(&with(content.to_vec())).map_err(protocol)?),
+        };
+        self.start_frame(id, frame)
+    }
+
+    fn start_frame(self: &Arc<Self>, id: RequestId, frame: OutFrame) -> Result<Call, CallError> {
         let (tx, rx) = mpsc::unbounded_channel();
         {
             // Checked under the pending lock so `fail` cannot slip in between.
@@ -219,12 +253,12 @@ impl Connection {
             id: HEARTBEAT_ID,
             body: Request::Ping,
         }) {
-            self.send_frame(frame, Lane::Urgent);
+            self.send_frame(OutFrame::whole(frame), Lane::Urgent);
         }
     }
 
     /// Queues a frame for the writer; false if the writer is gone.
-    fn send_frame(&self, frame: Vec<u8>, lane: Lane) -> bool {
+    fn send_frame(&self, frame: OutFrame, lane: Lane) -> bool {
         let len = frame.len() as u64;
         self.liveness.unsent.fetch_add(len, Ordering::Relaxed);
         let queue = match lane {
@@ -322,7 +356,7 @@ impl Drop for Call {
         if !self.finished && self.conn.closed_reason().is_none() {
             self.conn.pending.lock().unwrap().remove(&self.id);
             if let Ok(frame) = encode_frame(&ClientMessage::Cancel { id: self.id }) {
-                self.conn.send_frame(frame, self.lane);
+                self.conn.send_frame(OutFrame::whole(frame), self.lane);
             }
         }
     }

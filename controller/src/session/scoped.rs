@@ -33,6 +33,16 @@ impl ScopedConn {
         self.conn.start(scoped(request, self.sandbox.as_deref()))
     }
 
+    /// [`Connection::start_with_content`], in the sandbox if there is one.
+    pub fn start_with_content(
+        &self,
+        request: Request,
+        content: Arc<Vec<u8>>,
+    ) -> Result<Call, CallError> {
+        self.conn
+            .start_with_content(scoped(request, self.sandbox.as_deref()), content)
+    }
+
     /// The isolated sandbox's id; None for the host itself.
     pub fn sandbox(&self) -> Option<&str> {
         self.sandbox.as_deref()

@@ -5,6 +5,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 
 use futures::stream::{FuturesOrdered, FuturesUnordered, StreamExt};
 use outpost_protocol::{Request, Response};
@@ -79,7 +80,22 @@ impl<T: Send + 'static> Pipeline<T> {
     }
 
     pub(super) fn start(&mut self, request: Request, tag: T, weight: u64) -> Result<(), CallError> {
-        let mut call = self.conn.start(request)?;
+        self.start_with(request, None, tag, weight)
+    }
+
+    /// [`Pipeline::start`] with `content` as the content the request carries,
+    /// when it is given (see [`ScopedConn::start_with_content`]).
+    pub(super) fn start_with(
+        &mut self,
+        request: Request,
+        content: Option<Arc<Vec<u8>>>,
+        tag: T,
+        weight: u64,
+    ) -> Result<(), CallError> {
+        let mut call = match content {
+            Some(content) => self.conn.start_with_content(request, content)?,
+            None => self.conn.start(request)?,
+        };
         self.bytes += weight;
         let flight: Flight<T> = Box::pin(async move {
             let mut responses = Vec::new();

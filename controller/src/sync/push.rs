@@ -113,7 +113,12 @@ fn read_whole(local: &Path, src: &TreeEntry) -> Read {
 }
 
 /// Reads `len` bytes at `offset` and compresses them, once for every host.
-fn read_range(source: &Source, src: &TreeEntry, offset: u64, len: u64) -> Result<Vec<u8>, String> {
+fn read_range(
+    source: &Source,
+    src: &TreeEntry,
+    offset: u64,
+    len: u64,
+) -> Result<Arc<Vec<u8>>, String> {
     let piece = Piece {
         path: src.path.clone(),
         hash: src.hash,
@@ -125,7 +130,7 @@ fn read_range(source: &Source, src: &TreeEntry, offset: u64, len: u64) -> Result
         let data = read_range_once(&source.root, src, offset, len)?;
         Ok((Arc::new(data), [0; 32]))
     });
-    read.map(|(data, _)| Arc::unwrap_or_clone(data))
+    read.map(|(data, _)| data)
 }
 
 fn read_range_once(
@@ -323,21 +328,24 @@ impl<'r> PushFiles<'r> {
                 break;
             }
             let staged = &self.staged[i];
-            let (data, weight) = match part {
+            // A range's content goes with the request, not in it: every
+            // host's frame writes the one buffer read for them all.
+            let (data, content, weight) = match part {
                 Part::Copy { from, len, .. } => (
                     PartData::Copy {
                         from_offset: from,
                         len,
                     },
+                    None,
                     0,
                 ),
                 Part::Data { offset, len } => {
                     check_cancelled(&self.run.progress)?;
                     let (source, src) = (Arc::clone(&self.source), staged.change.src.clone());
                     match blocking(move || read_range(&source, &src, offset, len)).await? {
-                        Ok(data) => {
-                            let weight = data.len() as u64;
-                            (PartData::Data(data), weight)
+                        Ok(content) => {
+                            let weight = content.len() as u64;
+                            (PartData::Data(Vec::new()), Some(content), weight)
                         }
                         Err(message) => {
                             self.fail(i, &message);
@@ -363,7 +371,7 @@ impl<'r> PushFiles<'r> {
                 staged: i,
                 len: part.len(),
             };
-            self.send(request, tag, weight).await?;
+            self.send_with(request, content, tag, weight).await?;
             self.staged[i].sent += 1;
             self.run.report.bytes_sent += weight;
             self.inline.pace.large(part.len());
@@ -396,6 +404,18 @@ impl<'r> PushFiles<'r> {
 
     /// Starts a request once there is room, settling answers meanwhile.
     async fn send(&mut self, request: Request, tag: PushTag, weight: u64) -> Result<(), SyncError> {
+        self.send_with(request, None, tag, weight).await
+    }
+
+    /// [`PushFiles::send`] with the content the request carries beside it
+    /// (see [`Pipeline::start_with`]).
+    async fn send_with(
+        &mut self,
+        request: Request,
+        content: Option<Arc<Vec<u8>>>,
+        tag: PushTag,
+        weight: u64,
+    ) -> Result<(), SyncError> {
         while self.pipe.is_full(weight) {
             match self.pipe.next().await {
                 Some(landed) => self.settle(landed)?,
@@ -403,7 +423,7 @@ impl<'r> PushFiles<'r> {
             }
         }
         check_cancelled(&self.run.progress)?;
-        self.pipe.start(request, tag, weight)?;
+        self.pipe.start_with(request, content, tag, weight)?;
         Ok(())
     }
 
