@@ -87,12 +87,12 @@ async fn write_frames<W: AsyncWrite + Unpin>(
     let mut ok = write(&mut out, &PREAMBLE).await
         && write(&mut out, &hello_frame).await
         && out.flush().await.is_ok();
-    while let Some((head, tail)) = rx.recv().await {
+    while let Some(frame) = rx.recv().await {
         // Once the output is gone, keep draining so that senders never block.
-        ok = ok && write(&mut out, &head).await && write(&mut out, &tail).await;
+        ok = ok && write_frame(&mut out, &frame).await;
         // Batch whatever is already queued into one flush.
-        while let Ok((head, tail)) = rx.try_recv() {
-            ok = ok && write(&mut out, &head).await && write(&mut out, &tail).await;
+        while let Ok(frame) = rx.try_recv() {
+            ok = ok && write_frame(&mut out, &frame).await;
         }
         if ok && out.flush().await.is_err() {
             ok = false;
@@ -106,6 +106,10 @@ async fn write_frames<W: AsyncWrite + Unpin>(
 
 async fn write<W: AsyncWrite + Unpin>(out: &mut BufWriter<W>, data: &[u8]) -> bool {
     out.write_all(data).await.is_ok()
+}
+
+async fn write_frame<W: AsyncWrite + Unpin>(out: &mut BufWriter<W>, (head, tail): &Frame) -> bool {
+    write(out, head).await && write(out, tail).await
 }
 
 fn report_broken() {

@@ -79,13 +79,9 @@ impl<T: Send + 'static> Pipeline<T> {
         in_flight > 0 && (in_flight >= MAX_IN_FLIGHT || self.bytes + weight > MAX_IN_FLIGHT_BYTES)
     }
 
-    pub(super) fn start(&mut self, request: Request, tag: T, weight: u64) -> Result<(), CallError> {
-        self.start_with(request, None, tag, weight)
-    }
-
-    /// [`Pipeline::start`] with `content` as the content the request carries,
-    /// when it is given (see [`ScopedConn::start_with_content`]).
-    pub(super) fn start_with(
+    /// Sends `request`, with `content` as the content it carries when that
+    /// is given (see [`ScopedConn::start_with_content`]).
+    pub(super) fn start(
         &mut self,
         request: Request,
         content: Option<Arc<Vec<u8>>>,

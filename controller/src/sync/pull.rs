@@ -279,7 +279,7 @@ impl<'r> PullFiles<'r> {
             }
         }
         check_cancelled(&self.run.progress)?;
-        self.pipe.start(request, tag, weight)?;
+        self.pipe.start(request, None, tag, weight)?;
         Ok(())
     }
 

@@ -293,7 +293,7 @@ impl<'r> PushFiles<'r> {
             create_parents: false,
             files: batch.puts,
         });
-        self.send(request, PushTag::Batch(files), batch.weight)
+        self.send(request, None, PushTag::Batch(files), batch.weight)
             .await?;
         self.run.report.bytes_sent += batch.compressed;
         Ok(())
@@ -371,7 +371,7 @@ impl<'r> PushFiles<'r> {
                 staged: i,
                 len: part.len(),
             };
-            self.send_with(request, content, tag, weight).await?;
+            self.send(request, content, tag, weight).await?;
             self.staged[i].sent += 1;
             self.run.report.bytes_sent += weight;
             self.inline.pace.large(part.len());
@@ -402,14 +402,9 @@ impl<'r> PushFiles<'r> {
         }
     }
 
-    /// Starts a request once there is room, settling answers meanwhile.
-    async fn send(&mut self, request: Request, tag: PushTag, weight: u64) -> Result<(), SyncError> {
-        self.send_with(request, None, tag, weight).await
-    }
-
-    /// [`PushFiles::send`] with the content the request carries beside it
-    /// (see [`Pipeline::start_with`]).
-    async fn send_with(
+    /// Starts a request, with the content it carries beside it if any (see
+    /// [`Pipeline::start`]), once there is room, settling answers meanwhile.
+    async fn send(
         &mut self,
         request: Request,
         content: Option<Arc<Vec<u8>>>,
@@ -423,7 +418,7 @@ impl<'r> PushFiles<'r> {
             }
         }
         check_cancelled(&self.run.progress)?;
-        self.pipe.start_with(request, content, tag, weight)?;
+        self.pipe.start(request, content, tag, weight)?;
         Ok(())
     }
 
@@ -442,7 +437,8 @@ impl<'r> PushFiles<'r> {
                 create_parents: false,
                 files: vec![put],
             });
-            self.send(request, PushTag::Commit { staged: i }, 0).await?;
+            self.send(request, None, PushTag::Commit { staged: i }, 0)
+                .await?;
         }
         Ok(())
     }
