@@ -13,8 +13,15 @@ use common::mcp_client::{ProgressLog, call};
 use outpost_e2e::{McpHttp, target_bin};
 use serde_json::json;
 
-/// The status line and headers of a raw `initialize` POST to `path`.
+/// The status line and headers of a raw `initialize` POST to `path`, on a
+/// connection the client asks to close.
 fn raw(server: &McpHttp, path: &str, headers: &str) -> String {
+    raw_on(server, path, &format!("Connection: close\r\n{headers}"))
+}
+
+/// The same on a connection the client would keep: all the server sends
+/// before it closes the connection or goes quiet for 10 s.
+fn raw_on(server: &McpHttp, path: &str, headers: &str) -> String {
     let body = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-06-18", "capabilities": {},
         "clientInfo": {"name": "raw", "version": "1"}}})
@@ -27,7 +34,7 @@ fn raw(server: &McpHttp, path: &str, headers: &str) -> String {
         stream,
         "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
          Accept: application/json, text/event-stream\r\nContent-Length: {}\r\n\
-         Connection: close\r\n{headers}\r\n{body}",
+         {headers}\r\n{body}",
         body.len()
     )
     .unwrap();
@@ -64,6 +71,16 @@ async fn mcp_over_http_needs_the_token_and_serves_clients_at_once() {
         assert_eq!(status(&r), "401", "{r}");
         assert!(r.contains("www-authenticate: Bearer"), "{r}");
         assert!(r.ends_with("\r\n\r\n"), "a body came with the 401: {r}");
+    }
+    // A refusal ends a connection the client would keep, and says so: its
+    // body may be unread, and a connection closed unannounced races the
+    // client's next request on it.
+    for headers in [
+        String::new(),
+        format!("{bearer}Origin: http://evil.example\r\n"),
+    ] {
+        let r = raw_on(&server, "/mcp", &headers);
+        assert!(r.contains("connection: close\r\n"), "{r}");
     }
     // A foreign Origin (DNS rebinding) is refused; other paths do not exist.
     let r = raw(

@@ -23,7 +23,7 @@ use anyhow::{Context, bail};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
-use hyper::header::{AUTHORIZATION, WWW_AUTHENTICATE};
+use hyper::header::{AUTHORIZATION, CONNECTION, HeaderValue, WWW_AUTHENTICATE};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -145,10 +145,9 @@ fn bare(status: StatusCode) -> Response<BoxBody<Bytes, Infallible>> {
     let mut response = Response::new(Full::new(Bytes::new()).boxed());
     *response.status_mut() = status;
     if status == StatusCode::UNAUTHORIZED {
-        response.headers_mut().insert(
-            WWW_AUTHENTICATE,
-            hyper::header::HeaderValue::from_static("Bearer"),
-        );
+        response
+            .headers_mut()
+            .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
     }
     response
 }
@@ -218,13 +217,22 @@ pub async fn serve_http(fleet: Arc<Fleet>, addr: SocketAddr) -> anyhow::Result<(
             let handle = hyper::service::service_fn(move |request: Request<Incoming>| {
                 let (service, token) = (service.clone(), token.clone());
                 async move {
-                    Ok::<_, Infallible>(if request.uri().path() != PATH {
+                    let mut response = if request.uri().path() != PATH {
                         bare(StatusCode::NOT_FOUND)
                     } else if !authorized(&request, &token) {
                         bare(StatusCode::UNAUTHORIZED)
                     } else {
                         service.handle(request).await
-                    })
+                    };
+                    if response.status().is_client_error() || response.status().is_server_error() {
+                        // A refusal may leave the request's body unread; hyper
+                        // then closes the connection unannounced, racing the
+                        // client's next request on it. Announce the close.
+                        response
+                            .headers_mut()
+                            .insert(CONNECTION, HeaderValue::from_static("close"));
+                    }
+                    Ok::<_, Infallible>(response)
                 }
             });
             let connection = hyper::server::conn::http1::Builder::new()
