@@ -1,11 +1,13 @@
 //! Host resource snapshots for `Request::Metrics`.
 //!
 //! The first request samples synchronously and starts a sampler thread that
-//! refreshes a shared snapshot about once a second for the rest of the
-//! session; later requests answer from the snapshot at once, with its age. One
-//! sysinfo `System` is kept for CPU usage, which is a delta between two reads
-//! of `/proc/stat`; everything else comes straight from `/proc`, `statvfs` and
-//! [`crate::gpu`]; with NVML the sampler costs about 0.1% of one core.
+//! refreshes a shared snapshot about once a second; later requests answer
+//! from the snapshot at once, with its age. A sampler nobody has asked for in
+//! [`IDLE_AFTER`] stops, and the next request samples afresh as the first
+//! did: an idle session costs nothing. One sysinfo `System` is kept for CPU
+//! usage, which is a delta between two reads of `/proc/stat`; everything else
+//! comes straight from `/proc`, `statvfs` and [`crate::gpu`]; with NVML the
+//! sampler costs about 0.1% of one core while it runs.
 //!
 //! On a Slurm login node (`sinfo` on PATH) the snapshot also carries the
 //! cluster's partitions. `sinfo` asks slurmctld, so it runs at most every
@@ -16,7 +18,7 @@ use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -27,6 +29,10 @@ use crate::{gpu, paths};
 
 /// How often the background sampler refreshes the snapshot.
 const TICK: Duration = Duration::from_secs(1);
+/// A sampler whose snapshot nobody has read for this long stops: a session
+/// left open overnight would otherwise tick, query its GPUs and ask
+/// slurmctld for nothing, on every host of a fleet.
+const IDLE_AFTER: Duration = Duration::from_secs(300);
 /// Longest one `sinfo` run may take before it is killed.
 const SINFO_TIMEOUT: Duration = Duration::from_secs(2);
 /// Shortest time between two `sinfo` runs: every tick would load slurmctld,
@@ -114,6 +120,14 @@ impl Sampler {
         }
     }
 
+    /// Starts a new CPU window: after a pause, the first figure is the use
+    /// from now on, not an average over the pause.
+    fn restart_cpu_window(&mut self) {
+        self.system.refresh_cpu_usage();
+        self.cpu_read_at = Instant::now();
+        self.cpu_usage = None;
+    }
+
     /// CPU model name, for `diagnose`.
     pub fn cpu_brand(&self) -> Option<String> {
         self.system
@@ -125,9 +139,24 @@ impl Sampler {
 }
 
 /// The latest snapshot, shared by every request of one agent.
-#[derive(Default)]
 pub struct Monitor {
+    /// Some while the sampler thread runs. Lock order: `latest`, then
+    /// `parked`.
     latest: Mutex<Option<Snapshot>>,
+    /// The sampler while its thread is stopped for idleness.
+    parked: Mutex<Option<Sampler>>,
+    /// When a request last read the snapshot, in ms since `epoch`; written
+    /// under the `latest` lock, so the sampler's decision to stop cannot
+    /// miss a reader.
+    asked_ms: AtomicU64,
+    epoch: Instant,
+    idle_after: Duration,
+}
+
+impl Default for Monitor {
+    fn default() -> Monitor {
+        Monitor::stopping_after(IDLE_AFTER)
+    }
 }
 
 struct Snapshot {
@@ -144,7 +173,27 @@ impl Snapshot {
 }
 
 impl Monitor {
-    /// The latest snapshot with its age, if the sampler has taken one and
+    fn stopping_after(idle_after: Duration) -> Monitor {
+        Monitor {
+            latest: Mutex::default(),
+            parked: Mutex::default(),
+            asked_ms: AtomicU64::new(0),
+            epoch: Instant::now(),
+            idle_after,
+        }
+    }
+
+    fn mark_asked(&self) {
+        let now = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.asked_ms.store(now, Ordering::Relaxed);
+    }
+
+    fn idle(&self) -> bool {
+        let asked = Duration::from_millis(self.asked_ms.load(Ordering::Relaxed));
+        self.epoch.elapsed().saturating_sub(asked) >= self.idle_after
+    }
+
+    /// The latest snapshot with its age, if the sampler is running and
     /// the lock is free. Never waits: the first sample holds the lock for as
     /// long as it takes (a GPU query, `sinfo`), and the session's thread
     /// calls this; a caller that gets None asks [`Monitor::current`] on a
@@ -155,17 +204,28 @@ impl Monitor {
             Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
             Err(std::sync::TryLockError::WouldBlock) => return None,
         };
-        latest.as_ref().map(Snapshot::aged)
+        let snapshot = latest.as_ref()?;
+        self.mark_asked();
+        Some(snapshot.aged())
     }
 
-    /// The latest snapshot with its age. The first call samples (blocking for
-    /// as long as that takes) and starts the sampler thread.
+    /// The latest snapshot with its age. Where the sampler is not running
+    /// (the first call, or after [`IDLE_AFTER`]), samples (blocking for as
+    /// long as that takes) and starts it.
     pub fn current(self: &Arc<Self>) -> Result<HostMetrics, String> {
         let mut latest = self.latest.lock().unwrap_or_else(|p| p.into_inner());
+        self.mark_asked();
         if let Some(snapshot) = &*latest {
             return Ok(snapshot.aged());
         }
-        let mut sampler = Sampler::new()?;
+        let parked = self.parked.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let mut sampler = match parked {
+            Some(mut sampler) => {
+                sampler.restart_cpu_window();
+                sampler
+            }
+            None => Sampler::new()?,
+        };
         let metrics = sample(&mut sampler);
         *latest = Some(Snapshot {
             metrics: metrics.clone(),
@@ -185,13 +245,23 @@ impl Monitor {
     }
 
     /// Refreshes the snapshot until the monitor is dropped (its session
-    /// ended).
+    /// ended) or nobody has read it for its idle time.
     fn run(monitor: &Weak<Monitor>, mut sampler: Sampler) {
         let mut next = Instant::now() + TICK;
         loop {
             std::thread::sleep(next.saturating_duration_since(Instant::now()));
-            if monitor.strong_count() == 0 {
-                return;
+            match monitor.upgrade() {
+                None => return,
+                Some(monitor) if monitor.idle() => {
+                    let mut latest = monitor.latest.lock().unwrap_or_else(|p| p.into_inner());
+                    // Checked again under the lock readers mark under.
+                    if monitor.idle() {
+                        *latest = None;
+                        *monitor.parked.lock().unwrap_or_else(|p| p.into_inner()) = Some(sampler);
+                        return;
+                    }
+                }
+                Some(_) => {}
             }
             let metrics = sample(&mut sampler);
             let Some(monitor) = monitor.upgrade() else {
@@ -440,6 +510,31 @@ mod tests {
         drop(held);
         assert_eq!(answered, Ok(true), "latest() waited for the lock");
         assert_eq!(monitor.latest().unwrap().cpu_count, first.cpu_count);
+    }
+
+    #[test]
+    fn an_unread_sampler_stops_and_the_next_request_starts_it_afresh() {
+        let monitor = Arc::new(Monitor::stopping_after(Duration::from_millis(1500)));
+        monitor.current().unwrap();
+        // Read often enough, it keeps sampling: the snapshot stays young.
+        let until = Instant::now() + Duration::from_millis(3500);
+        while Instant::now() < until {
+            let m = monitor.latest().expect("the sampler stopped while read");
+            assert!(m.age_ms < 1500, "{}", m.age_ms);
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        // Unread, it stops at a tick past its idle time and gives up its
+        // snapshot, which would only grow old.
+        std::thread::sleep(Duration::from_millis(3000));
+        assert!(monitor.latest().is_none(), "an unread sampler kept running");
+        assert!(monitor.parked.lock().unwrap().is_some());
+        // The next request samples now and starts it again.
+        let again = monitor.current().unwrap();
+        assert_eq!(again.age_ms, 0);
+        assert!(again.cpu_usage_pct.is_some());
+        assert!(monitor.parked.lock().unwrap().is_none());
+        std::thread::sleep(Duration::from_millis(1200));
+        assert!(monitor.latest().unwrap().age_ms < 1200);
     }
 
     #[test]
