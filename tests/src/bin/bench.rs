@@ -17,7 +17,9 @@
 //! * tree sync (`outpost sync`, cold: connect included) vs rsync over the same
 //!   sshd: remote-sandbox-mcp's scenario of 2,000 files of 1–8 KB plus 5 × 20 MB:
 //!   fresh push, re-push after 10 changed and 100 touched files, no-op push,
-//!   fresh pull, and the bytes sent for a 4 KiB edit in a 20 MB file.
+//!   fresh pull, and the bytes sent for a 4 KiB edit in a 20 MB file; fresh
+//!   transfers also against the local floor (`cp -a` + `sync -f` of the tree
+//!   within the same filesystem).
 //!
 //! * background jobs: start latency, a job's end to wait_background_task
 //!   returning, the daemon's idle cost.
@@ -1528,6 +1530,20 @@ fn sync_vs_rsync() {
     }
     let (o_pull, r_pull) = (median(pull_o), median(pull_r));
 
+    // The floor a fresh transfer can approach on this machine: the tree
+    // copied within the same filesystem and flushed, with no network,
+    // encryption or second process.
+    let mut floor = Vec::new();
+    for round in 0..FRESH_ROUNDS {
+        flush();
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", r#"cp -a "$1" "$2" && sync -f "$2""#, "sh"])
+            .arg(&src)
+            .arg(scratch.path().join(format!("floor{round}")));
+        floor.push(timed(cmd).0);
+    }
+    let floor = median(floor);
+
     // A 4 KiB edit in a 20 MB file, at several places (what an edit costs
     // depends on the chunk it falls in): bytes each tool sends, and the
     // time of the middle one.
@@ -1589,6 +1605,14 @@ fn sync_vs_rsync() {
             ratio(o, r)
         );
     }
+    println!(
+        "  floor (cp -a + sync -f, same filesystem): {}; fresh push {:.2}x it (rsync {:.2}x), fresh pull {:.2}x (rsync {:.2}x)",
+        ms(floor),
+        ratio(o_fresh, floor),
+        ratio(r_fresh, floor),
+        ratio(o_pull, floor),
+        ratio(r_pull, floor)
+    );
     println!(
         "  bytes sent for a 4 KiB edit at {EDITS} places: outpost: {} (content; its requests add ~1%)",
         kib(&mut o_bytes)
