@@ -26,6 +26,7 @@ mod files;
 mod flock;
 mod gpu;
 mod guard;
+mod heap;
 mod identity;
 mod jobs;
 mod leases;

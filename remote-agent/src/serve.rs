@@ -14,6 +14,7 @@
 //! signal handling, no job daemon, nothing done to the process as a whole.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,16 +24,20 @@ use outpost_protocol::{
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::signal::unix::{SignalKind, signal};
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 
 use crate::files::Appliers;
 use crate::metrics::Monitor;
 use crate::outbox::{self, Outbox};
-use crate::{cleanup, code, exec, files, gpu, guard, identity, jobs, leases, sandbox};
+use crate::{cleanup, code, exec, files, gpu, guard, heap, identity, jobs, leases, sandbox};
 
 /// How long shutdown waits for cancelled commands to report.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(2);
+/// How long a session that moved file content stays quiet before the
+/// memory its transfer freed goes back: a push's requests follow each other
+/// within milliseconds.
+const QUIET_BEFORE_GIVING_BACK: Duration = Duration::from_secs(2);
 
 /// The build hash an in-process agent reports: the executable it runs in is
 /// not an agent build.
@@ -79,6 +84,7 @@ impl ServeOptions {
 /// exit code.
 pub fn run() -> i32 {
     widen_pipes();
+    heap::keep_freed_memory();
     // Sandbox roots a connection writes stay open for its life.
     outpost_treesync::apply::raise_open_files();
     // One thread for the session: its tasks mostly wait on pipes, and what
@@ -133,6 +139,11 @@ struct Shared {
     leased: Mutex<Vec<String>>,
     /// Sandbox roots opened by file requests on this connection.
     confined: sandbox::ConfinedRoots,
+    /// Requests that move file content, in flight. Their buffers, freed,
+    /// are kept by the allocator until none has run for a while.
+    moving_content: AtomicUsize,
+    /// Told when the last of them ends.
+    content_moved: Notify,
     options: ServeOptions,
 }
 
@@ -187,6 +198,8 @@ where
         appliers: Arc::default(),
         leased: Mutex::default(),
         confined: sandbox::ConfinedRoots::default(),
+        moving_content: AtomicUsize::new(0),
+        content_moved: Notify::new(),
         options,
     });
     let mut tasks = JoinSet::new();
@@ -253,6 +266,11 @@ async fn read_loop(
     let mut hup = Signal::new(SignalKind::hangup(), signals);
     let mut int = Signal::new(SignalKind::interrupt(), signals);
     let mut spoken_to = false;
+    // Armed when the last transfer request ends; pushed back by each later
+    // one, so that it fires once transfers have been quiet a while.
+    let give_back = tokio::time::sleep(Duration::ZERO);
+    tokio::pin!(give_back);
+    let mut give_back_armed = false;
     loop {
         tokio::select! {
             // Into the decoder's buffer: a large frame's content is read
@@ -280,6 +298,19 @@ async fn read_loop(
             _ = int.recv() => return 0,
             // Reap finished tasks so the set does not grow over a long session.
             Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            () = shared.content_moved.notified(), if shared.options.own_process => {
+                give_back
+                    .as_mut()
+                    .reset(tokio::time::Instant::now() + QUIET_BEFORE_GIVING_BACK);
+                give_back_armed = true;
+            }
+            () = &mut give_back, if give_back_armed => {
+                give_back_armed = false;
+                // A transfer that started meanwhile re-arms it as it ends.
+                if shared.moving_content.load(Ordering::Relaxed) == 0 {
+                    tokio::task::spawn_blocking(heap::give_back_freed_memory);
+                }
+            }
         }
     }
 }
@@ -389,6 +420,17 @@ fn error(kind: ErrorKind, message: impl Into<String>) -> Response {
     })
 }
 
+/// Whether `body` moves file content, whose buffers leave the heap large.
+fn moves_content(body: &Request) -> bool {
+    match body {
+        Request::PutFiles(_) | Request::PutPart(_) | Request::ReadFiles(_) | Request::Resume(_) => {
+            true
+        }
+        Request::InSandbox { request, .. } => moves_content(request),
+        _ => false,
+    }
+}
+
 fn start_request(
     id: RequestId,
     body: Request,
@@ -414,6 +456,10 @@ fn start_request(
         inflight.insert(id, tx);
         rx
     };
+    let moving = moves_content(&body);
+    if moving {
+        shared.moving_content.fetch_add(1, Ordering::Relaxed);
+    }
     let shared = Arc::clone(shared);
     tasks.spawn(async move {
         let response = match body {
@@ -435,6 +481,9 @@ fn start_request(
         // Free the id before answering: the controller may reuse it as soon
         // as it sees the final response.
         shared.inflight().remove(&id);
+        if moving && shared.moving_content.fetch_sub(1, Ordering::Relaxed) == 1 {
+            shared.content_moved.notify_one();
+        }
         outbox.send(id, response).await;
     });
 }

@@ -582,3 +582,71 @@ fn serve_removes_unused_agent_versions() {
     let _ = sleeping.wait();
     let _ = std::fs::remove_dir_all(&root);
 }
+
+/// Resident KiB of `pid`.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+#[test]
+fn memory_a_transfer_freed_goes_back_once_the_session_is_quiet() {
+    let dir = std::env::temp_dir().join(format!("outpost-agent-heap-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // Content that does not compress, so that pieces are sent as read.
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let content: Vec<u8> = (0..16 << 20)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect();
+    std::fs::write(dir.join("big"), &content).unwrap();
+    let mut agent = Agent::start();
+    let pid = agent.child.id();
+    let before = rss_kib(pid);
+    let read = || {
+        Request::ReadFiles(outpost_protocol::ReadFiles {
+            root: dir.display().to_string(),
+            reads: vec![outpost_protocol::ReadSpec {
+                path: b"big".to_vec(),
+                ranges: None,
+            }],
+        })
+    };
+    for id in 1..=8 {
+        agent.request(id, read());
+    }
+    for id in 1..=8 {
+        let got: usize = agent
+            .responses(id, Duration::from_secs(30))
+            .iter()
+            .map(|r| match r {
+                Response::FileData { data, .. } => data.len(),
+                _ => 0,
+            })
+            .sum();
+        assert!(got > 16 << 20, "{got}");
+    }
+    let after = rss_kib(pid);
+    // Heartbeats go on meanwhile; they move no content.
+    for id in 100..108 {
+        assert_eq!(agent.call(id, Request::Ping), Response::Pong);
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let quiet = rss_kib(pid);
+    eprintln!("agent RSS: before {before} KiB, after 8 reads {after} KiB, quiet {quiet} KiB");
+    let _ = std::fs::remove_dir_all(&dir);
+    if cfg!(target_env = "gnu") {
+        // The reads' buffers were kept for reuse while they ran...
+        assert!(after > before + 4096, "{before} → {after} KiB");
+        // ...and went back once the session was quiet.
+        assert!(quiet < before + 4096, "{before} → {after} → {quiet} KiB");
+    }
+}
