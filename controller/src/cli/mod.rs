@@ -44,11 +44,14 @@ enum Command {
     /// or with --http over Streamable HTTP.
     Mcp {
         /// Serve over Streamable HTTP at http://ADDR:PORT/mcp instead
-        /// (default 127.0.0.1:8742). Clients must send `Authorization: Bearer
-        /// <token>`: $OUTPOST_HTTP_TOKEN, else $OUTPOST_HOME/http-token (made
-        /// on first use and printed with the client configuration).
+        /// (default 127.0.0.1:8742; also localhost:PORT or PORT). Clients
+        /// must send `Authorization: Bearer <token>`: $OUTPOST_HTTP_TOKEN,
+        /// else $OUTPOST_HOME/http-token (made on first use), or a named
+        /// caller's in $OUTPOST_HOME/http-tokens/NAME. Prints the client
+        /// configuration when it starts.
         #[arg(long, value_name = "ADDR:PORT", num_args = 0..=1,
-              default_missing_value = mcp::http::DEFAULT_ADDR)]
+              default_missing_value = mcp::http::DEFAULT_ADDR,
+              value_parser = mcp::http::parse_listen_addr)]
         http: Option<std::net::SocketAddr>,
     },
     /// List the sandboxes and check each one, all in parallel.

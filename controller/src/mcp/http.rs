@@ -1,20 +1,26 @@
 //! Streamable HTTP: the same tools as on stdio, at `http://ADDR/mcp`, for
 //! clients that connect rather than spawn a server, and for several clients
-//! at once sharing one fleet of connections (each session gets its own
-//! [`OutpostServer`] over the shared [`Fleet`]).
+//! at once sharing one fleet of connections (each session, or each
+//! stateless request, gets its own [`OutpostServer`] over the shared
+//! [`Fleet`] and [`Shared`] state).
 //!
 //! Every request must carry `Authorization: Bearer <token>`; any other gets
-//! 401 and nothing else, compared in constant time. The token is
+//! 401 with a line saying what is missing and where the token is. Tokens
+//! are compared in constant time. The default token is
 //! `$OUTPOST_HTTP_TOKEN`, else the one in `$OUTPOST_HOME/http-token` (mode
 //! 0600), made on first use and printed once with the client configuration
-//! line. Against DNS rebinding, rmcp's service answers 403 to a `Host` that
-//! is not a loopback name (or the address bound) and to an `Origin` that is
-//! not a loopback origin. A non-loopback address is served only with a token
-//! the user set up beforehand.
+//! lines; each file `$OUTPOST_HOME/http-tokens/NAME` (0600) adds a caller
+//! NAME with a token of its own. The token a request carries names its
+//! [`Caller`], who alone sees the tasks and transfers it starts.
+//!
+//! Against DNS rebinding, rmcp's service answers 403 to a `Host` that is not
+//! a loopback name (or the address bound) and to an `Origin` that is not a
+//! loopback origin. A non-loopback address is served only with a token the
+//! user set up beforehand.
 
 use std::convert::Infallible;
 use std::io::Write;
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -23,7 +29,7 @@ use anyhow::{Context, bail};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
-use hyper::header::{AUTHORIZATION, CONNECTION, HeaderValue, WWW_AUTHENTICATE};
+use hyper::header::{AUTHORIZATION, CONNECTION, CONTENT_TYPE, HeaderValue, WWW_AUTHENTICATE};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -31,7 +37,7 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use subtle::ConstantTimeEq;
 use tokio_util::sync::CancellationToken;
 
-use super::{MAX_MESSAGE_BYTES, OutpostServer};
+use super::{Caller, MAX_MESSAGE_BYTES, OutpostServer, Shared};
 use crate::fleet::Fleet;
 
 /// Where `outpost mcp --http` listens when given no address.
@@ -40,15 +46,36 @@ pub const DEFAULT_ADDR: &str = "127.0.0.1:8742";
 pub const PATH: &str = "/mcp";
 const TOKEN_ENV: &str = "OUTPOST_HTTP_TOKEN";
 const TOKEN_FILE: &str = "http-token";
+/// One file per further caller, named after it, holding its token.
+const CALLERS_DIR: &str = "http-tokens";
+/// The caller the default token names.
+const DEFAULT_CALLER: &str = "default";
 /// A client that sends no complete request head within this is dropped.
 const HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 /// Shorter tokens are refused: they could be guessed.
 const MIN_TOKEN_LEN: usize = 16;
 
-/// The bearer token clients must send, and where it came from.
-pub struct Token {
+/// `--http`'s value: `ADDR:PORT`, `localhost:PORT`, or a bare `PORT` on
+/// 127.0.0.1.
+pub fn parse_listen_addr(text: &str) -> Result<SocketAddr, String> {
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    let port = text
+        .strip_prefix("localhost:")
+        .unwrap_or(text)
+        .parse::<u16>()
+        .map_err(|_| format!("`{text}` is not ADDR:PORT, localhost:PORT or PORT"))?;
+    Ok(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))
+}
+
+/// The bearer tokens clients may send: the default one, where it came
+/// from, and the named callers'.
+pub struct Tokens {
     value: String,
     source: TokenSource,
+    /// Each further caller's name and token.
+    callers: Vec<(String, String)>,
 }
 
 enum TokenSource {
@@ -58,9 +85,98 @@ enum TokenSource {
     Made(PathBuf),
 }
 
+impl Tokens {
+    /// The caller a request's `Authorization` value names, if any. Every
+    /// token is compared, so the time taken does not tell which matched.
+    fn caller(&self, authorization: Option<&[u8]>) -> Option<Caller> {
+        let given = authorization?.strip_prefix(b"Bearer ")?;
+        let mut found = None;
+        let all = std::iter::once((DEFAULT_CALLER, self.value.as_str()))
+            .chain(self.callers.iter().map(|(n, t)| (n.as_str(), t.as_str())));
+        for (name, token) in all {
+            if bool::from(given.ct_eq(token.as_bytes())) {
+                found = Some(Caller::token(name));
+            }
+        }
+        found
+    }
+}
+
+/// Refuses a token file others can read, or a token too short to be safe.
+fn read_token_file(path: &Path) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(path)?;
+    let mode = std::fs::metadata(path)?.permissions().mode();
+    if mode & 0o077 != 0 {
+        bail!(
+            "{} is readable by other users (mode {:o}); run chmod 600 on it",
+            path.display(),
+            mode & 0o777
+        );
+    }
+    let value = text.trim().to_string();
+    if value.len() < MIN_TOKEN_LEN {
+        bail!(
+            "{} holds {} characters; use at least {MIN_TOKEN_LEN} (or delete it to get a new token)",
+            path.display(),
+            value.len()
+        );
+    }
+    Ok(value)
+}
+
 /// `$OUTPOST_HTTP_TOKEN`, else the token file under `home`, else a new
-/// random token saved there.
-pub fn token(home: &Path) -> anyhow::Result<Token> {
+/// random token saved there; and the named callers' tokens.
+pub fn tokens(home: &Path) -> anyhow::Result<Tokens> {
+    let callers = caller_tokens(home)?;
+    let (value, source) = default_token(home)?;
+    let mut seen = std::collections::HashSet::from([value.as_str()]);
+    for (name, token) in &callers {
+        if !seen.insert(token.as_str()) {
+            bail!(
+                "the token of caller `{name}` ({}) is another caller's too; give each its own",
+                home.join(CALLERS_DIR).join(name).display()
+            );
+        }
+    }
+    Ok(Tokens {
+        value,
+        source,
+        callers,
+    })
+}
+
+/// Each file of `$OUTPOST_HOME/http-tokens/`: a caller, named by the file.
+fn caller_tokens(home: &Path) -> anyhow::Result<Vec<(String, String)>> {
+    let dir = home.join(CALLERS_DIR);
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", dir.display())),
+    };
+    let mut callers = Vec::new();
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') {
+            continue;
+        }
+        if name == DEFAULT_CALLER
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        {
+            bail!(
+                "{}: a caller's name is letters, digits, '-', '_' and '.', and not `{DEFAULT_CALLER}`",
+                entry.path().display()
+            );
+        }
+        callers.push((name, read_token_file(&entry.path())?));
+    }
+    callers.sort();
+    Ok(callers)
+}
+
+fn default_token(home: &Path) -> anyhow::Result<(String, TokenSource)> {
     if let Ok(value) = std::env::var(TOKEN_ENV)
         && !value.is_empty()
     {
@@ -71,36 +187,15 @@ pub fn token(home: &Path) -> anyhow::Result<Token> {
                 value.len()
             );
         }
-        return Ok(Token {
-            value,
-            source: TokenSource::Env,
-        });
+        return Ok((value, TokenSource::Env));
     }
     let path = home.join(TOKEN_FILE);
-    match std::fs::read_to_string(&path) {
-        Ok(text) => {
-            let mode = std::fs::metadata(&path)?.permissions().mode();
-            if mode & 0o077 != 0 {
-                bail!(
-                    "{} is readable by other users (mode {:o}); run chmod 600 on it",
-                    path.display(),
-                    mode & 0o777
-                );
-            }
-            let value = text.trim().to_string();
-            if value.len() < MIN_TOKEN_LEN {
-                bail!(
-                    "{} holds {} characters; use at least {MIN_TOKEN_LEN} (or delete it to get a new token)",
-                    path.display(),
-                    value.len()
-                );
-            }
-            Ok(Token {
-                value,
-                source: TokenSource::File(path),
-            })
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+    match read_token_file(&path) {
+        Ok(value) => Ok((value, TokenSource::File(path))),
+        Err(e)
+            if e.downcast_ref::<std::io::Error>()
+                .is_some_and(|e| e.kind() == std::io::ErrorKind::NotFound) =>
+        {
             let value = random_token()?;
             std::fs::DirBuilder::new()
                 .recursive(true)
@@ -114,10 +209,7 @@ pub fn token(home: &Path) -> anyhow::Result<Token> {
                 .open(&path)
                 .with_context(|| format!("cannot create {}", path.display()))?;
             writeln!(file, "{value}")?;
-            Ok(Token {
-                value,
-                source: TokenSource::Made(path),
-            })
+            Ok((value, TokenSource::Made(path)))
         }
         Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
     }
@@ -132,37 +224,50 @@ fn random_token() -> anyhow::Result<String> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// Whether `request` carries the token.
-fn authorized(request: &Request<Incoming>, token: &str) -> bool {
-    request
-        .headers()
-        .get(AUTHORIZATION)
-        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
-        .is_some_and(|given| bool::from(given.ct_eq(token.as_bytes())))
-}
-
 fn bare(status: StatusCode) -> Response<BoxBody<Bytes, Infallible>> {
     let mut response = Response::new(Full::new(Bytes::new()).boxed());
     *response.status_mut() = status;
-    if status == StatusCode::UNAUTHORIZED {
-        response
-            .headers_mut()
-            .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-    }
+    response
+}
+
+/// A 401 that says what is missing and where the token is (the path is
+/// the same for every server, so it tells nothing of this machine).
+fn unauthorized(authorization: Option<&HeaderValue>) -> Response<BoxBody<Bytes, Infallible>> {
+    let problem = match authorization {
+        None => "this request has no `Authorization: Bearer <token>` header",
+        Some(v) if !v.as_bytes().starts_with(b"Bearer ") => {
+            "the Authorization header is not `Bearer <token>`"
+        }
+        Some(_) => "the bearer token is not one this server accepts",
+    };
+    let body = format!(
+        "outpost: {problem}. The token is in ~/.outpost/http-token (or \
+         $OUTPOST_HOME/http-token, or ${TOKEN_ENV} where the server started); \
+         `outpost mcp --http` prints the client configuration when it starts.\n"
+    );
+    let mut response = Response::new(Full::new(Bytes::from(body)).boxed());
+    *response.status_mut() = StatusCode::UNAUTHORIZED;
+    let headers = response.headers_mut();
+    headers.insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    headers.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     response
 }
 
 /// Serves MCP over HTTP at `addr` until SIGTERM/SIGINT.
 pub async fn serve_http(fleet: Arc<Fleet>, addr: SocketAddr) -> anyhow::Result<()> {
-    if addr.ip().is_unspecified() {
+    // `[::ffff:0.0.0.0]` is the IPv4 wildcard too.
+    if addr.ip().to_canonical().is_unspecified() {
         bail!(
             "refusing to serve {addr}: name the address clients will use (e.g. 127.0.0.1, or \
              this machine's address on a private network), so that its Host header can be checked"
         );
     }
-    let token = token(&fleet.config.home)?;
+    let tokens = tokens(&fleet.config.home)?;
     if !addr.ip().is_loopback()
-        && let TokenSource::Made(path) = &token.source
+        && let TokenSource::Made(path) = &tokens.source
     {
         // Nobody has the token yet, and it would guard a port others reach.
         let _ = std::fs::remove_file(path);
@@ -176,7 +281,7 @@ pub async fn serve_http(fleet: Arc<Fleet>, addr: SocketAddr) -> anyhow::Result<(
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
     let bound = listener.local_addr()?;
-    announce(&token, bound);
+    announce(&tokens, bound);
 
     let mut hosts: Vec<String> = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
     if !bound.ip().is_loopback() {
@@ -188,13 +293,18 @@ pub async fn serve_http(fleet: Arc<Fleet>, addr: SocketAddr) -> anyhow::Result<(
         .with_allowed_origins(["http://localhost:*", "http://127.0.0.1:*", "http://[::1]:*"])
         .with_max_request_body_bytes(MAX_MESSAGE_BYTES)
         .with_cancellation_token(stop.child_token());
-    let shared = fleet.clone();
+    let (fleet_for_sessions, shared) = (fleet.clone(), Shared::new(&fleet));
     let service = StreamableHttpService::new(
-        move || Ok(OutpostServer::new(shared.clone())),
+        move || {
+            Ok(OutpostServer::with_shared(
+                fleet_for_sessions.clone(),
+                shared.clone(),
+            ))
+        },
         Arc::new(LocalSessionManager::default()),
         config,
     );
-    let token = Arc::new(token.value);
+    let tokens = Arc::new(tokens);
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let interrupted = tokio::signal::ctrl_c();
@@ -204,7 +314,10 @@ pub async fn serve_http(fleet: Arc<Fleet>, addr: SocketAddr) -> anyhow::Result<(
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
                 Err(e) => {
+                    // Out of file descriptors, most likely: retrying at once
+                    // would spin (and log) until one frees up.
                     tracing::warn!("accept failed: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                     continue;
                 }
             },
@@ -212,17 +325,22 @@ pub async fn serve_http(fleet: Arc<Fleet>, addr: SocketAddr) -> anyhow::Result<(
             _ = &mut interrupted => break,
         };
         let _ = stream.set_nodelay(true);
-        let (service, token) = (service.clone(), token.clone());
+        let (service, tokens) = (service.clone(), tokens.clone());
         tokio::spawn(async move {
-            let handle = hyper::service::service_fn(move |request: Request<Incoming>| {
-                let (service, token) = (service.clone(), token.clone());
+            let handle = hyper::service::service_fn(move |mut request: Request<Incoming>| {
+                let (service, tokens) = (service.clone(), tokens.clone());
                 async move {
+                    let authorization = request.headers().get(AUTHORIZATION);
+                    let caller = tokens.caller(authorization.map(HeaderValue::as_bytes));
                     let mut response = if request.uri().path() != PATH {
                         bare(StatusCode::NOT_FOUND)
-                    } else if !authorized(&request, &token) {
-                        bare(StatusCode::UNAUTHORIZED)
-                    } else {
+                    } else if let Some(caller) = caller {
+                        // rmcp hands the request's parts, these extensions
+                        // among them, to the handler ([`Caller::of`]).
+                        request.extensions_mut().insert(caller);
                         service.handle(request).await
+                    } else {
+                        unauthorized(authorization)
                     };
                     if response.status().is_client_error() || response.status().is_server_error() {
                         // A refusal may leave the request's body unread; hyper
@@ -252,26 +370,115 @@ pub async fn serve_http(fleet: Arc<Fleet>, addr: SocketAddr) -> anyhow::Result<(
     Ok(())
 }
 
-/// Tells the person at the terminal where to point their client.
-fn announce(token: &Token, bound: SocketAddr) {
+/// Tells the person at the terminal where to point their client: the
+/// ready `claude mcp add` and `codex mcp add` lines and the JSON form. The
+/// token itself is shown only when it was made just now; otherwise the
+/// lines read it where it is kept.
+fn announce(tokens: &Tokens, bound: SocketAddr) {
     let url = format!("http://{bound}{PATH}");
-    let (header, whence) = match &token.source {
+    let (value, whence, env_value) = match &tokens.source {
         TokenSource::Made(path) => (
-            format!("Bearer {}", token.value),
+            tokens.value.clone(),
             format!("a new token, saved in {}", path.display()),
+            format!("$(cat {})", path.display()),
         ),
         TokenSource::File(path) => (
-            format!("Bearer <the token in {}>", path.display()),
+            format!("$(cat {})", path.display()),
             format!("the token in {}", path.display()),
+            format!("$(cat {})", path.display()),
         ),
         TokenSource::Env => (
-            format!("Bearer <${TOKEN_ENV}>"),
+            format!("${TOKEN_ENV}"),
             format!("the token in ${TOKEN_ENV}"),
+            format!("${TOKEN_ENV}"),
         ),
     };
-    eprintln!("outpost mcp: serving MCP at {url} ({whence}); Ctrl-C stops. Client configuration:");
+    let json_value = match &tokens.source {
+        TokenSource::Made(_) => tokens.value.clone(),
+        TokenSource::File(path) => format!("<the token in {}>", path.display()),
+        TokenSource::Env => format!("<${TOKEN_ENV}>"),
+    };
+    let others = match tokens.callers.len() {
+        0 => String::new(),
+        n => format!("; {n} more caller(s) with tokens of their own in {CALLERS_DIR}/"),
+    };
+    eprintln!("outpost mcp: serving MCP at {url} ({whence}{others}); Ctrl-C stops.");
+    eprintln!("Claude Code:");
+    eprintln!(
+        "  claude mcp add --transport http outpost {url} --header \"Authorization: Bearer {value}\""
+    );
+    eprintln!("Codex (the token in ${TOKEN_ENV} where Codex runs):");
+    eprintln!("  export {TOKEN_ENV}=\"{env_value}\"");
+    eprintln!("  codex mcp add outpost --url {url} --bearer-token-env-var {TOKEN_ENV}");
+    eprintln!("Other clients (JSON):");
     eprintln!(
         "{}",
-        serde_json::json!({"type": "http", "url": url, "headers": {"Authorization": header}})
+        serde_json::json!({"type": "http", "url": url, "headers": {"Authorization": format!("Bearer {json_value}")}})
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_listen_address_may_name_localhost_or_only_a_port() {
+        let ok = |s: &str| parse_listen_addr(s).unwrap().to_string();
+        assert_eq!(ok("127.0.0.1:9000"), "127.0.0.1:9000");
+        assert_eq!(ok("[::1]:9000"), "[::1]:9000");
+        assert_eq!(ok("localhost:9000"), "127.0.0.1:9000");
+        assert_eq!(ok("9000"), "127.0.0.1:9000");
+        let err = parse_listen_addr("example.org:9000").unwrap_err();
+        assert!(err.contains("ADDR:PORT"), "{err}");
+    }
+
+    #[test]
+    fn each_token_names_its_caller() {
+        let tokens = Tokens {
+            value: "d".repeat(32),
+            source: TokenSource::Env,
+            callers: vec![("codex".into(), "c".repeat(32))],
+        };
+        let caller = |h: &str| {
+            tokens
+                .caller(Some(h.as_bytes()))
+                .map(|c| c.name().to_string())
+        };
+        assert_eq!(
+            caller(&format!("Bearer {}", "d".repeat(32))).as_deref(),
+            Some("default")
+        );
+        assert_eq!(
+            caller(&format!("Bearer {}", "c".repeat(32))).as_deref(),
+            Some("codex")
+        );
+        assert_eq!(caller(&format!("Bearer {}", "c".repeat(31))), None);
+        assert_eq!(caller(&"c".repeat(32)), None);
+        assert_eq!(tokens.caller(None), None);
+    }
+
+    #[test]
+    fn callers_come_from_their_files_and_must_differ() {
+        let home = std::env::temp_dir().join(format!("outpost-http-tokens-{}", std::process::id()));
+        let dir = home.join(CALLERS_DIR);
+        std::fs::create_dir_all(&dir).unwrap();
+        let write = |name: &str, text: &str, mode: u32| {
+            let path = dir.join(name);
+            std::fs::write(&path, text).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        };
+        write("codex", &format!("{}\n", "c".repeat(32)), 0o600);
+        let made = tokens(&home).unwrap();
+        assert!(matches!(made.source, TokenSource::Made(_)));
+        assert_eq!(made.callers, vec![("codex".into(), "c".repeat(32))]);
+        // The same token for two callers could not tell them apart.
+        write("cursor", &format!("{}\n", "c".repeat(32)), 0o600);
+        let err = tokens(&home).err().unwrap().to_string();
+        assert!(err.contains("another caller's too"), "{err}");
+        // A token others can read is refused, as the default one is.
+        write("cursor", &"e".repeat(32), 0o644);
+        let err = tokens(&home).err().unwrap().to_string();
+        assert!(err.contains("chmod 600"), "{err}");
+        std::fs::remove_dir_all(&home).unwrap();
+    }
 }

@@ -227,6 +227,9 @@ fn compact_value(value: Value, part: Part) -> Value {
         Value::Object(mut map) => {
             // Before the parts are compacted, while a null still reads as one.
             drop_null(&mut map);
+            if part == Part::Parameters {
+                split_type_list(&mut map);
+            }
             let mut out = JsonObject::new();
             for (key, v) in map {
                 match key.as_str() {
@@ -263,11 +266,11 @@ fn compact_value(value: Value, part: Part) -> Value {
                 }
             }
             if part == Part::Result {
-                // A list of plain values is a value too.
-                if out
-                    .get("items")
-                    .is_some_and(|items| items == &Value::Object(JsonObject::new()))
-                {
+                // A list of plain values (or of anything: a bare `true`,
+                // which some clients refuse as a schema) is a value too.
+                if out.get("items").is_some_and(|items| {
+                    items == &Value::Object(JsonObject::new()) || items == &Value::Bool(true)
+                }) {
                     out.remove("items");
                 }
                 if is_scalar(&out) {
@@ -299,6 +302,20 @@ fn is_scalar(schema: &JsonObject) -> bool {
         "oneOf",
     ];
     !STRUCTURE.iter().any(|k| schema.contains_key(*k))
+}
+
+/// `"type": ["string", "integer"]` → `anyOf` of one type each: clients that
+/// map schemas onto a single-`type` dialect (Gemini's function
+/// declarations) refuse a list of types.
+fn split_type_list(schema: &mut JsonObject) {
+    if let Some(Value::Array(types)) = schema.get("type") {
+        let options = types
+            .iter()
+            .map(|t| serde_json::json!({ "type": t }))
+            .collect();
+        schema.remove("type");
+        schema.insert("anyOf".into(), Value::Array(options));
+    }
 }
 
 /// `"type": ["string", "null"]` → `"type": "string"`, and `anyOf: [X, {"type":
@@ -357,6 +374,27 @@ pub(super) fn unknown_argument(
             )
         }
     })
+}
+
+/// The error for a call of a tool `router` lacks, naming the closest listed
+/// one, or the list when none is close.
+pub(super) fn unknown_tool<S>(name: &str, router: &ToolRouter<S>) -> String {
+    let mut listed: Vec<&str> = router
+        .map
+        .keys()
+        .map(|k| k.as_ref())
+        .filter(|k| is_listed(k))
+        .collect();
+    listed.sort_unstable();
+    let closest = listed
+        .iter()
+        .map(|k| (strsim::jaro_winkler(name, k), *k))
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .filter(|(score, _)| *score >= 0.8);
+    match closest {
+        Some((_, k)) => format!("no tool `{name}`; did you mean `{k}`?"),
+        None => format!("no tool `{name}`; the tools are {}", listed.join(", ")),
+    }
 }
 
 /// Each tool's behaviour hints. A tool missing here gets none (the
@@ -437,7 +475,8 @@ mod tests {
                           "minimum": 0, "type": ["integer", "null"]},
                 "state": {"anyOf": [{"$ref": "#/$defs/State"}, {"type": "null"}],
                           "description": "Which."},
-                "format": {"type": "string"}
+                "format": {"type": "string"},
+                "id": {"type": ["string", "integer"]}
             },
             "required": ["format"],
             "$defs": {"State": {"enum": ["a", "b"], "type": "string"}}
@@ -449,7 +488,8 @@ mod tests {
                 "properties": {
                     "limit": {"description": "Most rows, newest first.", "type": "integer"},
                     "state": {"enum": ["a", "b"], "type": "string", "description": "Which."},
-                    "format": {"type": "string"}
+                    "format": {"type": "string"},
+                    "id": {"anyOf": [{"type": "string"}, {"type": "integer"}]}
                 },
                 "required": ["format"]
             })
@@ -466,6 +506,7 @@ mod tests {
                 "size": {"format": "uint64", "minimum": 0, "type": "integer"},
                 "rows": {"type": "array", "items": {"$ref": "#/$defs/Row"}},
                 "tags": {"type": "array", "items": {"type": "string"}},
+                "hosts": {"type": "array", "items": true},
                 "env": {"type": "object", "additionalProperties": {"type": "string"}},
                 "last": {"anyOf": [{"$ref": "#/$defs/Row"}, {"type": "null"}]},
                 "once": {"$ref": "#/$defs/Once"},
@@ -490,6 +531,7 @@ mod tests {
                     "size": {},
                     "rows": {"items": {"$ref": "#/$defs/Row"}},
                     "tags": {},
+                    "hosts": {},
                     "env": {"type": "object", "additionalProperties": {}},
                     "last": {"$ref": "#/$defs/Row"},
                     "once": {"properties": {"n": {}}},
@@ -562,6 +604,27 @@ mod tests {
         assert_eq!(
             unknown_argument(&tool, &[], &args(json!({"zzz": 1}))).unwrap(),
             "exec_bash has no argument `zzz`; it takes command, timeout_s"
+        );
+    }
+
+    #[test]
+    fn an_unknown_tool_is_named_with_the_closest_listed_one() {
+        let router =
+            super::super::Shared::new(&crate::fleet::Fleet::new(crate::config::Config::new(
+                vec![crate::config::SandboxConfig::local()],
+                std::env::temp_dir().join("outpost-listing-test/known_hosts"),
+            )))
+            .tool_router
+            .clone();
+        assert_eq!(
+            unknown_tool("exec_bsh", &router),
+            "no tool `exec_bsh`; did you mean `exec_bash`?"
+        );
+        let far = unknown_tool("zzz", &router);
+        assert!(far.starts_with("no tool `zzz`; the tools are "), "{far}");
+        assert!(
+            far.contains("exec_bash") && !far.contains("close_sandbox"),
+            "{far}"
         );
     }
 

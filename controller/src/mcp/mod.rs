@@ -29,6 +29,7 @@
 //! `ServerHandler`.
 
 mod budget;
+mod caller;
 mod code;
 mod exec;
 mod files;
@@ -48,6 +49,7 @@ mod sync_view;
 mod tasks;
 mod watch;
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -68,10 +70,12 @@ use crate::ops::jobs::Cursors;
 use crate::ops::localpath::Roots;
 use crate::ops::transfers::Transfers;
 use crate::session::Session;
+pub use caller::Caller;
 use linelimit::{LineLimit, OVERSIZED_METHOD, oversized_error};
+use tasks::TaskStore;
 
 /// The answer to a call the client cancelled (which it no longer reads).
-const CANCELLED: &str = "cancelled by the client";
+pub(crate) const CANCELLED: &str = "cancelled by the client";
 
 /// Per-host deadline for `list_sandboxes(check_resources=true)`, on top of the
 /// connect timeout a fresh connection may need.
@@ -87,42 +91,91 @@ const ROOTS_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// The resource listing every sandbox.
 const LIST_URI: &str = "sandbox://list";
 
+/// One client session's view of the server (over HTTP, also one stateless
+/// request's). What must outlive a session lives in [`Shared`]; each call
+/// runs on a copy that holds its caller's share ([`Self::for_caller`]).
 #[derive(Clone)]
 pub struct OutpostServer {
     fleet: Arc<Fleet>,
+    shared: Arc<Shared>,
+    /// The calling client's background transfers and job read cursors.
     transfers: Arc<Transfers>,
-    watcher: Arc<Watcher>,
     cursors: Arc<Cursors>,
+    watcher: Arc<Watcher>,
     events: Arc<EventQueue>,
     /// The MCP client's roots, asked once and again after it says they
     /// changed; `None` until then.
     client_roots: Arc<tokio::sync::Mutex<Option<Roots>>>,
-    /// Every tool call is recorded here (`$OUTPOST_HOME/audit.jsonl`).
-    audit: crate::ops::audit::AuditLog,
-    tool_router: ToolRouter<Self>,
-    /// What each tool takes but does not list ([`listing::finish`]).
-    unlisted: Arc<listing::Unlisted>,
+    tool_router: Arc<ToolRouter<Self>>,
     prompt_router: PromptRouter<Self>,
-    /// Calls run as MCP Tasks for clients that declare the extension.
-    tasks: rmcp::task_manager::TaskManager,
-    /// Cancelled when this client's session ends (see [`SessionEnd`]).
-    session_end: tokio_util::sync::CancellationToken,
     /// Held by the session's server only, not by the copies tasks run on.
     _session: Option<Arc<SessionEnd>>,
 }
 
-/// Ends what a client started when its session ends (the server rmcp holds
-/// for it is dropped): its tasks are cancelled (an exec's tree killed) and
-/// its event followers stopped. Matters over HTTP, where the process and the
-/// fleet outlive each session.
+/// What every session of one process shares: the tool list, built once
+/// (its schemas are costly to derive, and over stateless HTTP every request
+/// gets a server of its own), the audit log, and what callers start that
+/// outlives a request.
+pub struct Shared {
+    tool_router: Arc<ToolRouter<OutpostServer>>,
+    /// What each tool takes but does not list ([`listing::finish`]).
+    unlisted: listing::Unlisted,
+    /// Every tool call is recorded here (`$OUTPOST_HOME/audit.jsonl`).
+    audit: crate::ops::audit::AuditLog,
+    /// Calls run as MCP Tasks, for every caller.
+    tasks: TaskStore,
+    /// Each caller's background transfers and job read cursors.
+    callers: Mutex<HashMap<Caller, (Arc<Transfers>, Arc<Cursors>)>>,
+}
+
+impl Shared {
+    pub fn new(fleet: &Fleet) -> Arc<Shared> {
+        // Each area's router; tools/list names them in alphabetical order.
+        let mut tool_router = OutpostServer::sandboxes_router();
+        tool_router.merge(OutpostServer::exec_router());
+        tool_router.merge(OutpostServer::code_router());
+        tool_router.merge(OutpostServer::gpu_router());
+        tool_router.merge(OutpostServer::isolated_router());
+        tool_router.merge(OutpostServer::files_router());
+        tool_router.merge(OutpostServer::jobs_router());
+        if fleet.config.expose_advanced_tools {
+            tool_router.merge(OutpostServer::watch_router());
+            tool_router.merge(OutpostServer::job_log_router());
+            tool_router.merge(OutpostServer::background_push_router());
+            tool_router.merge(OutpostServer::bulk_files_router());
+            tool_router.merge(OutpostServer::code_contexts_router());
+        }
+        let unlisted = listing::finish(&mut tool_router, fleet.config.expose_advanced_tools);
+        Arc::new(Shared {
+            tool_router: Arc::new(tool_router),
+            unlisted,
+            audit: crate::ops::audit::AuditLog::new(&fleet.config.home),
+            tasks: TaskStore::default(),
+            callers: Mutex::default(),
+        })
+    }
+
+    /// `caller`'s transfers and cursors, made on its first call.
+    fn of(&self, caller: &Caller) -> (Arc<Transfers>, Arc<Cursors>) {
+        self.callers
+            .lock()
+            .unwrap()
+            .entry(caller.clone())
+            .or_default()
+            .clone()
+    }
+}
+
+/// Stops a session's event followers when its session ends (the server rmcp
+/// holds for it is dropped). Matters over HTTP, where the process and the
+/// fleet outlive each session. Its tasks go on: they end with their call,
+/// their TTL or `tasks/cancel`.
 struct SessionEnd {
-    token: tokio_util::sync::CancellationToken,
     watcher: Arc<Watcher>,
 }
 
 impl Drop for SessionEnd {
     fn drop(&mut self) {
-        self.token.cancel();
         self.watcher.stop();
     }
 }
@@ -175,7 +228,14 @@ impl EventQueue {
 }
 
 impl OutpostServer {
+    /// A server of its own, for one client (stdio, tests).
     pub fn new(fleet: Arc<Fleet>) -> Self {
+        let shared = Shared::new(&fleet);
+        Self::with_shared(fleet, shared)
+    }
+
+    /// A session's server over what the whole process shares (HTTP).
+    pub fn with_shared(fleet: Arc<Fleet>, shared: Arc<Shared>) -> Self {
         let events = Arc::new(EventQueue::new());
         let since = crate::ops::events::now_unix();
         let tx = events.tx.clone();
@@ -187,42 +247,31 @@ impl OutpostServer {
                 let _ = tx.send(event.clone());
             }
         });
-        // Each area's router; tools/list names them in alphabetical order.
-        let mut tool_router = Self::sandboxes_router();
-        tool_router.merge(Self::exec_router());
-        tool_router.merge(Self::code_router());
-        tool_router.merge(Self::gpu_router());
-        tool_router.merge(Self::isolated_router());
-        tool_router.merge(Self::files_router());
-        tool_router.merge(Self::jobs_router());
-        if fleet.config.expose_advanced_tools {
-            tool_router.merge(Self::watch_router());
-            tool_router.merge(Self::job_log_router());
-            tool_router.merge(Self::background_push_router());
-            tool_router.merge(Self::bulk_files_router());
-            tool_router.merge(Self::code_contexts_router());
-        }
-        let unlisted = listing::finish(&mut tool_router, fleet.config.expose_advanced_tools);
-        let audit = crate::ops::audit::AuditLog::new(&fleet.config.home);
         let watcher = Watcher::new(fleet.clone(), sink);
-        let session_end = tokio_util::sync::CancellationToken::new();
+        let (transfers, cursors) = shared.of(&Caller::stdio());
         OutpostServer {
             _session: Some(Arc::new(SessionEnd {
-                token: session_end.clone(),
                 watcher: watcher.clone(),
             })),
-            session_end,
             watcher,
             fleet,
-            transfers: Arc::new(Transfers::default()),
-            cursors: Arc::new(Cursors::default()),
+            tool_router: shared.tool_router.clone(),
+            shared,
+            transfers,
+            cursors,
             events,
             client_roots: Arc::default(),
-            audit,
-            tool_router,
-            unlisted: Arc::new(unlisted),
             prompt_router: Self::prompt_router(),
-            tasks: rmcp::task_manager::TaskManager::new(),
+        }
+    }
+
+    /// This server as `caller` sees it: with its transfers and cursors.
+    fn for_caller(&self, caller: &Caller) -> OutpostServer {
+        let (transfers, cursors) = self.shared.of(caller);
+        OutpostServer {
+            transfers,
+            cursors,
+            ..self.clone()
         }
     }
 
@@ -297,8 +346,10 @@ impl ServerHandler for OutpostServer {
             .map(|info| crate::ops::audit::truncate(&info.name, 100))
             .unwrap_or_default();
         let args = request.arguments.as_ref();
+        let caller = Caller::of(&context);
+        let server = self.for_caller(&caller);
         let call = crate::ops::audit::Call::begin(
-            &self.audit,
+            &self.shared.audit,
             client,
             crate::ops::audit::truncate(&request.name, 100),
             crate::ops::audit::sandbox_of(args, || self.fleet.active_name()),
@@ -308,10 +359,18 @@ impl ServerHandler for OutpostServer {
         // stops it: an exec's process tree is killed, a wait given up.
         let cancelled = context.ct.clone();
         let asker = hostkey::asker(&context.peer, self.fleet.policy.confirm_timeout);
-        if let (Some(tool), Some(args)) = (self.tool_router.get(&request.name), args)
+        let Some(tool) = self.tool_router.get(&request.name) else {
+            let error = McpError::invalid_params(
+                listing::unknown_tool(&request.name, &self.tool_router),
+                None,
+            );
+            return call.run(async { Err(error) }, audit_outcome).await;
+        };
+        if let Some(args) = args
             && let Some(refusal) = listing::unknown_argument(
                 tool,
-                self.unlisted
+                self.shared
+                    .unlisted
                     .get(&*request.name)
                     .map_or(&[][..], Vec::as_slice),
                 args,
@@ -323,10 +382,10 @@ impl ServerHandler for OutpostServer {
             return call.run(async { answer }, audit_outcome).await;
         }
         if let Some(ttl) = tasks::ttl_for(&request, &context) {
-            let answer = tasks::spawn(self, request, context, asker, ttl);
-            return call.run(async { answer }, audit_outcome).await;
+            let answer = tasks::run(&server, &caller, request, context, asker, ttl);
+            return call.run(answer, audit_outcome).await;
         }
-        let tcc = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
+        let tcc = rmcp::handler::server::tool::ToolCallContext::new(&server, request, context);
         let work = self.tool_router.call(tcc);
         // An unknown host key met while connecting for this call is put to
         // the person, when the client can ask.
@@ -370,28 +429,35 @@ impl ServerHandler for OutpostServer {
     async fn get_task(
         &self,
         request: rmcp::model::GetTaskParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::GetTaskResult, McpError> {
-        Ok(rmcp::model::GetTaskResult::new(
-            self.tasks.get_task(&request.task_id)?,
-        ))
+        let task = self
+            .shared
+            .tasks
+            .get(&Caller::of(&context), &request.task_id)?;
+        Ok(rmcp::model::GetTaskResult::new(task))
     }
 
     async fn update_task(
         &self,
         request: rmcp::model::UpdateTaskParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
-        self.tasks
-            .update_task(&request.task_id, request.input_responses)
+        self.shared.tasks.update(
+            &Caller::of(&context),
+            &request.task_id,
+            request.input_responses,
+        )
     }
 
     async fn cancel_task(
         &self,
         request: rmcp::model::CancelTaskParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
-        self.tasks.cancel_task(&request.task_id)
+        self.shared
+            .tasks
+            .cancel(&Caller::of(&context), &request.task_id)
     }
 
     fn get_tool(&self, name: &str) -> Option<rmcp::model::Tool> {
@@ -471,16 +537,41 @@ impl ServerHandler for OutpostServer {
     async fn on_custom_request(
         &self,
         request: rmcp::model::CustomRequest,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::CustomResult, McpError> {
-        if request.method != OVERSIZED_METHOD {
-            return Err(McpError::new(
-                rmcp::model::ErrorCode::METHOD_NOT_FOUND,
-                request.method,
-                None,
-            ));
-        }
         let params = request.params.unwrap_or_default();
+        let caller = Caller::of(&context);
+        match request.method.as_str() {
+            OVERSIZED_METHOD => {}
+            // The 2026-07-28 extension dropped these two; a client may still
+            // list its own tasks or wait for one's result.
+            "tasks/list" => {
+                let tasks = self.shared.tasks.list(&caller);
+                return Ok(rmcp::model::CustomResult::new(
+                    serde_json::json!({ "tasks": tasks }),
+                ));
+            }
+            "tasks/result" => {
+                let id = params
+                    .get("taskId")
+                    .and_then(|v| v.as_str())
+                    .ok_or_else(|| McpError::invalid_params("taskId is required", None))?;
+                let result = tokio::select! {
+                    result = self.shared.tasks.result(&caller, id) => result?,
+                    () = context.ct.cancelled() => {
+                        return Err(McpError::internal_error(CANCELLED, None));
+                    }
+                };
+                return Ok(rmcp::model::CustomResult::new(result.into()));
+            }
+            _ => {
+                return Err(McpError::new(
+                    rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+                    request.method,
+                    None,
+                ));
+            }
+        }
         let field = |name: &str| params.get(name).and_then(|v| v.as_u64()).unwrap_or(0);
         Err(McpError::invalid_request(
             oversized_error(field("bytes"), field("limit")),

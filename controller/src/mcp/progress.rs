@@ -4,16 +4,18 @@
 //! then one every [`EVERY`] until its result: clients such as Claude Code keep
 //! a call alive while progress arrives, and show its message to the person.
 //! A request without a token costs nothing here. A call that runs as an MCP
-//! Task reports the same text as the task's status message instead.
+//! Task reports the same text as the task's status message instead, once
+//! it has become one ([`super::tasks`]).
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rmcp::model::{ProgressNotificationParam, ProgressToken, RequestMetaObject};
-use rmcp::task_manager::TaskContext;
 use rmcp::{Peer, RoleServer};
 use tokio::task::JoinHandle;
+
+use super::tasks::TaskSlot;
 
 /// Between two notifications of one call (the spec's clients expect one at
 /// least every 5 s).
@@ -35,31 +37,37 @@ pub(super) struct Report {
 #[derive(Clone)]
 pub(super) struct Progress(Option<Arc<Target>>);
 
-enum Target {
-    Notifications {
-        peer: Peer<RoleServer>,
-        token: ProgressToken,
-        last: Mutex<f64>,
-    },
-    /// The call runs as an MCP Task, whose status message is the one
-    /// progress channel the extension allows.
-    Task(TaskContext),
+struct Target {
+    /// The request's progress token, if it gave one.
+    notifications: Option<Notifications>,
+    /// Set where the call may become an MCP Task: once it has, its status
+    /// message is the one progress channel the extension allows.
+    task: Option<TaskSlot>,
+}
+
+struct Notifications {
+    peer: Peer<RoleServer>,
+    token: ProgressToken,
+    last: Mutex<f64>,
 }
 
 impl Progress {
     /// The progress channel of the request with `meta`: its task's status,
     /// or notifications if it asked for them.
     pub fn of(peer: &Peer<RoleServer>, meta: &RequestMetaObject) -> Progress {
-        if let Ok(task) = super::tasks::CURRENT_TASK.try_with(TaskContext::clone) {
-            return Progress(Some(Arc::new(Target::Task(task))));
+        let task = super::tasks::CURRENT_TASK.try_with(TaskSlot::clone).ok();
+        let notifications = meta.get_progress_token().map(|token| Notifications {
+            peer: peer.clone(),
+            token,
+            last: Mutex::new(f64::NEG_INFINITY),
+        });
+        if task.is_none() && notifications.is_none() {
+            return Progress(None);
         }
-        Progress(meta.get_progress_token().map(|token| {
-            Arc::new(Target::Notifications {
-                peer: peer.clone(),
-                token,
-                last: Mutex::new(f64::NEG_INFINITY),
-            })
-        }))
+        Progress(Some(Arc::new(Target {
+            notifications,
+            task,
+        })))
     }
 
     pub fn wanted(&self) -> bool {
@@ -70,10 +78,14 @@ impl Progress {
     /// every notification; a call that made none since the last one repeats
     /// its figure plus a thousandth.
     pub async fn send(&self, report: Report) {
-        let (peer, token, last) = match self.0.as_deref() {
-            None => return,
-            Some(Target::Task(task)) => return task.set_status_message(report.message),
-            Some(Target::Notifications { peer, token, last }) => (peer, token, last),
+        let Some(target) = self.0.as_deref() else {
+            return;
+        };
+        if let Some(task) = target.task.as_ref().and_then(TaskSlot::get) {
+            return task.set_status_message(report.message);
+        }
+        let Some(Notifications { peer, token, last }) = &target.notifications else {
+            return;
         };
         let done = {
             let mut last = last.lock().unwrap_or_else(|p| p.into_inner());
