@@ -544,8 +544,24 @@ pub struct McpHttp {
 
 impl McpHttp {
     pub fn start() -> McpHttp {
+        McpHttp::start_with_callers(&[])
+    }
+
+    /// The same with further callers, each a name and its token
+    /// (`$OUTPOST_HOME/http-tokens/NAME`).
+    pub fn start_with_callers(callers: &[(&str, &str)]) -> McpHttp {
         use std::io::BufRead;
+        use std::os::unix::fs::PermissionsExt;
         let home = TempDir::new("http-home");
+        if !callers.is_empty() {
+            let dir = home.path().join(".outpost/http-tokens");
+            fs::create_dir_all(&dir).unwrap();
+            for (name, token) in callers {
+                let path = dir.join(name);
+                fs::write(&path, token).unwrap();
+                fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+            }
+        }
         let mut child = Command::new(target_bin("outpost"))
             .args(["mcp", "--http", "127.0.0.1:0"])
             .current_dir(std::env::temp_dir())

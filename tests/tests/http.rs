@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::mcp_client::{ProgressLog, call};
 use outpost_e2e::{McpHttp, target_bin};
-use serde_json::json;
+use serde_json::{Value, json};
 
 /// The status line and headers of a raw `initialize` POST to `path`, on a
 /// connection the client asks to close.
@@ -60,17 +60,32 @@ async fn mcp_over_http_needs_the_token_and_serves_clients_at_once() {
         server.token
     );
 
-    // Without the token, or with a wrong one: 401 and nothing else.
+    // Without the token, or with a wrong one: 401, and a line that says
+    // what is missing and where the token is.
     let bearer = format!("Authorization: Bearer {}\r\n", server.token);
-    for headers in [
-        String::new(),
-        "Authorization: Bearer 0123456789abcdef0123456789abcdef\r\n".into(),
-        format!("Authorization: {}\r\n", server.token),
+    for (headers, problem) in [
+        (
+            String::new(),
+            "has no `Authorization: Bearer <token>` header",
+        ),
+        (
+            "Authorization: Bearer 0123456789abcdef0123456789abcdef\r\n".into(),
+            "not one this server accepts",
+        ),
+        (
+            format!("Authorization: {}\r\n", server.token),
+            "is not `Bearer <token>`",
+        ),
     ] {
         let r = raw(&server, "/mcp", &headers);
         assert_eq!(status(&r), "401", "{r}");
         assert!(r.contains("www-authenticate: Bearer"), "{r}");
-        assert!(r.ends_with("\r\n\r\n"), "a body came with the 401: {r}");
+        let body = r.split("\r\n\r\n").nth(1).unwrap_or_default();
+        assert!(
+            body.contains(problem) && body.contains("~/.outpost/http-token"),
+            "{r}"
+        );
+        assert!(!body.contains(&server.token), "{r}");
     }
     // A refusal ends a connection the client would keep, and says so: its
     // body may be unread, and a connection closed unannounced races the
@@ -149,10 +164,182 @@ fn a_non_loopback_address_needs_a_token_set_up_beforehand() {
     assert!(!home.path().join(".outpost/http-token").exists());
 
     // A wildcard address could not have its Host header checked.
-    let err = refused(home.path(), "0.0.0.0:0", Some("0123456789abcdef0123"));
-    assert!(err.contains("name the address"), "{err}");
+    for wildcard in ["0.0.0.0:0", "[::]:0", "[::ffff:0.0.0.0]:0"] {
+        let err = refused(home.path(), wildcard, Some("0123456789abcdef0123"));
+        assert!(err.contains("name the address"), "{wildcard}: {err}");
+    }
 
     // A token that is too short is refused outright.
     let err = refused(home.path(), "127.0.0.1:0", Some("short"));
     assert!(err.contains("at least 16"), "{err}");
+}
+
+/// One 2026-07-28 request, stateless, on a connection of its own, from the
+/// holder of `token`; a client that declares MCP Tasks. Returns the
+/// JSON-RPC `result`, or `error`.
+async fn modern(
+    server: &McpHttp,
+    token: &str,
+    method: &str,
+    name: &str,
+    params: Value,
+) -> Result<Value, Value> {
+    let mut params = params;
+    params["_meta"] = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "raw-modern", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities":
+            {"extensions": {"io.modelcontextprotocol/tasks": {}}},
+    });
+    let body = json!({"jsonrpc": "2.0", "id": 7, "method": method, "params": params});
+    let response = reqwest::Client::new()
+        .post(format!("http://{}/mcp", server.addr))
+        .header("Authorization", format!("Bearer {token}"))
+        .header("Content-Type", "application/json")
+        .header("Accept", "application/json, text/event-stream")
+        .header("Connection", "close")
+        .header("MCP-Protocol-Version", "2026-07-28")
+        .header("Mcp-Method", method)
+        .header("Mcp-Name", name)
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    let text = response.text().await.unwrap();
+    // A JSON body, or an event stream whose events are JSON-RPC messages.
+    let message = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .chain(std::iter::once(text.as_str()))
+        .filter_map(|l| serde_json::from_str::<Value>(l.trim()).ok())
+        .find(|m| m["id"] == 7)
+        .unwrap_or_else(|| panic!("no answer to {method}: {text}"));
+    match message.get("error") {
+        Some(error) => Err(error.clone()),
+        None => Ok(message["result"].clone()),
+    }
+}
+
+/// Over stateless HTTP (2026-07-28) a long call becomes a task that later
+/// requests find, each meeting a fresh server; another caller, with a token
+/// of its own, cannot see, wait for or cancel it. Cancelling ends the
+/// command's process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stateless_client_s_tasks_are_its_own_and_outlive_each_request() {
+    let other_token = "0123456789abcdef0123456789abcdef-other";
+    let server = McpHttp::start_with_callers(&[("other", other_token)]);
+    let own = server.token.clone();
+    let scratch = common::scratch("http-tasks");
+    let pid_file = scratch.path().join("pid");
+
+    // Quick calls answer inline, even for a client that declares tasks.
+    let quick = modern(
+        &server,
+        &own,
+        "tools/call",
+        "exec_bash",
+        json!({"name": "exec_bash", "arguments": {"command": "echo quick"}}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(quick["structuredContent"]["stdout"], "quick\n", "{quick}");
+
+    let command = format!("sleep 60 & echo $! > {}; wait", pid_file.display());
+    let created = modern(
+        &server,
+        &own,
+        "tools/call",
+        "exec_bash",
+        json!({"name": "exec_bash", "arguments": {"command": command}}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(created["resultType"], "task", "{created}");
+    let id = created["taskId"].as_str().unwrap().to_string();
+    let task = || json!({"taskId": id.clone()});
+
+    // The other caller: as if the task did not exist.
+    for method in ["tasks/get", "tasks/cancel", "tasks/result"] {
+        let err = modern(&server, other_token, method, &id, task())
+            .await
+            .unwrap_err();
+        assert_eq!(err["code"], -32602, "{method}: {err}");
+        assert_eq!(
+            err["message"],
+            format!("unknown task: {id}"),
+            "{method}: {err}"
+        );
+    }
+    let listed = modern(&server, other_token, "tasks/list", "", json!({}))
+        .await
+        .unwrap();
+    assert_eq!(listed["tasks"], json!([]), "{listed}");
+
+    // Its own caller finds it still working, on a new connection and server.
+    let got = modern(&server, &own, "tasks/get", &id, task())
+        .await
+        .unwrap();
+    assert_eq!(got["status"], "working", "{got}");
+    let listed = modern(&server, &own, "tasks/list", "", json!({}))
+        .await
+        .unwrap();
+    assert_eq!(listed["tasks"][0]["taskId"], id.as_str(), "{listed}");
+    assert!(
+        outpost_e2e::wait_until(Duration::from_secs(10), || pid_file.exists()),
+        "the command never started"
+    );
+    let pid: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // SAFETY: signal 0 only asks whether the process exists.
+    let alive = || unsafe { libc::kill(pid, 0) } == 0;
+    assert!(alive());
+
+    modern(&server, &own, "tasks/cancel", &id, task())
+        .await
+        .unwrap();
+    let mut status = Value::Null;
+    for _ in 0..100 {
+        let got = modern(&server, &own, "tasks/get", &id, task())
+            .await
+            .unwrap();
+        status = got["status"].clone();
+        if status != "working" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(status, "cancelled");
+    assert!(
+        outpost_e2e::wait_until(Duration::from_secs(10), || !alive()),
+        "the cancelled task's command still runs"
+    );
+
+    // A task that ends: its result, for its caller alone.
+    let created = modern(
+        &server,
+        &own,
+        "tools/call",
+        "exec_bash",
+        json!({"name": "exec_bash", "arguments": {"command": "sleep 1.5; echo done"}}),
+    )
+    .await
+    .unwrap();
+    let id = created["taskId"].as_str().unwrap().to_string();
+    let result = modern(&server, &own, "tasks/result", &id, json!({"taskId": id}))
+        .await
+        .unwrap();
+    assert_eq!(result["structuredContent"]["stdout"], "done\n", "{result}");
+    let err = modern(
+        &server,
+        other_token,
+        "tasks/result",
+        &id,
+        json!({"taskId": id}),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err["code"], -32602, "{err}");
 }

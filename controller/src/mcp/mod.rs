@@ -125,8 +125,11 @@ pub struct Shared {
     /// Calls run as MCP Tasks, for every caller.
     tasks: TaskStore,
     /// Each caller's background transfers and job read cursors.
-    callers: Mutex<HashMap<Caller, (Arc<Transfers>, Arc<Cursors>)>>,
+    callers: Mutex<HashMap<Caller, CallerState>>,
 }
+
+/// What one caller started that outlives its requests, besides its tasks.
+type CallerState = (Arc<Transfers>, Arc<Cursors>);
 
 impl Shared {
     pub fn new(fleet: &Fleet) -> Arc<Shared> {
@@ -156,7 +159,7 @@ impl Shared {
     }
 
     /// `caller`'s transfers and cursors, made on its first call.
-    fn of(&self, caller: &Caller) -> (Arc<Transfers>, Arc<Cursors>) {
+    fn of(&self, caller: &Caller) -> CallerState {
         self.callers
             .lock()
             .unwrap()
