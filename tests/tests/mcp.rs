@@ -895,7 +895,24 @@ async fn task_of(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mcp_tasks_for_clients_that_declare_them() {
     use rmcp::model::{TaskPayload, TaskStatus};
-    let (client, _home) = start_as(TasksClient, &[]).await;
+    // A 2025-11-25 session that lists the extension's key reads plain
+    // results: no task for it, however long the call.
+    let (legacy, _home) = start_as(TasksClient, &[]).await;
+    let (err, r) = call(
+        &legacy,
+        "exec_bash",
+        json!({"command": "sleep 1.5; echo inline"}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    assert_eq!(r["stdout"], "inline\n", "{r}");
+    legacy.cancel().await.unwrap();
+
+    let (client, _home) = common::mcp_client::start_modern(TasksClient, &[]).await;
+    // A call that ends within the grace answers inline all the same.
+    let (err, r) = call(&client, "exec_bash", json!({"command": "echo quick"})).await;
+    assert!(!err, "{r}");
+    assert_eq!(r["stdout"], "quick\n", "{r}");
 
     // exec_bash becomes a task: its status follows the output; its result is
     // exec_bash's own.

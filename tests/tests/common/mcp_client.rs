@@ -43,6 +43,27 @@ pub async fn start_as<H: ClientHandler>(
     handler: H,
     env: &[(&str, String)],
 ) -> (Client<H>, TempDir) {
+    start_in_era(handler, env, rmcp::service::ClientLifecycleMode::Initialize).await
+}
+
+/// [`start_as`] in the 2026-07-28 era: `server/discover`, no handshake, each
+/// request carrying its version and the client's capabilities.
+#[allow(dead_code)] // not every test binary speaks it
+pub async fn start_modern<H: ClientHandler>(
+    handler: H,
+    env: &[(&str, String)],
+) -> (Client<H>, TempDir) {
+    let era = rmcp::service::ClientLifecycleMode::Discover {
+        preferred_versions: vec![rmcp::model::ProtocolVersion::V_2026_07_28],
+    };
+    start_in_era(handler, env, era).await
+}
+
+async fn start_in_era<H: ClientHandler>(
+    handler: H,
+    env: &[(&str, String)],
+    era: rmcp::service::ClientLifecycleMode,
+) -> (Client<H>, TempDir) {
     let home = super::scratch("mcp-home");
     let transport = TokioChildProcess::new(
         tokio::process::Command::new(target_bin("outpost")).configure(|cmd| {
@@ -59,7 +80,10 @@ pub async fn start_as<H: ClientHandler>(
         }),
     )
     .unwrap();
-    (handler.serve(transport).await.unwrap(), home)
+    let client = rmcp::service::ClientServiceExt::serve_with_lifecycle(handler, transport, era)
+        .await
+        .unwrap();
+    (client, home)
 }
 
 /// remote-sandbox-mcp's single-host variables for `sshd`.
