@@ -13,7 +13,7 @@ use rmcp::model::{
 };
 use rmcp::service::{RequestContext, RoleClient, RunningService};
 use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
-use rmcp::{ClientHandler, ErrorData, ServiceExt};
+use rmcp::{ClientHandler, ErrorData};
 use serde_json::{Value, json};
 
 /// `outpost-deny-marker` anywhere is denied; `outpost-confirm` needs the
@@ -70,6 +70,15 @@ impl Setup {
     }
 
     async fn client<H: ClientHandler>(&self, handler: H) -> RunningService<RoleClient, H> {
+        self.client_in_era(handler, rmcp::service::ClientLifecycleMode::Initialize)
+            .await
+    }
+
+    async fn client_in_era<H: ClientHandler>(
+        &self,
+        handler: H,
+        era: rmcp::service::ClientLifecycleMode,
+    ) -> RunningService<RoleClient, H> {
         let transport = TokioChildProcess::new(
             tokio::process::Command::new(target_bin("outpost")).configure(|cmd| {
                 cmd.arg("mcp")
@@ -80,7 +89,9 @@ impl Setup {
             }),
         )
         .unwrap();
-        handler.serve(transport).await.unwrap()
+        rmcp::service::ClientServiceExt::serve_with_lifecycle(handler, transport, era)
+            .await
+            .unwrap()
     }
 }
 
@@ -386,4 +397,127 @@ fn the_cli_honours_the_same_policy() {
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("(oops"), "{stderr}");
+}
+
+/// A 2026-07-28 client (`server/discover`, no session) that takes form
+/// elicitation, and MCP Tasks if `tasks`.
+#[derive(Clone)]
+struct ModernClient {
+    tasks: bool,
+}
+
+impl ClientHandler for ModernClient {
+    fn get_info(&self) -> InitializeRequestParams {
+        let mut capabilities = if self.tasks {
+            ClientCapabilities::builder().enable_tasks().build()
+        } else {
+            ClientCapabilities::default()
+        };
+        capabilities.elicitation = Some(ElicitationCapability::default());
+        InitializeRequestParams::new(capabilities, Implementation::new("modern-client", "1.0"))
+    }
+}
+
+/// Polls task `id` until it is no longer working; returns it.
+async fn poll_until<H: ClientHandler>(
+    client: &RunningService<RoleClient, H>,
+    id: &str,
+) -> rmcp::model::DetailedTask {
+    use rmcp::model::TaskStatus;
+    for _ in 0..200 {
+        let got = client
+            .peer()
+            .get_task(rmcp::model::GetTaskParams::new(id.to_string()))
+            .await
+            .unwrap();
+        if got.task.status() != TaskStatus::Working {
+            return got.task;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("task {id} stayed working");
+}
+
+/// In the 2026-07-28 era there are no server-to-client requests: a call
+/// that must ask its person becomes an MCP Task at once and asks through
+/// it (`input_required`, answered with `tasks/update`). A client without
+/// tasks cannot be asked, and the command is refused, not run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn confirm_rules_ask_a_2026_client_through_its_task() {
+    use rmcp::model::{InputRequest, TaskPayload, TaskStatus};
+    let setup = Setup::new();
+    let era = || rmcp::service::ClientLifecycleMode::Discover {
+        preferred_versions: vec![rmcp::model::ProtocolVersion::V_2026_07_28],
+    };
+    let client = setup
+        .client_in_era(ModernClient { tasks: true }, era())
+        .await;
+    for (approve, name) in [(true, "yes"), (false, "no")] {
+        let marker = setup.path(&format!("outpost-confirm-modern-{name}"));
+        let command = format!("touch {}", marker.display());
+        let response = client
+            .peer()
+            .call_tool_once(
+                CallToolRequestParams::new("exec_bash")
+                    .with_arguments(json!({"command": command}).as_object().unwrap().clone()),
+            )
+            .await
+            .unwrap();
+        let rmcp::model::CallToolResponse::Task(created) = response else {
+            panic!("{name}: no task: {response:?}");
+        };
+        let id = created.task.task_id;
+        let waiting = poll_until(&client, &id).await;
+        assert_eq!(waiting.status(), TaskStatus::InputRequired, "{waiting:?}");
+        let TaskPayload::InputRequired { input_requests } = waiting.payload else {
+            unreachable!()
+        };
+        assert_eq!(input_requests.len(), 1, "{input_requests:?}");
+        let (key, request) = input_requests.into_iter().next().unwrap();
+        let InputRequest::Elicitation(request) = request else {
+            panic!("{request:?}");
+        };
+        let ElicitRequestParams::FormElicitationParams { message, .. } = request.params else {
+            panic!("not a form");
+        };
+        assert!(message.contains(&command), "{message}");
+        assert!(!exists(&marker), "it ran before the answer");
+        let answer = json!({"action": "accept", "content": {"approve": approve}});
+        client
+            .peer()
+            .update_task(rmcp::model::UpdateTaskParams::new(
+                id.clone(),
+                [(key, answer)].into_iter().collect(),
+            ))
+            .await
+            .unwrap();
+        let done = poll_until(&client, &id).await;
+        let TaskPayload::Completed { result } = done.payload else {
+            panic!("{done:?}");
+        };
+        if approve {
+            assert_ne!(result["isError"], true, "{result:?}");
+            assert!(exists(&marker), "approved, so it ran");
+        } else {
+            assert_eq!(result["isError"], true, "{result:?}");
+            assert!(json!(result).to_string().contains("declined"), "{result:?}");
+            assert!(!exists(&marker), "declined, yet it ran");
+        }
+    }
+    client.cancel().await.unwrap();
+
+    // Without tasks a 2026 client has no way to be asked.
+    let client = setup
+        .client_in_era(ModernClient { tasks: false }, era())
+        .await;
+    let marker = setup.path("outpost-confirm-modern-notasks");
+    let (err, r) = call(
+        &client,
+        "exec_bash",
+        json!({"command": format!("touch {}", marker.display())}),
+    )
+    .await;
+    assert!(err && r.to_string().contains("cannot ask the user"), "{r}");
+    assert!(!exists(&marker));
+    client.cancel().await.unwrap();
 }

@@ -582,7 +582,7 @@ impl OutpostServer {
         })?;
         // Empty code only collects what was checked when it started.
         if !req.code.is_empty() {
-            self.permit_code(&peer, session.name(), &code::policy_text(&req))
+            self.permit_code(session.name(), &code::policy_text(&req))
                 .await?;
         }
         let budget = self.call_budget(&peer, None)?;
@@ -628,13 +628,8 @@ impl OutpostServer {
             field: "command",
             command: &text,
         };
-        self.permit_unmatchable(
-            &peer,
-            planned,
-            "a package install",
-            "outpost install-package",
-        )
-        .await?;
+        self.permit_unmatchable(planned, "a package install", "outpost install-package")
+            .await?;
         // An install cannot be left running and collected later: past the
         // client's patience it is stopped, and says why.
         let mut note = None;
@@ -698,7 +693,7 @@ impl OutpostServer {
         // The sandbox will be under its host's rules: ask them first.
         let (host, _) = sandboxes::pick_host(&self.fleet, &create.host, create.gpus).await?;
         create.host = host.name().to_string();
-        self.permit_code(&peer, host.name(), &code::policy_text(&req))
+        self.permit_code(host.name(), &code::policy_text(&req))
             .await?;
         // Nothing can collect this run later: it must end within the
         // client's patience.
@@ -779,7 +774,6 @@ impl OutpostServer {
     /// `cli` is the command a person can run it with instead.
     async fn permit_unmatchable(
         &self,
-        peer: &rmcp::Peer<RoleServer>,
         planned: Planned<'_>,
         what: &'static str,
         cli: &str,
@@ -788,22 +782,17 @@ impl OutpostServer {
             .policy
             .check_unmatchable(planned.sandbox, planned.field, what)
             .map_err(|refusal| refusal.to_string())?;
-        self.permit_as(peer, &[planned], cli).await
+        self.permit_as(&[planned], cli).await
     }
 
     /// [`Self::permit_unmatchable`] for code on `sandbox`.
-    async fn permit_code(
-        &self,
-        peer: &rmcp::Peer<RoleServer>,
-        sandbox: &str,
-        text: &str,
-    ) -> Result<(), String> {
+    async fn permit_code(&self, sandbox: &str, text: &str) -> Result<(), String> {
         let planned = Planned {
             sandbox,
             field: "code",
             command: text,
         };
-        self.permit_unmatchable(peer, planned, "code", "outpost code")
+        self.permit_unmatchable(planned, "code", "outpost code")
             .await
     }
 }

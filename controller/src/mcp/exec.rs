@@ -293,7 +293,7 @@ impl OutpostServer {
                         command: &checked,
                     })
                     .collect();
-                self.permit(&peer, &planned).await?;
+                self.permit(&planned).await?;
                 let started = Instant::now();
                 let count = names.len();
                 let _ticker = progress.every(move || {
@@ -313,14 +313,11 @@ impl OutpostServer {
             }
             None => {
                 let session = self.fleet.get(target.as_deref())?;
-                self.permit(
-                    &peer,
-                    &[Planned {
-                        sandbox: session.name(),
-                        field: "command",
-                        command: &checked,
-                    }],
-                )
+                self.permit(&[Planned {
+                    sandbox: session.name(),
+                    field: "command",
+                    command: &checked,
+                }])
                 .await?;
                 let timeout_s = req.timeout_ms.map(|ms| ms as f64 / 1000.0);
                 let budget = self.call_budget(&peer, p.background_after_s)?;
@@ -448,23 +445,14 @@ impl OutpostServer {
     /// only once the person says yes through MCP elicitation. A client that
     /// cannot ask its user gets a refusal; nothing a tool call passes can
     /// approve a command.
-    pub(super) async fn permit(
-        &self,
-        peer: &rmcp::Peer<RoleServer>,
-        planned: &[Planned<'_>],
-    ) -> Result<(), String> {
-        self.permit_as(peer, planned, "outpost exec").await
+    pub(super) async fn permit(&self, planned: &[Planned<'_>]) -> Result<(), String> {
+        self.permit_as(planned, "outpost exec").await
     }
 
     /// [`Self::permit`], naming `cli`, the command a person can run instead
     /// where the client cannot ask.
-    pub(super) async fn permit_as(
-        &self,
-        peer: &rmcp::Peer<RoleServer>,
-        planned: &[Planned<'_>],
-        cli: &str,
-    ) -> Result<(), String> {
-        use rmcp::service::{ElicitationError, ElicitationMode, ServiceError};
+    pub(super) async fn permit_as(&self, planned: &[Planned<'_>], cli: &str) -> Result<(), String> {
+        use super::ask::{Answer, Person};
         let policy = &self.fleet.policy;
         let pending = policy
             .review(planned)
@@ -473,21 +461,16 @@ impl OutpostServer {
             return Ok(());
         }
         let refuse = |why: &str| Err(crate::policy::not_confirmed(&pending, why));
-        if !peer
-            .supported_elicitation_modes()
-            .contains(&ElicitationMode::Form)
-        {
+        let Some(person) = Person::current() else {
             return refuse(&format!(
-                "this MCP client cannot ask the user (it does not support elicitation); the user can run it with `{cli}`"
+                "this MCP client cannot ask the user here (no elicitation; over 2026-07-28, \
+                 elicitation and MCP Tasks both); the user can run it with `{cli}`"
             ));
-        }
+        };
         let question = crate::policy::confirm_question(&pending, policy, "An agent");
         let timeout = policy.confirm_timeout;
-        match peer
-            .elicit_with_timeout::<Approval>(question, Some(timeout))
-            .await
-        {
-            Ok(Some(Approval { approve: true })) => {
+        match person.ask::<Approval>(question, timeout).await {
+            Answer::Given(Approval { approve: true }) => {
                 let rules: Vec<&str> = pending.iter().map(|p| p.rule.as_str()).collect();
                 crate::ops::audit::note(
                     "confirmed",
@@ -495,15 +478,10 @@ impl OutpostServer {
                 );
                 Ok(())
             }
-            Ok(_) | Err(ElicitationError::UserDeclined) => refuse("the user declined"),
-            Err(ElicitationError::UserCancelled) => refuse("the user dismissed the question"),
-            Err(ElicitationError::Service(ServiceError::Timeout { .. })) => {
-                refuse(&format!("no answer came within {} s", timeout.as_secs()))
-            }
-            Err(ElicitationError::CapabilityNotSupported) => {
-                refuse("this MCP client cannot ask the user (it does not support elicitation)")
-            }
-            Err(e) => refuse(&format!("asking the user failed: {e}")),
+            Answer::Given(_) | Answer::Declined => refuse("the user declined"),
+            Answer::Dismissed => refuse("the user dismissed the question"),
+            Answer::TimedOut => refuse(&format!("no answer came within {} s", timeout.as_secs())),
+            Answer::Failed(e) => refuse(&format!("asking the user failed: {e}")),
         }
     }
 }

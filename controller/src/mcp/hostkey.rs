@@ -5,34 +5,24 @@
 //! save. No answer, a decline or a dismissal is a rejection. There is no
 //! tool that accepts a key: a model cannot answer for the person.
 
-use std::sync::Arc;
-
 use futures::future::BoxFuture;
-use rmcp::service::{ElicitationMode, Peer};
-use rmcp::{RoleServer, elicit_safe};
+use rmcp::elicit_safe;
 use schemars::JsonSchema;
 use serde::Deserialize;
 
+use super::ask::{Answer, Person};
 use crate::host::{ConfirmHostKey, HostKeyDecision, UnknownHostKey};
 
-/// Asks through `peer`, when the client can be asked at all.
-pub(super) fn asker(
-    peer: &Peer<RoleServer>,
+/// Puts an unknown host key to `person`.
+pub(super) struct AskThePerson {
+    person: Person,
     timeout: std::time::Duration,
-) -> Option<Arc<dyn ConfirmHostKey>> {
-    peer.supported_elicitation_modes()
-        .contains(&ElicitationMode::Form)
-        .then(|| {
-            Arc::new(AskThePerson {
-                peer: peer.clone(),
-                timeout,
-            }) as Arc<dyn ConfirmHostKey>
-        })
 }
 
-struct AskThePerson {
-    peer: Peer<RoleServer>,
-    timeout: std::time::Duration,
+impl AskThePerson {
+    pub(super) fn new(person: Person, timeout: std::time::Duration) -> AskThePerson {
+        AskThePerson { person, timeout }
+    }
 }
 
 /// The person's answer.
@@ -66,20 +56,20 @@ impl ConfirmHostKey for AskThePerson {
                 key.host, key.port, key.key_type, key.fingerprint
             );
             match self
-                .peer
-                .elicit_with_timeout::<HostKeyAnswer>(question, Some(self.timeout))
+                .person
+                .ask::<HostKeyAnswer>(question, self.timeout)
                 .await
             {
-                Ok(Some(HostKeyAnswer { decision })) => match decision {
+                Answer::Given(HostKeyAnswer { decision }) => match decision {
                     Decision::Reject => HostKeyDecision::Reject,
                     Decision::TrustOnce => HostKeyDecision::TrustOnce,
                     Decision::TrustAndSave => HostKeyDecision::TrustAndSave,
                 },
-                Ok(None) => HostKeyDecision::Reject,
-                Err(e) => {
+                Answer::Failed(e) => {
                     tracing::warn!("host key of {} not confirmed: {e}", key.host);
                     HostKeyDecision::Reject
                 }
+                _ => HostKeyDecision::Reject,
             }
         })
     }

@@ -436,9 +436,8 @@ impl OutpostServer {
     async fn exec_bash_background(
         &self,
         Parameters(p): Parameters<BackgroundParams>,
-        peer: rmcp::Peer<RoleServer>,
     ) -> Result<Json<BackgroundStarted>, String> {
-        self.background_started(&p, &peer).await.map(Json)
+        self.background_started(&p).await.map(Json)
     }
 
     #[tool(description = "A job's state, exact exit code and log tail.")]
@@ -800,7 +799,6 @@ impl OutpostServer {
     pub(super) async fn background_started(
         &self,
         p: &BackgroundParams,
-        peer: &rmcp::Peer<RoleServer>,
     ) -> Result<BackgroundStarted, String> {
         if let Some(request) = slurm_request(p)? {
             let sandbox = self
@@ -814,7 +812,7 @@ impl OutpostServer {
                 field: "command",
                 command: &command,
             }];
-            self.permit(peer, &planned).await?;
+            self.permit(&planned).await?;
             let session = self.job_session(Some(&sandbox)).await?;
             let job = slurm_jobs::submit(&session, &request).await?;
             return Ok(BackgroundStarted {
@@ -825,7 +823,7 @@ impl OutpostServer {
                 watch_id: None,
             });
         }
-        let (sandbox, job) = self.start_background(p, peer).await?;
+        let (sandbox, job) = self.start_background(p).await?;
         Ok(BackgroundStarted {
             status: "started".into(),
             watch_id: p.watch.unwrap_or(true).then(|| job.name.clone()),
@@ -840,7 +838,6 @@ impl OutpostServer {
     pub(super) async fn start_background(
         &self,
         p: &BackgroundParams,
-        peer: &rmcp::Peer<RoleServer>,
     ) -> Result<(String, outpost_protocol::JobInfo), String> {
         let spec = job_spec(p)?;
         let sandbox = self
@@ -863,7 +860,7 @@ impl OutpostServer {
                 command,
             })
             .collect();
-        self.permit(peer, &planned).await?;
+        self.permit(&planned).await?;
         let session = self.job_session(Some(&sandbox)).await?;
         let job = jobs::start(&session, spec)
             .await

@@ -28,6 +28,7 @@
 //! schemars). This file holds the server, merges the routers and implements
 //! `ServerHandler`.
 
+mod ask;
 mod budget;
 mod caller;
 mod code;
@@ -361,7 +362,6 @@ impl ServerHandler for OutpostServer {
         // rmcp only flags a cancelled request; dropping the call is what
         // stops it: an exec's process tree is killed, a wait given up.
         let cancelled = context.ct.clone();
-        let asker = hostkey::asker(&context.peer, self.fleet.policy.confirm_timeout);
         let Some(tool) = self.tool_router.get(&request.name) else {
             let error = McpError::invalid_params(
                 listing::unknown_tool(&request.name, &self.tool_router),
@@ -384,20 +384,18 @@ impl ServerHandler for OutpostServer {
             ));
             return call.run(async { answer }, audit_outcome).await;
         }
-        if let Some(ttl) = tasks::ttl_for(&request, &context) {
-            let answer = tasks::run(&server, &caller, request, context, asker, ttl);
+        let ttl = tasks::ttl_for(&request, &context);
+        // A confirm rule's question, or an unknown host key met while
+        // connecting for this call, is put to the person, when the client
+        // can be asked.
+        let person = ask::Person::of(&context, ttl.is_some());
+        let confirm_timeout = self.fleet.policy.confirm_timeout;
+        if let Some(ttl) = ttl {
+            let answer = tasks::run(&server, &caller, request, context, person, ttl);
             return call.run(answer, audit_outcome).await;
         }
         let tcc = rmcp::handler::server::tool::ToolCallContext::new(&server, request, context);
-        let work = self.tool_router.call(tcc);
-        // An unknown host key met while connecting for this call is put to
-        // the person, when the client can ask.
-        let work = async move {
-            match asker {
-                Some(asker) => crate::host::HOST_KEY_CONFIRMATION.scope(asker, work).await,
-                None => work.await,
-            }
-        };
+        let work = ask::with_person(person, confirm_timeout, self.tool_router.call(tcc));
         let call_or_cancel = async move {
             tokio::select! {
                 result = work => result,

@@ -40,8 +40,8 @@ use rmcp::service::RequestContext;
 use rmcp::task_manager::{TaskContext, TaskExit, TaskManager, TaskOptions};
 
 use super::OutpostServer;
+use super::ask::Person;
 use super::caller::Caller;
-use crate::host::ConfirmHostKey;
 
 /// Clients should poll this often.
 const POLL_INTERVAL_MS: u64 = 1_000;
@@ -68,11 +68,49 @@ tokio::task_local! {
 
 /// The task a call became, once it did. Clones share it.
 #[derive(Clone, Default)]
-pub(super) struct TaskSlot(Arc<OnceLock<TaskContext>>);
+pub(super) struct TaskSlot(Arc<Slot>);
+
+#[derive(Default)]
+struct Slot {
+    task: OnceLock<TaskContext>,
+    /// The call wants to be a task now (to ask its person something).
+    wanted: tokio::sync::Notify,
+    /// It has become one.
+    made: tokio::sync::Notify,
+    /// Input requests made so far, for their keys.
+    inputs: std::sync::atomic::AtomicU32,
+}
 
 impl TaskSlot {
     pub(super) fn get(&self) -> Option<&TaskContext> {
-        self.0.get()
+        self.0.task.get()
+    }
+
+    /// The task this call is, made one at once if it is not yet.
+    pub(super) async fn now(&self) -> TaskContext {
+        let made = self.0.made.notified();
+        tokio::pin!(made);
+        made.as_mut().enable();
+        if let Some(task) = self.get() {
+            return task.clone();
+        }
+        self.0.wanted.notify_one();
+        made.await;
+        self.get().expect("set before it is announced").clone()
+    }
+
+    fn set(&self, task: TaskContext) {
+        let _ = self.0.task.set(task);
+        self.0.made.notify_waiters();
+    }
+
+    /// A key for the next input request, unique within the task.
+    pub(super) fn next_input_key(&self) -> String {
+        let n = self
+            .0
+            .inputs
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        format!("ask-{}", n + 1)
     }
 }
 
@@ -245,8 +283,9 @@ impl TaskStore {
 
 type CallFuture = Pin<Box<dyn Future<Output = Result<CallToolResponse, McpError>> + Send>>;
 
-/// Runs the call; if it has not ended within [`INLINE_GRACE`] it goes on
-/// as a task of `caller`, and the answer is that task. The task runs on
+/// Runs the call; if it has not ended within [`INLINE_GRACE`], or it has
+/// something to ask its person, it goes on as a task of `caller`, and the
+/// answer is that task. The task runs on
 /// `server`, the caller's view of this process, and ends with its call,
 /// its TTL or `tasks/cancel`, not with the request or session that started
 /// it. Before it is a task, the request's cancellation ends it.
@@ -255,7 +294,7 @@ pub(super) async fn run(
     caller: &Caller,
     request: CallToolRequestParams,
     context: RequestContext<RoleServer>,
-    asker: Option<Arc<dyn ConfirmHostKey>>,
+    person: Option<Person>,
     ttl: Duration,
 ) -> Result<CallToolResponse, McpError> {
     // A copy without the session's guard: a running task must not keep its
@@ -265,16 +304,14 @@ pub(super) async fn run(
         ..server.clone()
     };
     let store = server.shared.tasks.clone();
+    let confirm_timeout = server.fleet.policy.confirm_timeout;
     let cancelled = context.ct.clone();
     let slot = TaskSlot::default();
     let scope = slot.clone();
     let mut work: CallFuture = Box::pin(async move {
         let call = ToolCallContext::new(&server, request, context);
         let work = CURRENT_TASK.scope(scope, server.tool_router.call(call));
-        match asker {
-            Some(asker) => crate::host::HOST_KEY_CONFIRMATION.scope(asker, work).await,
-            None => work.await,
-        }
+        super::ask::with_person(person, confirm_timeout, work).await
     });
     tokio::select! {
         result = &mut work => return result,
@@ -282,13 +319,14 @@ pub(super) async fn run(
             return Err(McpError::internal_error(super::CANCELLED, None));
         }
         () = tokio::time::sleep(INLINE_GRACE) => {}
+        () = slot.0.wanted.notified() => {}
     }
     let options = TaskOptions::new()
         .with_ttl_ms(ttl.as_millis() as u64)
         .with_poll_interval_ms(POLL_INTERVAL_MS)
         .with_status_message("running");
     let task = store.spawn(caller, options, move |task| {
-        let _ = slot.0.set(task.clone());
+        slot.set(task.clone());
         Box::pin(async move {
             tokio::select! {
                 result = work => match result {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use outpost_protocol::{JobInfo, JobState};
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::{Json, RoleServer, tool, tool_router};
+use rmcp::{Json, tool, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -329,7 +329,6 @@ impl OutpostServer {
     async fn watch_background_task(
         &self,
         Parameters(p): Parameters<WatchRegisterParams>,
-        peer: rmcp::Peer<RoleServer>,
     ) -> Result<Json<WatchResult>, String> {
         if given(&p.webhook_url).is_some() || given(&p.event_command).is_some() {
             return Err(super::jobs::HOOKS_REFUSED.into());
@@ -345,7 +344,7 @@ impl OutpostServer {
             None => false,
         };
         if !running && let Some(command) = given(&p.launch_command) {
-            let (sandbox, job) = self.start_background(&p.launch(command), &peer).await?;
+            let (sandbox, job) = self.start_background(&p.launch(command)).await?;
             return self.watch_of(Some(&sandbox), &job.name).await.map(Json);
         }
         let start_only = p.start_settings();
@@ -379,10 +378,9 @@ impl OutpostServer {
     async fn exec_bash_background_watch(
         &self,
         Parameters(mut p): Parameters<BackgroundParams>,
-        peer: rmcp::Peer<RoleServer>,
     ) -> Result<Json<BackgroundStarted>, String> {
         p.watch = Some(true);
-        self.background_started(&p, &peer).await.map(Json)
+        self.background_started(&p).await.map(Json)
     }
 
     #[tool(description = "Not needed: jobs are supervised on each host. Changes nothing.")]

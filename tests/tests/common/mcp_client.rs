@@ -7,7 +7,7 @@ use outpost_e2e::{Sshd, TempDir, target_bin};
 use rmcp::model::{CallToolRequestParams, ProgressNotificationParam};
 use rmcp::service::NotificationContext;
 use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
-use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use rmcp::{ClientHandler, RoleClient};
 use serde_json::{Value, json};
 
 pub type Client<H = ()> = rmcp::service::RunningService<RoleClient, H>;
