@@ -8,6 +8,12 @@
 
 use std::time::Duration;
 
+tokio::task_local! {
+    /// The `clientInfo.name` of the request being served: in the 2026-07-28
+    /// era each request says it in its metadata, and no session holds it.
+    pub(super) static CLIENT_NAME: Option<String>;
+}
+
 /// Part of a lowercased `clientInfo.name` and the seconds its calls get
 /// (0: as long as they take). The first match wins. The figures stay a few
 /// seconds under each client's own limit so the answer arrives in time.

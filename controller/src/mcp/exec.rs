@@ -395,7 +395,11 @@ impl OutpostServer {
         if super::tasks::CURRENT_TASK.try_with(|_| ()).is_ok() {
             return Ok(None);
         }
-        let client = peer.peer_info().map(|info| info.client_info.name.clone());
+        let client = super::budget::CLIENT_NAME
+            .try_with(Clone::clone)
+            .ok()
+            .flatten()
+            .or_else(|| peer.peer_info().map(|info| info.client_info.name.clone()));
         Ok(super::budget::of_client(
             &self.fleet.config.client_budgets,
             client.as_deref(),

@@ -1,5 +1,10 @@
 //! The MCP server: remote-sandbox-mcp's tools, names, parameters and result
-//! fields, served over stdio.
+//! fields, served over stdio and Streamable HTTP ([`http`]), to clients of
+//! both protocol eras: 2025-11-25 sessions and stateless 2026-07-28
+//! requests (`server/discover`, each request carrying its version and the
+//! client's capabilities). What must outlive a request lives in [`Shared`],
+//! per [`Caller`]; long calls may become MCP Tasks (`tasks.rs`); questions
+//! for the person go the way the era allows (`ask.rs`).
 //!
 //! Each tool is thin: it validates its parameters, calls into [`Fleet`] /
 //! [`crate::session::Session`], and shapes a compact result (no echo of inputs).
@@ -23,7 +28,8 @@
 //! policy check), `code.rs` (code contexts that keep their state, package
 //! installs, one-shot runs), `files.rs` (syncs and remote files), `jobs.rs` (background
 //! jobs), `watch.rs` (the advanced watch tools), `resources.rs`,
-//! `prompts.rs`, `linelimit.rs` (oversized messages on stdin) and `shape.rs`
+//! `prompts.rs`, `caller.rs` (who is calling), `tasks.rs`, `ask.rs`,
+//! `linelimit.rs` (oversized messages on stdin) and `shape.rs`
 //! (the schemas of results that lower layers define: only `mcp/` knows
 //! schemars). This file holds the server, merges the routers and implements
 //! `ServerHandler`.
@@ -385,6 +391,7 @@ impl ServerHandler for OutpostServer {
             return call.run(async { answer }, audit_outcome).await;
         }
         let ttl = tasks::ttl_for(&request, &context);
+        let client_name = context.client_info().map(|info| info.name);
         // A confirm rule's question, or an unknown host key met while
         // connecting for this call, is put to the person, when the client
         // can be asked.
@@ -396,6 +403,7 @@ impl ServerHandler for OutpostServer {
         }
         let tcc = rmcp::handler::server::tool::ToolCallContext::new(&server, request, context);
         let work = ask::with_person(person, confirm_timeout, self.tool_router.call(tcc));
+        let work = budget::CLIENT_NAME.scope(client_name, work);
         let call_or_cancel = async move {
             tokio::select! {
                 result = work => result,
