@@ -119,29 +119,32 @@ fn inspect(inspector: &Inspector, home: &Path, target: &Target, era: &str, args:
     }
 }
 
-fn call(
-    inspector: &Inspector,
-    home: &Path,
-    target: &Target,
-    era: &str,
-    tool: &str,
-    args: Value,
-) -> Value {
-    let run = inspect(
-        inspector,
-        home,
-        target,
-        era,
-        &[
+/// The Inspector in one era against one target, for a run of calls.
+struct Calls<'a> {
+    inspector: &'a Inspector,
+    client: &'a Path,
+    target: &'a Target<'a>,
+    era: &'a str,
+}
+
+impl Calls<'_> {
+    fn run(&self, args: &[&str]) -> Run {
+        inspect(self.inspector, self.client, self.target, self.era, args)
+    }
+
+    /// `tool` called with `args`; its result, which must have succeeded.
+    fn call(&self, tool: &str, args: Value) -> Value {
+        let args = args.to_string();
+        let run = self.run(&[
             "--method",
             "tools/call",
             "--tool-name",
             tool,
             "--tool-args-json",
-            &args.to_string(),
-        ],
-    );
-    run.result(&format!("{era} {tool}"))
+            &args,
+        ]);
+        run.result(&format!("{} {tool}", self.era))
+    }
 }
 
 /// The audit outcomes of `tool` in `home`'s audit log, oldest first.
@@ -176,13 +179,13 @@ impl Drop for KillWithHome {
 fn every_era(target: &Target, home: &Path, client: &Path, work: &Path) {
     let inspector = Inspector::find();
     for era in ERAS {
-        let list = inspect(
-            &inspector,
+        let calls = Calls {
+            inspector: &inspector,
             client,
             target,
             era,
-            &["--method", "tools/list", "--strict"],
-        );
+        };
+        let list = calls.run(&["--method", "tools/list", "--strict"]);
         assert!(
             list.ok,
             "{era} tools/list --strict:\n{}{}",
@@ -190,37 +193,18 @@ fn every_era(target: &Target, home: &Path, client: &Path, work: &Path) {
         );
         assert!(list.stderr.contains("0 errors"), "{era}: {}", list.stderr);
 
-        let r = call(
-            &inspector,
-            client,
-            target,
-            era,
-            "exec_bash",
-            json!({"command": "echo hi"}),
-        );
+        let r = calls.call("exec_bash", json!({"command": "echo hi"}));
         assert_eq!(r["structuredContent"]["stdout"], "hi\n", "{era}: {r}");
 
         // Past the inline grace: a task where the era lets the server decide.
-        let r = call(
-            &inspector,
-            client,
-            target,
-            era,
-            "exec_bash",
-            json!({"command": "sleep 2; echo slow"}),
-        );
+        let r = calls.call("exec_bash", json!({"command": "sleep 2; echo slow"}));
         assert_eq!(r["structuredContent"]["stdout"], "slow\n", "{era}: {r}");
         assert_eq!(r["structuredContent"]["exit_code"], 0, "{era}: {r}");
         let last = outcomes(home, "exec_bash").pop();
         let expected = if era == "legacy" { "ok" } else { "task" };
         assert_eq!(last.as_deref(), Some(expected), "{era}");
 
-        let r = call(
-            &inspector,
-            client,
-            target,
-            era,
-            "execute_code",
+        let r = calls.call("execute_code",
             json!({"code": "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [1, 4, 9])\nprint('plotted')"}),
         );
         // A result whose point is an image carries no structured content
@@ -239,11 +223,7 @@ fn every_era(target: &Target, home: &Path, client: &Path, work: &Path) {
         std::fs::write(source.join("a.txt"), format!("a {era}\n")).unwrap();
         std::fs::write(source.join("sub/b.txt"), "b\n").unwrap();
         let dest = work.join(format!("dest-{era}"));
-        let r = call(
-            &inspector,
-            client,
-            target,
-            era,
+        let r = calls.call(
             "sync_local_to_remote",
             json!({"local_path": source, "remote_path": dest}),
         );
@@ -254,20 +234,12 @@ fn every_era(target: &Target, home: &Path, client: &Path, work: &Path) {
         );
 
         let job = format!("inspector-{era}");
-        let r = call(
-            &inspector,
-            client,
-            target,
-            era,
+        let r = calls.call(
             "exec_bash_background",
             json!({"command": "sleep 1; echo from-the-job", "session_name": job}),
         );
         assert!(r["structuredContent"].is_object(), "{era}: {r}");
-        let r = call(
-            &inspector,
-            client,
-            target,
-            era,
+        let r = calls.call(
             "wait_background_task",
             json!({"name": job, "timeout_s": 30}),
         );
@@ -281,11 +253,7 @@ fn every_era(target: &Target, home: &Path, client: &Path, work: &Path) {
             "{era}: {r}"
         );
 
-        let r = call(
-            &inspector,
-            client,
-            target,
-            era,
+        let r = calls.call(
             "create_sandbox",
             json!({"host": "local", "isolation": "none", "ttl_s": 600}),
         );
@@ -293,14 +261,7 @@ fn every_era(target: &Target, home: &Path, client: &Path, work: &Path) {
             .as_str()
             .unwrap_or_else(|| panic!("{era}: {r}"))
             .to_string();
-        let r = call(
-            &inspector,
-            client,
-            target,
-            era,
-            "delete_sandbox",
-            json!({"sandbox_name": name}),
-        );
+        let r = calls.call("delete_sandbox", json!({"sandbox_name": name}));
         assert_eq!(r["structuredContent"]["state"], "deleted", "{era}: {r}");
     }
 }
