@@ -307,12 +307,26 @@ async fn denied_commands_are_refused_not_run_and_every_call_is_audited() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn confirm_rules_ask_the_person_through_elicitation() {
     let setup = Setup::new();
-    for (answer, name) in [(Some(true), "yes"), (Some(false), "no"), (None, "declined")] {
+    // A 2025-11-25 session is asked with elicitation/create; a 2026-07-28
+    // client without MCP Tasks by input_required and a retry that carries
+    // the answer (rmcp's client drives the rounds through its handler).
+    let answers = [(Some(true), "yes"), (Some(false), "no"), (None, "declined")];
+    for (era, (answer, name)) in ["legacy", "modern"]
+        .into_iter()
+        .flat_map(|era| answers.map(|a| (era, a)))
+    {
         let person = Person {
             answer,
             asked: Arc::default(),
         };
-        let client = setup.client(person.clone()).await;
+        let lifecycle = match era {
+            "legacy" => rmcp::service::ClientLifecycleMode::Initialize,
+            _ => rmcp::service::ClientLifecycleMode::Discover {
+                preferred_versions: vec![rmcp::model::ProtocolVersion::V_2026_07_28],
+            },
+        };
+        let client = setup.client_in_era(person.clone(), lifecycle).await;
+        let name = format!("{era}-{name}");
         let marker = setup.path(&format!("outpost-confirm-{name}"));
         let command = format!("touch {}", marker.display());
         let (err, r) = call(&client, "exec_bash", json!({"command": command})).await;
@@ -347,12 +361,20 @@ async fn confirm_rules_ask_the_person_through_elicitation() {
         client.cancel().await.unwrap();
     }
     let lines = setup.audit_lines();
-    assert_eq!(lines.len(), 6);
+    // Legacy: the call and the denied one, three times; modern: the round
+    // that asked, the retry, the denied call.
+    assert_eq!(lines.len(), 6 + 9);
     assert_eq!(lines[0]["client"], "confirming-client");
     assert_eq!(lines[0]["outcome"], "ok");
     assert_eq!(lines[0]["notes"]["confirmed"]["by"], "elicitation");
     assert_eq!(lines[2]["outcome"], "refused");
     assert!(lines[2].get("notes").is_none(), "{}", lines[2]);
+    // Each 2026-07-28 request names its client in its metadata.
+    assert_eq!(lines[6]["client"], "confirming-client");
+    assert_eq!(lines[6]["outcome"], "input_required");
+    assert_eq!(lines[7]["outcome"], "ok");
+    assert_eq!(lines[7]["notes"]["confirmed"]["by"], "elicitation");
+    assert_eq!(lines[10]["outcome"], "refused");
 }
 
 #[test]
@@ -400,21 +422,15 @@ fn the_cli_honours_the_same_policy() {
 }
 
 /// A 2026-07-28 client (`server/discover`, no session) that takes form
-/// elicitation, and MCP Tasks if `tasks`.
+/// elicitation and MCP Tasks.
 #[derive(Clone)]
-struct ModernClient {
-    tasks: bool,
-}
+struct TasksClient;
 
-impl ClientHandler for ModernClient {
+impl ClientHandler for TasksClient {
     fn get_info(&self) -> InitializeRequestParams {
-        let mut capabilities = if self.tasks {
-            ClientCapabilities::builder().enable_tasks().build()
-        } else {
-            ClientCapabilities::default()
-        };
+        let mut capabilities = ClientCapabilities::builder().enable_tasks().build();
         capabilities.elicitation = Some(ElicitationCapability::default());
-        InitializeRequestParams::new(capabilities, Implementation::new("modern-client", "1.0"))
+        InitializeRequestParams::new(capabilities, Implementation::new("tasks-client", "1.0"))
     }
 }
 
@@ -441,7 +457,7 @@ async fn poll_until<H: ClientHandler>(
 /// In the 2026-07-28 era there are no server-to-client requests: a call
 /// that must ask its person becomes an MCP Task at once and asks through
 /// it (`input_required`, answered with `tasks/update`). A client without
-/// tasks cannot be asked, and the command is refused, not run.
+/// elicitation cannot be asked, and the command is refused, not run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn confirm_rules_ask_a_2026_client_through_its_task() {
     use rmcp::model::{InputRequest, TaskPayload, TaskStatus};
@@ -449,9 +465,7 @@ async fn confirm_rules_ask_a_2026_client_through_its_task() {
     let era = || rmcp::service::ClientLifecycleMode::Discover {
         preferred_versions: vec![rmcp::model::ProtocolVersion::V_2026_07_28],
     };
-    let client = setup
-        .client_in_era(ModernClient { tasks: true }, era())
-        .await;
+    let client = setup.client_in_era(TasksClient, era()).await;
     for (approve, name) in [(true, "yes"), (false, "no")] {
         let marker = setup.path(&format!("outpost-confirm-modern-{name}"));
         let command = format!("touch {}", marker.display());
@@ -506,9 +520,9 @@ async fn confirm_rules_ask_a_2026_client_through_its_task() {
     }
     client.cancel().await.unwrap();
 
-    // Without tasks a 2026 client has no way to be asked.
+    // Without elicitation a 2026 client has no way to be asked.
     let client = setup
-        .client_in_era(ModernClient { tasks: false }, era())
+        .client_in_era(info("plain-modern-client", false), era())
         .await;
     let marker = setup.path("outpost-confirm-modern-notasks");
     let (err, r) = call(

@@ -131,6 +131,8 @@ pub struct Shared {
     audit: crate::ops::audit::AuditLog,
     /// Calls run as MCP Tasks, for every caller.
     tasks: TaskStore,
+    /// Seals the `requestState` of calls that ask by retry ([`ask::Round`]).
+    request_states: rmcp::model::RequestStateCodec,
     /// Each caller's background transfers and job read cursors.
     callers: Mutex<HashMap<Caller, CallerState>>,
 }
@@ -161,6 +163,7 @@ impl Shared {
             unlisted,
             audit: crate::ops::audit::AuditLog::new(&fleet.config.home),
             tasks: TaskStore::default(),
+            request_states: ask::state_codec(),
             callers: Mutex::default(),
         })
     }
@@ -395,7 +398,19 @@ impl ServerHandler for OutpostServer {
         // A confirm rule's question, or an unknown host key met while
         // connecting for this call, is put to the person, when the client
         // can be asked.
-        let person = ask::Person::of(&context, ttl.is_some());
+        let person = match ask::Person::of(&context, ttl.is_some()) {
+            Some(ask::Person::Retry(_)) => {
+                match ask::Round::of(&request, &caller, &self.shared.request_states) {
+                    Ok(round) => Some(ask::Person::Retry(Arc::new(round))),
+                    Err(e) => return call.run(async { Err(e) }, audit_outcome).await,
+                }
+            }
+            other => other,
+        };
+        let round = match &person {
+            Some(ask::Person::Retry(round)) => Some(round.clone()),
+            _ => None,
+        };
         let confirm_timeout = self.fleet.policy.confirm_timeout;
         if let Some(ttl) = ttl {
             let answer = tasks::run(&server, &caller, request, context, person, ttl);
@@ -404,10 +419,17 @@ impl ServerHandler for OutpostServer {
         let tcc = rmcp::handler::server::tool::ToolCallContext::new(&server, request, context);
         let work = ask::with_person(person, confirm_timeout, self.tool_router.call(tcc));
         let work = budget::CLIENT_NAME.scope(client_name, work);
+        let states = &self.shared.request_states;
         let call_or_cancel = async move {
-            tokio::select! {
+            let result = tokio::select! {
                 result = work => result,
                 () = cancelled.cancelled() => Err(McpError::internal_error(CANCELLED, None)),
+            };
+            // A question met on the way: the client asks its person and
+            // calls again with the answer; this round's result is moot.
+            match round.and_then(|r| r.input_required(states, confirm_timeout)) {
+                Some(input) => Ok(rmcp::model::CallToolResponse::InputRequired(input)),
+                None => result,
             }
         };
         call.run(call_or_cancel, audit_outcome).await
