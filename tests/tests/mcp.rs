@@ -769,6 +769,15 @@ async fn mcp_unknown_host_keys_are_confirmed_by_the_person() {
     assert_eq!(recorded(), 0);
     client.cancel().await.unwrap();
 
+    // A 2026-07-28 client without MCP Tasks is asked by an input_required
+    // answer; its retry carries the answer and connects.
+    let modern = person(Some("trust_once"));
+    let (client, _home) = common::mcp_client::start_modern(modern.clone(), &env).await;
+    assert_eq!(exec_in(&client).await["stdout"], "in\n");
+    assert_eq!(modern.asked.lock().unwrap().len(), 1);
+    assert_eq!(recorded(), 0);
+    client.cancel().await.unwrap();
+
     // Trusted and saved: recorded once; the next server does not ask.
     let save = person(Some("trust_and_save"));
     let (client, _home) = start_as(save.clone(), &env).await;
