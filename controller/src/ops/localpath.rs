@@ -21,9 +21,14 @@
 //!    `O_NOFOLLOW` right after, so nothing planted meanwhile is followed.
 //!
 //! Credential stores (`~/.ssh`, cloud and cluster credentials, Outpost's own
-//! state) are refused as sync locations and excluded from trees that contain
-//! them, unless a configured root lies inside one: a tree pushed from `~`
-//! must not carry the private keys along, nor a pull write `authorized_keys`.
+//! state, config file and known_hosts wherever they are) are refused as sync
+//! locations and excluded from trees that contain them, unless a configured
+//! root lies inside one: a tree pushed from `~` must not carry the private
+//! keys along, nor a pull write `authorized_keys` or forge the audit log.
+//! A pull also never writes what runs at the next login (`.bashrc`,
+//! `.profile`, `.config/autostart`, `.local/bin`, …). Both `$HOME` and the
+//! account's home from the password database count: they differ when a
+//! client sets `HOME`.
 //!
 //! The CLI passes [`Roots::unrestricted`] when no `local_roots` is configured:
 //! there a person typed the path.
@@ -49,6 +54,45 @@ const SECRET_DIRS: &[&str] = &[
     ".netrc",
     ".git-credentials",
     ".password-store",
+];
+
+/// Files and directories under a home that run code at the next login or
+/// session: never written by a pull.
+const LOGIN_FILES: &[&str] = &[
+    ".bashrc",
+    ".bash_profile",
+    ".bash_login",
+    ".bash_logout",
+    ".profile",
+    ".zshrc",
+    ".zshenv",
+    ".zprofile",
+    ".zlogin",
+    ".cshrc",
+    ".tcshrc",
+    ".xprofile",
+    ".xsessionrc",
+    ".xinitrc",
+    ".pam_environment",
+    ".config/autostart",
+    ".config/systemd",
+    ".config/environment.d",
+    ".config/fish",
+    ".local/bin",
+    ".local/share/systemd",
+];
+
+/// Where cron and the system look for jobs to run: never written by a pull.
+const SYSTEM_JOB_DIRS: &[&str] = &[
+    "/etc/cron.d",
+    "/etc/cron.hourly",
+    "/etc/cron.daily",
+    "/etc/cron.weekly",
+    "/etc/cron.monthly",
+    "/etc/crontab",
+    "/var/spool/cron",
+    "/etc/systemd",
+    "/etc/profile.d",
 ];
 
 /// Where the roots came from; it is named in refusals so the user knows what
@@ -90,6 +134,10 @@ pub struct Roots {
     roots: Vec<Root>,
     source: RootSource,
     home: Option<PathBuf>,
+    /// The account's home from the password database, when not `home`.
+    account_home: Option<PathBuf>,
+    /// Outpost's own files: its state dir, config file, known_hosts.
+    own: Vec<PathBuf>,
     /// Relative paths are taken from here.
     base: PathBuf,
     /// `openat2(RESOLVE_BENEATH)` works here; else every symlink is refused.
@@ -144,6 +192,8 @@ impl Roots {
             roots: Vec::new(),
             source: RootSource::Unrestricted,
             home: home(),
+            account_home: None,
+            own: Vec::new(),
             base: std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/")),
             beneath: openat2_supported(),
         }
@@ -161,13 +211,22 @@ impl Roots {
             // The whole filesystem is a root only when configured so.
             .filter(|r| source == RootSource::Config || r.canonical != Path::new("/"))
             .collect();
+        let account_home = account_home().filter(|a| Some(a) != home.as_ref());
         Roots {
             roots,
             source,
             home,
+            account_home,
+            own: Vec::new(),
             base,
             beneath: openat2_supported(),
         }
+    }
+
+    /// These roots, keeping `files` (Outpost's own) out of every sync.
+    pub fn protecting(mut self, files: Vec<PathBuf>) -> Roots {
+        self.own = files;
+        self
     }
 
     pub fn source(&self) -> RootSource {
@@ -228,38 +287,61 @@ impl Roots {
             WalkError::Missing => format!("local path not found: {}", wanted.display()),
             WalkError::Io(at, e) => format!("cannot open {}: {e}", at.display()),
         })?;
-        let secret_excludes = self.guard_secrets(&path)?;
+        let secret_excludes = self.guard_secrets(&path, intent)?;
         Ok(LocalPath {
             path,
             secret_excludes,
         })
     }
 
-    /// Refuses a path at or inside a credential store (unless a configured
-    /// root is), and lists the stores inside it as excludes.
-    fn guard_secrets(&self, path: &Path) -> Result<Vec<String>, String> {
-        let Some(home) = &self.home else {
-            return Ok(Vec::new());
-        };
+    /// Refuses a path at or inside a credential store, Outpost's own files,
+    /// or (for a pull) a login file, unless a configured root is; and lists
+    /// those inside it as excludes.
+    fn guard_secrets(&self, path: &Path, intent: Intent) -> Result<Vec<String>, String> {
+        let homes = self.home.iter().chain(&self.account_home);
+        let mut guarded: Vec<(PathBuf, &str)> = Vec::new();
+        for home in homes {
+            guarded.extend(
+                SECRET_DIRS
+                    .iter()
+                    .map(|n| (home.join(n), "holds credentials")),
+            );
+            if matches!(intent, Intent::Dest { .. }) {
+                guarded.extend(
+                    LOGIN_FILES
+                        .iter()
+                        .map(|n| (home.join(n), "runs at the next login")),
+                );
+            }
+        }
+        guarded.extend(self.own.iter().map(|p| (p.clone(), "is Outpost's own")));
+        if matches!(intent, Intent::Dest { .. }) {
+            guarded.extend(
+                SYSTEM_JOB_DIRS
+                    .iter()
+                    .map(|p| (PathBuf::from(p), "runs scheduled jobs")),
+            );
+        }
         let mut excludes = Vec::new();
-        for name in SECRET_DIRS {
-            let lexical = home.join(name);
-            let secret = lexical.canonicalize().unwrap_or(lexical);
+        for (lexical, why) in guarded {
+            let guarded = lexical.canonicalize().unwrap_or(lexical);
             let root_inside = self.source == RootSource::Config
-                && self.roots.iter().any(|r| r.canonical.starts_with(&secret));
+                && self.roots.iter().any(|r| r.canonical.starts_with(&guarded));
             if root_inside {
                 continue;
             }
-            if path.starts_with(&secret) {
+            if path.starts_with(&guarded) {
                 return Err(format!(
-                    "{} holds credentials; the file tools never touch it unless local_roots names it",
-                    secret.display()
+                    "{} {why}; the file tools never touch it unless local_roots names it",
+                    guarded.display()
                 ));
             }
-            if let Ok(rel) = secret.strip_prefix(path) {
+            if let Ok(rel) = guarded.strip_prefix(path) {
                 let mut pattern = String::from("/");
                 pattern.push_str(&outpost_treesync::filter::escape(&rel.to_string_lossy()));
-                excludes.push(pattern);
+                if !excludes.contains(&pattern) {
+                    excludes.push(pattern);
+                }
             }
         }
         Ok(excludes)
@@ -471,6 +553,29 @@ fn home() -> Option<PathBuf> {
     std::env::var_os("HOME")
         .filter(|h| !h.is_empty())
         .map(PathBuf::from)
+}
+
+/// This account's home in the password database.
+fn account_home() -> Option<PathBuf> {
+    // SAFETY: passwd is plain old data; getpwuid_r fills it and points its
+    // strings into `buf`, read before `buf` goes.
+    unsafe {
+        let mut pw: libc::passwd = std::mem::zeroed();
+        let mut buf = vec![0 as libc::c_char; 4096];
+        let mut result = std::ptr::null_mut();
+        let rc = libc::getpwuid_r(
+            libc::geteuid(),
+            &mut pw,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut result,
+        );
+        if rc != 0 || result.is_null() || pw.pw_dir.is_null() {
+            return None;
+        }
+        let dir = std::ffi::CStr::from_ptr(pw.pw_dir).to_bytes();
+        (!dir.is_empty()).then(|| PathBuf::from(OsStr::from_bytes(dir)))
+    }
 }
 
 fn expand(path: &Path, home: Option<&Path>) -> PathBuf {

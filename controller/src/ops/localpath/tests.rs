@@ -47,6 +47,7 @@ impl Scratch {
         roots.beneath = beneath && openat2_supported();
         roots.base = self.root.clone();
         roots.home = None;
+        roots.account_home = None;
         roots
     }
 
@@ -220,6 +221,62 @@ fn credential_stores_are_refused_and_excluded() {
             .resolve(home.join(".ssh").to_str().unwrap(), Intent::Read)
             .is_ok()
     );
+}
+
+#[test]
+fn a_pull_never_writes_login_files_or_outpost_s_own() {
+    let s = Scratch::new("login");
+    let home = s.root.join("home");
+    let account = s.root.join("account");
+    let state = s.root.join("state");
+    for dir in [&home, &account, &state] {
+        std::fs::create_dir_all(dir.join(".config/autostart")).unwrap();
+    }
+    std::fs::create_dir_all(account.join(".ssh")).unwrap();
+    let mut roots = s
+        .roots(true)
+        .protecting(vec![state.clone(), s.root.join("my.toml")]);
+    // $HOME set to another directory than the account's home: both count.
+    roots.home = Some(home.clone());
+    roots.account_home = Some(account.clone());
+
+    let pull = roots.resolve("home", dest()).unwrap();
+    for pattern in ["/.bashrc", "/.profile", "/.config/autostart", "/.local/bin"] {
+        assert!(
+            pull.secret_excludes.contains(&pattern.to_string()),
+            "{pattern}: {pull:?}"
+        );
+    }
+    // A push may carry them: they hold no secret.
+    let push = roots.resolve("home", Intent::Read).unwrap();
+    assert!(
+        !push.secret_excludes.contains(&"/.bashrc".to_string()),
+        "{push:?}"
+    );
+    let err = roots.resolve("home/.config/autostart", dest()).unwrap_err();
+    assert!(err.contains("runs at the next login"), "{err}");
+    assert!(
+        roots
+            .resolve("home/.config/autostart", Intent::Read)
+            .is_ok()
+    );
+
+    // The account's home, whatever $HOME says.
+    let err = roots.resolve("account/.ssh", Intent::Read).unwrap_err();
+    assert!(err.contains("holds credentials"), "{err}");
+    assert!(roots.resolve("account/.bashrc", dest()).is_err());
+
+    // Outpost's own state and config file, in either direction.
+    let err = roots.resolve("state", dest()).unwrap_err();
+    assert!(err.contains("is Outpost's own"), "{err}");
+    assert!(roots.resolve("state", Intent::Read).is_err());
+    let whole = roots.resolve(".", dest()).unwrap();
+    for pattern in ["/state", "/my.toml"] {
+        assert!(
+            whole.secret_excludes.contains(&pattern.to_string()),
+            "{whole:?}"
+        );
+    }
 }
 
 #[test]
