@@ -26,6 +26,7 @@ use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -536,6 +537,8 @@ impl Drop for Sshd {
 /// line it prints (the token was made just now).
 pub struct McpHttp {
     child: Child,
+    /// Bytes the server wrote to stderr after its configuration line.
+    pub logged: Arc<AtomicU64>,
     /// `127.0.0.1:PORT`.
     pub addr: String,
     pub token: String,
@@ -550,6 +553,11 @@ impl McpHttp {
     /// The same with further callers, each a name and its token
     /// (`$OUTPOST_HOME/http-tokens/NAME`).
     pub fn start_with_callers(callers: &[(&str, &str)]) -> McpHttp {
+        McpHttp::start_with(callers, None)
+    }
+
+    /// The same, the server limited to `nofile` open files (`prlimit`).
+    pub fn start_with(callers: &[(&str, &str)], nofile: Option<u32>) -> McpHttp {
         use std::io::BufRead;
         use std::os::unix::fs::PermissionsExt;
         let home = TempDir::new("http-home");
@@ -562,7 +570,18 @@ impl McpHttp {
                 fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
             }
         }
-        let mut child = Command::new(target_bin("outpost"))
+        let mut command = match nofile {
+            // prlimit execs the command: the child's pid is the server's.
+            Some(n) => {
+                let mut c = Command::new("prlimit");
+                c.arg(format!("--nofile={n}:{n}"))
+                    .arg("--")
+                    .arg(target_bin("outpost"));
+                c
+            }
+            None => Command::new(target_bin("outpost")),
+        };
+        let mut child = command
             .args(["mcp", "--http", "127.0.0.1:0"])
             .current_dir(std::env::temp_dir())
             .env_clear()
@@ -580,8 +599,15 @@ impl McpHttp {
                 break serde_json::from_str(&line).unwrap();
             }
         };
-        // Keep draining stderr so that the server never blocks on it.
-        std::thread::spawn(move || for _ in lines {});
+        // Keep draining stderr so that the server never blocks on it; count
+        // what it writes.
+        let logged = Arc::new(AtomicU64::new(0));
+        let count = logged.clone();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                count.fetch_add(line.len() as u64 + 1, Ordering::Relaxed);
+            }
+        });
         let url = config["url"].as_str().unwrap();
         let addr = url
             .strip_prefix("http://")
@@ -598,7 +624,12 @@ impl McpHttp {
             addr,
             token,
             home,
+            logged,
         }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// An MCP client over Streamable HTTP with the token.

@@ -7,6 +7,7 @@ mod common;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::mcp_client::{ProgressLog, call};
@@ -342,4 +343,84 @@ async fn a_stateless_client_s_tasks_are_its_own_and_outlive_each_request() {
     .await
     .unwrap_err();
     assert_eq!(err["code"], -32602, "{err}");
+}
+
+/// CPU seconds process `pid` has used so far.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the command (which may hold spaces): utime is the 12th.
+    let fields: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    // SAFETY: sysconf has no preconditions.
+    ticks / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
+/// Out of file descriptors (a server limited to 48, then 120 idle
+/// connections): it neither spins nor floods its log, and serves again once
+/// they go.
+#[test]
+fn a_server_out_of_file_descriptors_waits_and_recovers() {
+    let server = McpHttp::start_with(&[], Some(48));
+    let idle: Vec<TcpStream> = (0..120)
+        .map(|_| TcpStream::connect(&server.addr).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_secs(1));
+    let (cpu, log) = (
+        cpu_seconds(server.pid()),
+        server.logged.load(Ordering::Relaxed),
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let spent = cpu_seconds(server.pid()) - cpu;
+    let written = server.logged.load(Ordering::Relaxed) - log;
+    assert!(
+        spent < 0.6,
+        "{spent:.2} s of CPU in 3 s while out of descriptors"
+    );
+    assert!(written < 20_000, "{written} bytes of log in 3 s");
+    drop(idle);
+    let bearer = format!("Authorization: Bearer {}\r\n", server.token);
+    let ok = outpost_e2e::wait_until(Duration::from_secs(10), || {
+        status(&raw(&server, "/mcp", &bearer)) == "200"
+    });
+    assert!(ok, "not served again once the connections closed");
+}
+
+/// Past its connection limit a server answers 503 at once, saying why;
+/// one caller cannot hold more than its share of sessions.
+#[test]
+fn connections_and_sessions_are_bounded() {
+    let other = "0123456789abcdef0123456789abcdef-bounded";
+    let server = McpHttp::start_with_callers(&[("other", other)]);
+    // Idle connections up to the limit, then one more.
+    let idle: Vec<TcpStream> = (0..256)
+        .map(|_| TcpStream::connect(&server.addr).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let r = raw(&server, "/mcp", "");
+    assert_eq!(status(&r), "503", "{r}");
+    assert!(r.contains("connections are open"), "{r}");
+    drop(idle);
+    std::thread::sleep(Duration::from_millis(500));
+
+    let own = format!("Authorization: Bearer {}\r\n", server.token);
+    for n in 0..64 {
+        let r = raw(&server, "/mcp", &own);
+        assert_eq!(status(&r), "200", "session {n}: {r}");
+        assert!(r.contains("mcp-session-id"), "{r}");
+    }
+    let r = raw(&server, "/mcp", &own);
+    assert_eq!(status(&r), "503", "{r}");
+    assert!(r.contains("the most one caller may"), "{r}");
+    // Another caller is not held back by this one.
+    let r = raw(
+        &server,
+        "/mcp",
+        &format!("Authorization: Bearer {other}\r\n"),
+    );
+    assert_eq!(status(&r), "200", "{r}");
 }

@@ -32,11 +32,13 @@ use hyper::body::{Bytes, Incoming};
 use hyper::header::{AUTHORIZATION, CONNECTION, CONTENT_TYPE, HeaderValue, WWW_AUTHENTICATE};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
+use rmcp::transport::common::http_header::HEADER_SESSION_ID;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use subtle::ConstantTimeEq;
 use tokio_util::sync::CancellationToken;
 
+use super::admission::{self, Admission};
 use super::{Caller, MAX_MESSAGE_BYTES, OutpostServer, Shared};
 use crate::fleet::Fleet;
 
@@ -224,6 +226,34 @@ fn random_token() -> anyhow::Result<String> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
+/// A 503 that says which limit was reached.
+fn unavailable(why: &str) -> Response<BoxBody<Bytes, Infallible>> {
+    let mut response = Response::new(Full::new(Bytes::from(format!("outpost: {why}\n"))).boxed());
+    *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+/// Answers a connection past [`admission::MAX_CONNECTIONS`] with a 503 and
+/// closes it, without reading its request.
+async fn turn_away(mut stream: tokio::net::TcpStream) {
+    use tokio::io::AsyncWriteExt;
+    let body = format!(
+        "outpost: {} connections are open, the most this server takes; try again shortly\n",
+        admission::MAX_CONNECTIONS
+    );
+    let response = format!(
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n\
+         Content-Length: {}\r\nConnection: close\r\nRetry-After: 1\r\n\r\n{body}",
+        body.len()
+    );
+    let write = stream.write_all(response.as_bytes());
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), write).await;
+}
+
 fn bare(status: StatusCode) -> Response<BoxBody<Bytes, Infallible>> {
     let mut response = Response::new(Full::new(Bytes::new()).boxed());
     *response.status_mut() = status;
@@ -294,6 +324,8 @@ pub async fn serve_http(fleet: Arc<Fleet>, addr: SocketAddr) -> anyhow::Result<(
         .with_max_request_body_bytes(MAX_MESSAGE_BYTES)
         .with_cancellation_token(stop.child_token());
     let (fleet_for_sessions, shared) = (fleet.clone(), Shared::new(&fleet));
+    let sessions = Arc::new(LocalSessionManager::default());
+    let admission = Arc::new(Admission::new(sessions.clone()));
     let service = StreamableHttpService::new(
         move || {
             Ok(OutpostServer::with_shared(
@@ -301,7 +333,7 @@ pub async fn serve_http(fleet: Arc<Fleet>, addr: SocketAddr) -> anyhow::Result<(
                 shared.clone(),
             ))
         },
-        Arc::new(LocalSessionManager::default()),
+        sessions.clone(),
         config,
     );
     let tokens = Arc::new(tokens);
@@ -325,10 +357,16 @@ pub async fn serve_http(fleet: Arc<Fleet>, addr: SocketAddr) -> anyhow::Result<(
             _ = &mut interrupted => break,
         };
         let _ = stream.set_nodelay(true);
-        let (service, tokens) = (service.clone(), tokens.clone());
+        let Some(place) = admission.connection() else {
+            tokio::spawn(turn_away(stream));
+            continue;
+        };
+        let (service, tokens, admission) = (service.clone(), tokens.clone(), admission.clone());
         tokio::spawn(async move {
+            let _place = place;
             let handle = hyper::service::service_fn(move |mut request: Request<Incoming>| {
-                let (service, tokens) = (service.clone(), tokens.clone());
+                let (service, tokens, admission) =
+                    (service.clone(), tokens.clone(), admission.clone());
                 async move {
                     let authorization = request.headers().get(AUTHORIZATION);
                     let caller = tokens.caller(authorization.map(HeaderValue::as_bytes));
@@ -337,8 +375,21 @@ pub async fn serve_http(fleet: Arc<Fleet>, addr: SocketAddr) -> anyhow::Result<(
                     } else if let Some(caller) = caller {
                         // rmcp hands the request's parts, these extensions
                         // among them, to the handler ([`Caller::of`]).
-                        request.extensions_mut().insert(caller);
-                        service.handle(request).await
+                        request.extensions_mut().insert(caller.clone());
+                        let response = service.handle(request).await;
+                        // An `initialize` that opened a session: within the limits?
+                        let opened = response
+                            .headers()
+                            .get(HEADER_SESSION_ID)
+                            .and_then(|v| v.to_str().ok())
+                            .map(str::to_string);
+                        match opened {
+                            Some(id) => match admission.opened(&id, &caller).await {
+                                Ok(()) => response,
+                                Err(why) => unavailable(&why),
+                            },
+                            None => response,
+                        }
                     } else {
                         unauthorized(authorization)
                     };

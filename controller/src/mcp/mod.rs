@@ -34,6 +34,7 @@
 //! schemars). This file holds the server, merges the routers and implements
 //! `ServerHandler`.
 
+mod admission;
 mod ask;
 mod budget;
 mod caller;
