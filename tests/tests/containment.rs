@@ -21,7 +21,7 @@ use rmcp::model::{
 use rmcp::service::RequestContext;
 use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
 use rmcp::{ClientHandler, ErrorData, RoleClient, ServiceExt};
-use serde_json::json;
+use serde_json::{Value, json};
 
 /// A client that declares roots and answers `roots/list` with `roots`.
 #[derive(Clone)]
@@ -364,4 +364,76 @@ async fn a_killed_remote_agent_leaves_no_command_running() {
     // The next call connects afresh and works.
     let again = common::run(&session, "echo back").await.unwrap();
     assert_eq!(common::stdout(&again), "back\n");
+}
+
+/// Messages the stdio transport cannot parse (a lone surrogate escape, a
+/// number no float holds, invalid UTF-8) are answered by their id with
+/// -32700; one with no id and a batch get the transport's Invalid request.
+/// None is left unanswered, and the server goes on serving.
+#[test]
+fn every_request_is_answered_even_when_it_is_not_json() {
+    use std::io::{BufRead, Write};
+    let home = TempDir::new("contain-garbage");
+    let mut server = std::process::Command::new(target_bin("outpost"))
+        .arg("mcp")
+        .env_clear()
+        .env("HOME", home.path())
+        .env("PATH", std::env::var("PATH").unwrap())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = server.stdin.take().unwrap();
+    let lines: Vec<&[u8]> = vec![
+        br#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"raw","version":"1"}}}"#,
+        br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        br#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"exec_bash","arguments":{"command":"echo \ud800"}}}"#,
+        br#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"exec_bash","arguments":{"command":"true","timeout_s":1e400}}}"#,
+        b"{\"jsonrpc\":\"2.0\",\"id\":3,\"method\":\"pi\xffng\"}",
+        br#"{"jsonrpc":"2.0","method":"ping",}"#,
+        br#"[{"jsonrpc":"2.0","id":4,"method":"ping"}]"#,
+        br#"{"jsonrpc":"2.0","id":5,"method":"ping"}"#,
+    ];
+    for line in lines {
+        stdin.write_all(line).unwrap();
+        stdin.write_all(b"\n").unwrap();
+    }
+    stdin.flush().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = server.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(serde_json::from_str::<Value>(&line).unwrap());
+        }
+    });
+    let mut answers = Vec::new();
+    while answers.len() < 7 {
+        match rx.recv_timeout(std::time::Duration::from_secs(20)) {
+            Ok(answer) => answers.push(answer),
+            Err(_) => panic!("unanswered after {answers:?}"),
+        }
+    }
+    let by_id = |id: i64| {
+        answers
+            .iter()
+            .find(|a| a["id"] == id)
+            .unwrap_or_else(|| panic!("no answer for {id}: {answers:?}"))
+    };
+    for id in [1, 2, 3] {
+        assert_eq!(by_id(id)["error"]["code"], -32700, "{answers:?}");
+        let message = by_id(id)["error"]["message"].as_str().unwrap();
+        assert!(message.contains("not JSON"), "{message}");
+    }
+    assert_eq!(by_id(5)["result"], json!({}));
+    let invalid = answers
+        .iter()
+        .filter(|a| a.get("id").is_none() && a["error"]["code"] == -32600)
+        .count();
+    assert_eq!(invalid, 2, "{answers:?}");
+    drop(stdin);
+    let _ = server.wait();
 }

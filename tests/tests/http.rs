@@ -424,3 +424,64 @@ fn connections_and_sessions_are_bounded() {
     );
     assert_eq!(status(&r), "200", "{r}");
 }
+
+/// A POST of `body` with the token; the whole response.
+fn post(server: &McpHttp, body: &[u8]) -> String {
+    let mut stream = TcpStream::connect(&server.addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nAuthorization: Bearer {}\r\n\
+         Connection: close\r\nContent-Length: {}\r\n\r\n",
+        server.token,
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    stream.write_all(body).unwrap();
+    let mut response = Vec::new();
+    let _ = stream.read_to_end(&mut response);
+    String::from_utf8_lossy(&response).into_owned()
+}
+
+/// A body that is not JSON is answered with -32700 and its id where one can
+/// be found (else null), a batch with -32600: as JSON-RPC errors, not bare
+/// HTTP statuses.
+#[test]
+fn every_http_request_is_answered_as_json_rpc() {
+    let server = McpHttp::start();
+    let cases: [(&[u8], Value, i64); 5] = [
+        (
+            br#"{"jsonrpc":"2.0","id":1,"method":"ping","params":{"s":"\ud800"}}"#,
+            json!(1),
+            -32700,
+        ),
+        (
+            br#"{"jsonrpc":"2.0","id":"two","method":"ping","params":{"n":1e400}}"#,
+            json!("two"),
+            -32700,
+        ),
+        (
+            b"{\"jsonrpc\":\"2.0\",\"id\":3,\"method\":\"pi\xffng\"}",
+            json!(3),
+            -32700,
+        ),
+        (b"{\"jsonrpc\":\"2.0\",\"method\":", Value::Null, -32700),
+        (
+            br#"[{"jsonrpc":"2.0","id":4,"method":"ping"}]"#,
+            Value::Null,
+            -32600,
+        ),
+    ];
+    for (body, id, code) in cases {
+        let r = post(&server, body);
+        assert_eq!(status(&r), "400", "{r}");
+        let answer: Value = serde_json::from_str(r.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+        assert_eq!(answer["id"], id, "{r}");
+        assert_eq!(answer["error"]["code"], code, "{r}");
+    }
+    // A well-formed request is served as before.
+    let bearer = format!("Authorization: Bearer {}\r\n", server.token);
+    assert_eq!(status(&raw(&server, "/mcp", &bearer)), "200");
+}

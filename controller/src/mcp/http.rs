@@ -226,6 +226,56 @@ fn random_token() -> anyhow::Result<String> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
+/// A POST whose body is one JSON message, read whole (rmcp reads it whole
+/// too); else the JSON-RPC error that answers it: `-32700` with its id if
+/// one can be found (else `null`) for a body that is not JSON, `-32600` for
+/// a batch (MCP has none since 2025-06-18), 413 past the message limit.
+async fn well_formed(
+    request: Request<Incoming>,
+) -> Result<Request<Full<Bytes>>, Response<BoxBody<Bytes, Infallible>>> {
+    let (parts, body) = request.into_parts();
+    let limited = http_body_util::Limited::new(body, MAX_MESSAGE_BYTES);
+    let bytes = match limited.collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) => {
+            let mut response = unavailable(&format!(
+                "the request body could not be read: {e} (at most {} per message)",
+                crate::ops::human_bytes(MAX_MESSAGE_BYTES as u64)
+            ));
+            *response.status_mut() = StatusCode::PAYLOAD_TOO_LARGE;
+            return Err(response);
+        }
+    };
+    if parts.method == hyper::Method::POST {
+        let refusal = match serde_json::from_slice::<serde_json::Value>(&bytes) {
+            Err(e) => Some((
+                super::linelimit::top_level_id(&bytes),
+                rmcp::model::ErrorCode::PARSE_ERROR,
+                format!("the message is not JSON ({e}); send one JSON-RPC message, valid UTF-8 JSON"),
+            )),
+            Ok(serde_json::Value::Array(_)) => Some((
+                None,
+                rmcp::model::ErrorCode::INVALID_REQUEST,
+                "batches are not accepted (MCP has none since 2025-06-18); send one message per request"
+                    .to_string(),
+            )),
+            Ok(_) => None,
+        };
+        if let Some((id, code, message)) = refusal {
+            let body = serde_json::json!({
+                "jsonrpc": "2.0", "id": id, "error": {"code": code.0, "message": message},
+            });
+            let mut response = Response::new(Full::new(Bytes::from(body.to_string())).boxed());
+            *response.status_mut() = StatusCode::BAD_REQUEST;
+            response
+                .headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            return Err(response);
+        }
+    }
+    Ok(Request::from_parts(parts, Full::new(bytes)))
+}
+
 /// A 503 that says which limit was reached.
 fn unavailable(why: &str) -> Response<BoxBody<Bytes, Infallible>> {
     let mut response = Response::new(Full::new(Bytes::from(format!("outpost: {why}\n"))).boxed());
@@ -376,6 +426,10 @@ pub async fn serve_http(fleet: Arc<Fleet>, addr: SocketAddr) -> anyhow::Result<(
                         // rmcp hands the request's parts, these extensions
                         // among them, to the handler ([`Caller::of`]).
                         request.extensions_mut().insert(caller.clone());
+                        let request = match well_formed(request).await {
+                            Ok(request) => request,
+                            Err(refusal) => return Ok(refusal),
+                        };
                         let response = service.handle(request).await;
                         // An `initialize` that opened a session: within the limits?
                         let opened = response

@@ -1,20 +1,25 @@
-//! Every MCP request gets an answer, even one too large to read.
+//! Every MCP request gets an answer, even one too large to read or that is
+//! not JSON.
 //!
-//! MCP over stdio is one JSON-RPC message per line. A line longer than the
-//! limit cannot be buffered, and the stdio transport drops it without a word,
-//! so the client would wait for an answer until its own timeout. [`LineLimit`]
-//! sits between stdin and the transport: it passes lines through untouched
-//! while watching each one for its top-level `"id"`, and when a line outgrows
-//! the limit it cuts it short (the transport ignores the unparsable stub) and,
-//! where the line ends, puts in a small request of its own with the same id:
+//! MCP over stdio is one JSON-RPC message per line. The stdio transport
+//! drops without a word a line longer than its limit, and one that is not
+//! JSON (invalid UTF-8, a lone surrogate escape, a number no float holds),
+//! so the client would wait for an answer until its own timeout.
+//! [`LineLimit`] sits between stdin and the transport: it gathers each line
+//! while watching it for its top-level `"id"`, passes a well-formed one on
+//! untouched, and in place of one too long or not JSON puts a small request
+//! of its own with the same id:
 //!
 //! ```text
 //! {"jsonrpc":"2.0","id":<id>,"method":"outpost/oversized","params":{"bytes":N,"limit":L}}
+//! {"jsonrpc":"2.0","id":<id>,"method":"outpost/unparsable","params":{"error":"…"}}
 //! ```
 //!
-//! The server answers that request with a JSON-RPC error naming the limit
-//! ([`oversized_error`]). A notification (no id) that is too large needs no
-//! answer and is only logged.
+//! The server answers those with a JSON-RPC error: the limit
+//! ([`oversized_error`]), or `-32700` and what is wrong. A message with no
+//! id to be found becomes `{"jsonrpc":"2.0"}`, which the transport answers
+//! with its `Invalid request`; a notification (no id) that is too large
+//! needs no answer and is only logged.
 
 use std::collections::VecDeque;
 use std::io;
@@ -27,6 +32,8 @@ use crate::ops::human_bytes;
 
 /// The method of the request that stands in for an oversized one.
 pub const OVERSIZED_METHOD: &str = "outpost/oversized";
+/// The method of the request that stands in for one that is not JSON.
+pub const UNPARSABLE_METHOD: &str = "outpost/unparsable";
 
 /// Longest id kept; JSON-RPC ids are short numbers or strings.
 const MAX_ID_LEN: usize = 256;
@@ -35,8 +42,10 @@ const MAX_ID_LEN: usize = 256;
 pub struct LineLimit<R> {
     inner: R,
     limit: usize,
-    /// Bytes of the current line seen so far (passed or dropped).
+    /// Bytes of the current line seen so far (kept or dropped).
     line_len: usize,
+    /// The current line, while it is within the limit.
+    line: Vec<u8>,
     /// The current line went past the limit; its rest is dropped.
     dropping: bool,
     scan: IdScan,
@@ -52,6 +61,7 @@ impl<R> LineLimit<R> {
             inner,
             limit,
             line_len: 0,
+            line: Vec::new(),
             dropping: false,
             scan: IdScan::default(),
             pending: VecDeque::new(),
@@ -71,13 +81,9 @@ impl<R> LineLimit<R> {
             let room = self.limit.saturating_sub(self.line_len);
             if !self.dropping {
                 if body.len() <= room {
-                    self.pending.extend(piece);
+                    self.line.extend_from_slice(body);
                 } else {
-                    // Pass what fits, then end the line with a byte no JSON
-                    // may hold there, so the transport ignores the stub
-                    // whatever its prefix happened to be.
-                    self.pending.extend(&body[..room]);
-                    self.pending.extend(b"\x01\n");
+                    self.line = Vec::new();
                     self.dropping = true;
                 }
             }
@@ -85,6 +91,8 @@ impl<R> LineLimit<R> {
             if newline.is_some() {
                 if self.dropping {
                     self.answer_oversized();
+                } else {
+                    self.pass_line();
                 }
                 self.line_len = 0;
                 self.dropping = false;
@@ -92,6 +100,35 @@ impl<R> LineLimit<R> {
             }
             rest = &rest[end..];
         }
+    }
+
+    /// Passes the line gathered on, or what stands in for it.
+    fn pass_line(&mut self) {
+        let line = std::mem::take(&mut self.line);
+        let text = line.strip_prefix(b"\xef\xbb\xbf").unwrap_or(&line);
+        let blank = text.iter().all(u8::is_ascii_whitespace);
+        // What the transport could not parse, it would drop unanswered.
+        match serde_json::from_slice::<serde_json::Value>(text) {
+            Err(e) if !blank => {
+                let problem = format!("the message is not JSON ({e})");
+                let id = self.scan.id.take();
+                match id.and_then(|id| serde_json::from_slice::<serde_json::Value>(&id).ok()) {
+                    Some(id) => {
+                        let stand_in = serde_json::json!({
+                            "jsonrpc": "2.0", "id": id, "method": UNPARSABLE_METHOD,
+                            "params": {"error": problem},
+                        });
+                        self.pending.extend(stand_in.to_string().as_bytes());
+                    }
+                    None => {
+                        tracing::warn!("an MCP message with no id: {problem}");
+                        self.pending.extend(b"{\"jsonrpc\":\"2.0\"}");
+                    }
+                }
+            }
+            _ => self.pending.extend(&line),
+        }
+        self.pending.push_back(b'\n');
     }
 
     fn answer_oversized(&mut self) {
@@ -157,6 +194,14 @@ pub fn oversized_error(bytes: u64, limit: u64) -> String {
         human_bytes(bytes),
         human_bytes(limit)
     )
+}
+
+/// The top-level `"id"` of `message`, found even where the rest of it is
+/// not JSON; only a number or a string counts.
+pub fn top_level_id(message: &[u8]) -> Option<serde_json::Value> {
+    let mut scan = IdScan::default();
+    scan.feed(message);
+    scan.id.and_then(|id| serde_json::from_slice(&id).ok())
 }
 
 /// Finds the top-level `"id"` member of one JSON object streamed in pieces,
@@ -255,6 +300,7 @@ impl IdScan {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
     use tokio::io::AsyncReadExt;
 
     async fn run(input: Vec<u8>, limit: usize) -> Vec<u8> {
@@ -288,18 +334,15 @@ mod tests {
         );
         let out = run(input.into_bytes(), 1000).await;
         let got = lines(&out);
-        assert_eq!(got.len(), 3, "{got:?}");
-        // The stub is cut at the limit and cannot parse.
-        assert!(got[0].len() <= 1001);
-        assert!(serde_json::from_str::<serde_json::Value>(&got[0]).is_err());
-        let stand_in: serde_json::Value = serde_json::from_str(&got[1]).unwrap();
+        assert_eq!(got.len(), 2, "{got:?}");
+        let stand_in: serde_json::Value = serde_json::from_str(&got[0]).unwrap();
         assert_eq!(
             stand_in["id"], "req-7",
             "the top-level id, not a nested one"
         );
         assert_eq!(stand_in["method"], OVERSIZED_METHOD);
         assert!(stand_in["params"]["bytes"].as_u64().unwrap() > 5000);
-        assert_eq!(got[2], "{\"jsonrpc\":\"2.0\",\"id\":8,\"method\":\"ping\"}");
+        assert_eq!(got[1], "{\"jsonrpc\":\"2.0\",\"id\":8,\"method\":\"ping\"}");
     }
 
     #[tokio::test]
@@ -315,7 +358,7 @@ mod tests {
         }
         let out: Vec<u8> = limit.pending.into_iter().collect();
         let got = lines(&out);
-        let stand_in: serde_json::Value = serde_json::from_str(&got[1]).unwrap();
+        let stand_in: serde_json::Value = serde_json::from_str(&got[0]).unwrap();
         assert_eq!(stand_in["id"], 42);
     }
 
@@ -323,9 +366,46 @@ mod tests {
     async fn an_oversized_notification_is_dropped() {
         let input = format!("{{\"method\":\"n\",\"params\":\"{}\"}}\n", "z".repeat(500));
         let out = run(input.into_bytes(), 100).await;
-        let got = lines(&out);
-        assert_eq!(got.len(), 1);
-        assert!(serde_json::from_str::<serde_json::Value>(&got[0]).is_err());
+        assert!(lines(&out).is_empty(), "{out:?}");
+    }
+
+    #[tokio::test]
+    async fn a_message_that_is_not_json_is_answered_by_its_id() {
+        let mut input = Vec::new();
+        for bad in [
+            &br#"{"jsonrpc":"2.0","id":1,"method":"ping","params":{"s":"\ud800"}}"#[..],
+            br#"{"jsonrpc":"2.0","id":"two","method":"ping","params":{"n":1e400}}"#,
+            b"{\"jsonrpc\":\"2.0\",\"id\":3,\"method\":\"pi\xffng\"}",
+            br#"{"jsonrpc":"2.0","id":4,"method":"ping""#,
+            // No id to be found: what the transport answers as invalid.
+            br#"{"jsonrpc":"2.0","method":"ping",}"#,
+            br#"[{"jsonrpc":"2.0","id":5,"method":"ping"}]"#,
+            b"",
+        ] {
+            input.extend_from_slice(bad);
+            input.push(b'\n');
+        }
+        let got = lines(&run(input, 1000).await);
+        let value = |i: usize| serde_json::from_str::<serde_json::Value>(&got[i]).unwrap();
+        for (i, id) in [
+            (0, json!(1)),
+            (1, json!("two")),
+            (2, json!(3)),
+            (3, json!(4)),
+        ] {
+            assert_eq!(value(i)["id"], id, "{}", got[i]);
+            assert_eq!(value(i)["method"], UNPARSABLE_METHOD);
+            assert!(
+                value(i)["params"]["error"]
+                    .as_str()
+                    .unwrap()
+                    .contains("not JSON")
+            );
+        }
+        assert_eq!(got[4], r#"{"jsonrpc":"2.0"}"#);
+        // A batch is JSON: the transport refuses it itself.
+        assert_eq!(got[5], r#"[{"jsonrpc":"2.0","id":5,"method":"ping"}]"#);
+        assert_eq!(got.len(), 6, "{got:?}");
     }
 
     #[test]

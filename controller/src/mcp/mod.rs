@@ -582,6 +582,14 @@ impl ServerHandler for OutpostServer {
         let caller = Caller::of(&context);
         match request.method.as_str() {
             OVERSIZED_METHOD => {}
+            linelimit::UNPARSABLE_METHOD => {
+                let problem = params.get("error").and_then(|e| e.as_str()).unwrap_or("");
+                return Err(McpError::new(
+                    rmcp::model::ErrorCode::PARSE_ERROR,
+                    format!("{problem}; send one JSON-RPC message per line, valid UTF-8 JSON"),
+                    None,
+                ));
+            }
             // The 2026-07-28 extension dropped these two; a client may still
             // list its own tasks or wait for one's result.
             "tasks/list" => {
