@@ -25,7 +25,7 @@ use rmcp::{Peer, RoleServer};
 use serde::de::DeserializeOwned;
 
 use super::caller::Caller;
-use super::tasks::{CURRENT_TASK, TaskSlot};
+use super::task_slot::{CURRENT_TASK, TaskSlot};
 
 tokio::task_local! {
     /// How the call being served can ask its person, if it can.
@@ -278,24 +278,6 @@ async fn ask_in_task<T: schemars::JsonSchema + DeserializeOwned>(
         // Cancelled (or the task gone): nobody will answer.
         Ok(Err(_)) => Answer::Dismissed,
         Ok(Ok(answer)) => read_answer(answer),
-    }
-}
-
-/// `work` with `person` as the one to ask, for policy questions and unknown
-/// host keys alike.
-pub(super) async fn with_person<F: Future>(
-    person: Option<Person>,
-    confirm_timeout: Duration,
-    work: F,
-) -> F::Output {
-    let host_keys = person.clone().map(|p| {
-        Arc::new(super::hostkey::AskThePerson::new(p, confirm_timeout))
-            as Arc<dyn crate::host::ConfirmHostKey>
-    });
-    let work = Person::scope(person, work);
-    match host_keys {
-        Some(asker) => crate::host::HOST_KEY_CONFIRMATION.scope(asker, work).await,
-        None => work.await,
     }
 }
 

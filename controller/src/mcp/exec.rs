@@ -392,7 +392,7 @@ impl OutpostServer {
             }
             return Ok(Some(Duration::from_secs_f64(s)));
         }
-        if super::tasks::CURRENT_TASK.try_with(|_| ()).is_ok() {
+        if super::task_slot::CURRENT_TASK.try_with(|_| ()).is_ok() {
             return Ok(None);
         }
         let client = super::budget::CLIENT_NAME

@@ -28,7 +28,8 @@
 //! policy check), `code.rs` (code contexts that keep their state, package
 //! installs, one-shot runs), `files.rs` (syncs and remote files), `jobs.rs` (background
 //! jobs), `watch.rs` (the advanced watch tools), `resources.rs`,
-//! `prompts.rs`, `caller.rs` (who is calling), `tasks.rs`, `ask.rs`,
+//! `prompts.rs`, `caller.rs` (who is calling), `tasks.rs` and
+//! `task_slot.rs` (the task a call may become), `ask.rs`, `admission.rs`,
 //! `linelimit.rs` (oversized messages on stdin) and `shape.rs`
 //! (the schemas of results that lower layers define: only `mcp/` knows
 //! schemars). This file holds the server, merges the routers and implements
@@ -54,6 +55,7 @@ mod resources;
 mod sandboxes;
 mod shape;
 mod sync_view;
+mod task_slot;
 mod tasks;
 mod watch;
 
@@ -425,7 +427,7 @@ impl ServerHandler for OutpostServer {
             return call.run(answer, audit_outcome).await;
         }
         let tcc = rmcp::handler::server::tool::ToolCallContext::new(&server, request, context);
-        let work = ask::with_person(person, confirm_timeout, self.tool_router.call(tcc));
+        let work = with_person(person, confirm_timeout, self.tool_router.call(tcc));
         let work = budget::CLIENT_NAME.scope(client_name, work);
         let states = &self.shared.request_states;
         let call_or_cancel = async move {
@@ -643,6 +645,24 @@ impl ServerHandler for OutpostServer {
                  exec_bash runs on the active sandbox unless sandbox_name is given. \
                  Long commands: exec_bash_background, then wait_background_task.",
         )
+    }
+}
+
+/// `work` with `person` as the one to ask, for policy questions and unknown
+/// host keys alike.
+async fn with_person<F: Future>(
+    person: Option<ask::Person>,
+    confirm_timeout: Duration,
+    work: F,
+) -> F::Output {
+    let host_keys = person.clone().map(|p| {
+        Arc::new(hostkey::AskThePerson::new(p, confirm_timeout))
+            as Arc<dyn crate::host::ConfirmHostKey>
+    });
+    let work = ask::Person::scope(person, work);
+    match host_keys {
+        Some(asker) => crate::host::HOST_KEY_CONFIRMATION.scope(asker, work).await,
+        None => work.await,
     }
 }
 

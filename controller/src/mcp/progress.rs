@@ -15,7 +15,7 @@ use rmcp::model::{ProgressNotificationParam, ProgressToken, RequestMetaObject};
 use rmcp::{Peer, RoleServer};
 use tokio::task::JoinHandle;
 
-use super::tasks::TaskSlot;
+use super::task_slot::{CURRENT_TASK, TaskSlot};
 
 /// Between two notifications of one call (the spec's clients expect one at
 /// least every 5 s).
@@ -55,7 +55,7 @@ impl Progress {
     /// The progress channel of the request with `meta`: its task's status,
     /// or notifications if it asked for them.
     pub fn of(peer: &Peer<RoleServer>, meta: &RequestMetaObject) -> Progress {
-        let task = super::tasks::CURRENT_TASK.try_with(TaskSlot::clone).ok();
+        let task = CURRENT_TASK.try_with(TaskSlot::clone).ok();
         let notifications = meta.get_progress_token().map(|token| Notifications {
             peer: peer.clone(),
             token,

@@ -26,7 +26,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rmcp::ErrorData as McpError;
@@ -42,6 +42,7 @@ use rmcp::task_manager::{TaskContext, TaskExit, TaskManager, TaskOptions};
 use super::OutpostServer;
 use super::ask::Person;
 use super::caller::Caller;
+use super::task_slot::{CURRENT_TASK, TaskSlot};
 
 /// Clients should poll this often.
 const POLL_INTERVAL_MS: u64 = 1_000;
@@ -59,60 +60,6 @@ const MAX_UNFINISHED_PER_CALLER: usize = 256;
 const RESULT_POLL: Duration = Duration::from_millis(100);
 /// How long a call that may become a task runs first as a plain call.
 const INLINE_GRACE: Duration = Duration::from_millis(1_000);
-
-tokio::task_local! {
-    /// Set for a call that may become a task: the task, once it is one, for
-    /// its status messages. A call under it has no client budget of its own.
-    pub(super) static CURRENT_TASK: TaskSlot;
-}
-
-/// The task a call became, once it did. Clones share it.
-#[derive(Clone, Default)]
-pub(super) struct TaskSlot(Arc<Slot>);
-
-#[derive(Default)]
-struct Slot {
-    task: OnceLock<TaskContext>,
-    /// The call wants to be a task now (to ask its person something).
-    wanted: tokio::sync::Notify,
-    /// It has become one.
-    made: tokio::sync::Notify,
-    /// Input requests made so far, for their keys.
-    inputs: std::sync::atomic::AtomicU32,
-}
-
-impl TaskSlot {
-    pub(super) fn get(&self) -> Option<&TaskContext> {
-        self.0.task.get()
-    }
-
-    /// The task this call is, made one at once if it is not yet.
-    pub(super) async fn now(&self) -> TaskContext {
-        let made = self.0.made.notified();
-        tokio::pin!(made);
-        made.as_mut().enable();
-        if let Some(task) = self.get() {
-            return task.clone();
-        }
-        self.0.wanted.notify_one();
-        made.await;
-        self.get().expect("set before it is announced").clone()
-    }
-
-    fn set(&self, task: TaskContext) {
-        let _ = self.0.task.set(task);
-        self.0.made.notify_waiters();
-    }
-
-    /// A key for the next input request, unique within the task.
-    pub(super) fn next_input_key(&self) -> String {
-        let n = self
-            .0
-            .inputs
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        format!("ask-{}", n + 1)
-    }
-}
 
 /// Whether `request` runs as a task for this client, and if so for how long
 /// at most: the TTL never cuts a call shorter than its own limit.
@@ -311,7 +258,7 @@ pub(super) async fn run(
     let mut work: CallFuture = Box::pin(async move {
         let call = ToolCallContext::new(&server, request, context);
         let work = CURRENT_TASK.scope(scope, server.tool_router.call(call));
-        super::ask::with_person(person, confirm_timeout, work).await
+        super::with_person(person, confirm_timeout, work).await
     });
     tokio::select! {
         result = &mut work => return result,
@@ -319,7 +266,7 @@ pub(super) async fn run(
             return Err(McpError::internal_error(super::CANCELLED, None));
         }
         () = tokio::time::sleep(INLINE_GRACE) => {}
-        () = slot.0.wanted.notified() => {}
+        () = slot.wanted() => {}
     }
     let options = TaskOptions::new()
         .with_ttl_ms(ttl.as_millis() as u64)
