@@ -11,9 +11,11 @@
 //! poll interval.
 //! An older session answers inline even if it declares the extension's key
 //! (its clients read only a plain result), with progress and the deadline
-//! path as usual. The 2025-11-25 Tasks (a `task` parameter, `tasks/result`)
-//! are not offered: rmcp drops that parameter and has no capability for
-//! them, so nothing here tells such a client it may ask.
+//! path as usual. The 2025-11-25 Tasks (a client asks for one with a `task`
+//! parameter) are not offered: rmcp drops that parameter and has no
+//! capability for them, so nothing here tells such a client it may ask.
+//! `tasks/list` and `tasks/result`, which the 2026-07-28 extension dropped,
+//! still answer for this store.
 //!
 //! Tasks live in one [`TaskStore`] per process, not per session or
 //! request: a stateless HTTP client polls `tasks/get` on a fresh server
