@@ -38,10 +38,27 @@ async fn mcp_isolated_sandbox_lifecycle() {
         ),
         (json!({"host": "local", "limits": {"cpus": 0}}), "cpus"),
         (json!({"host": "nope"}), "unknown sandbox"),
+        // The workspace rung cannot cut the network: refused, not echoed.
+        (
+            json!({"host": "local", "isolation": "none", "network": false}),
+            "network: false needs bwrap or Landlock",
+        ),
     ] {
         let (err, r) = call(&client, "create_sandbox", args.clone()).await;
         assert!(err, "{args}: {r}");
         assert!(r.to_string().contains(wanted), "{args}: {r}");
+    }
+    // A root login reaches no rung here: `auto` is the workspace, so
+    // network: false is refused there too.
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        let (err, r) = call(
+            &client,
+            "create_sandbox",
+            json!({"host": "local", "network": false}),
+        )
+        .await;
+        assert!(err && r.to_string().contains("runs as root"), "{r}");
     }
     for (name, wanted) in [
         ("local/Bad_Id", "bad sandbox id"),

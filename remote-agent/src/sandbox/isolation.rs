@@ -199,6 +199,17 @@ pub fn choose(asked: Isolation) -> Result<Isolation, String> {
     }
 }
 
+/// Why a sandbox that asked for `asked` gets no isolation rung.
+pub fn why_unisolated(asked: Isolation) -> String {
+    let rungs = rungs();
+    match (asked, &rungs.bwrap, &rungs.landlock) {
+        (Isolation::None, _, _) => "isolation none was asked for".into(),
+        (_, Err(bwrap), Err(landlock)) if bwrap == landlock => bwrap.clone(),
+        (_, Err(bwrap), Err(landlock)) => format!("bwrap: {bwrap}; Landlock: {landlock}"),
+        _ => "an isolation rung is available".into(),
+    }
+}
+
 /// The holder's command line: a bubblewrap sandbox with a read-only `/`,
 /// the real home and the agent's state hidden under empty tmpfs, the
 /// sandbox's work and home dirs bound at their own paths, its tmp dir at

@@ -133,7 +133,19 @@ static CREATING: Mutex<()> = Mutex::new(());
 pub fn create_in_daemon(spec: SandboxSpec) -> Result<SandboxInfo, AgentError> {
     let root = store::root()?;
     validate(&spec, &root)?;
-    isolation::choose(spec.isolation).map_err(|m| error(ErrorKind::Unavailable, m))?;
+    let rung = isolation::choose(spec.isolation).map_err(|m| error(ErrorKind::Unavailable, m))?;
+    // The workspace rung cannot cut a sandbox off the network: refused
+    // rather than answered as if it had.
+    if !spec.network && rung == Isolation::None {
+        return Err(error(
+            ErrorKind::Unavailable,
+            format!(
+                "network: false needs bwrap or Landlock to hold, and this sandbox would have neither ({}); \
+                 ask for network: true, or make an isolation rung available",
+                isolation::why_unisolated(spec.isolation)
+            ),
+        ));
+    }
     // Bounded: with the setup wait, well within what the caller waits.
     let _creating = {
         let deadline = Instant::now() + SETUP_WAIT;
