@@ -16,7 +16,8 @@ pub fn home_dir() -> Option<PathBuf> {
     }
 }
 
-fn passwd_home() -> Option<PathBuf> {
+/// This account's home in the password database, whatever `$HOME` says.
+pub fn passwd_home() -> Option<PathBuf> {
     let mut buf = vec![0 as libc::c_char; 16 * 1024];
     // SAFETY: passwd is plain old data; getpwuid_r fills it and points its
     // strings into `buf`, which outlives every use below.

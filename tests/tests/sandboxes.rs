@@ -373,12 +373,49 @@ async fn isolated_sandboxes_over_ssh_contain_and_expire() {
     )
     .await;
     assert_eq!(r["stdout"], "CONNECTED\n", "the host itself connects: {r}");
+    // The login's shared memory, and a terminal of its open (a real pty,
+    // made by script and held by a job).
+    let shm = format!("/dev/shm/outpost-shm-{}", std::process::id());
+    let (err, r) = call(
+        &client,
+        "exec_bash",
+        json!({"command": format!("echo SHM > {shm}"), "sandbox_name": "box"}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    let (err, r) = call(
+        &client,
+        "exec_bash_background",
+        json!({"command": "script -qfc 'sleep 300' /dev/null", "sandbox_name": "box",
+               "session_name": "outpost-pty-holder"}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    let find_pty = "for p in $(pgrep -u $(id -u) -x sleep); do \
+                    t=$(readlink /proc/$p/fd/0); case $t in /dev/pts/*) echo $t; break;; esac; done";
+    let mut pty = String::new();
+    for _ in 0..50 {
+        let (_, r) = call(
+            &client,
+            "exec_bash",
+            json!({"command": find_pty, "sandbox_name": "box"}),
+        )
+        .await;
+        pty = r["stdout"].as_str().unwrap_or_default().trim().to_string();
+        if !pty.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(pty.starts_with("/dev/pts/"), "no terminal: {pty:?}");
 
     for isolation in ["bwrap", "landlock", "none"] {
         let (err, made) = call(
             &client,
             "create_sandbox",
-            json!({"host": "box", "isolation": isolation, "network": false, "ttl_s": 600}),
+            // The workspace rung cannot cut the network: it is not asked to.
+            json!({"host": "box", "isolation": isolation, "network": isolation == "none",
+                   "ttl_s": 600}),
         )
         .await;
         if err && isolation == "landlock" && made.to_string().contains("Landlock") {
@@ -429,6 +466,22 @@ async fn isolated_sandboxes_over_ssh_contain_and_expire() {
             .await
             .1;
             assert_ne!(r["exit_code"], 0, "{isolation} wrote into the home: {r}");
+            // Neither the login's shared memory nor its terminals (bwrap
+            // has a /dev/shm of its own, where an append makes a new file).
+            let r = sh(format!("cat {shm}; echo x >> {shm}")).await;
+            assert!(
+                !r["stdout"].as_str().unwrap().contains("SHM"),
+                "{isolation}: {r}"
+            );
+            assert_eq!(
+                std::fs::read_to_string(&shm).unwrap(),
+                "SHM\n",
+                "{isolation}"
+            );
+            for command in [format!("echo x > {pty}"), format!("cat < {pty}")] {
+                let r = sh(command.clone()).await;
+                assert_ne!(r["exit_code"], 0, "{isolation}: {command}: {r}");
+            }
         }
         // Everything works inside.
         let r = sh("pwd; echo made > here.txt".into()).await;
@@ -475,6 +528,14 @@ async fn isolated_sandboxes_over_ssh_contain_and_expire() {
         assert!(!err && r["state"] == "deleted", "{r}");
     }
 
+    let (err, r) = call(
+        &client,
+        "cancel_background_task",
+        json!({"name": "outpost-pty-holder", "sandbox_name": "box"}),
+    )
+    .await;
+    assert!(!err, "{r}");
+
     // TTL: the controller goes away; the host ends the sandbox on time.
     let (err, made) = call(
         &client,
@@ -507,6 +568,7 @@ async fn isolated_sandboxes_over_ssh_contain_and_expire() {
         created.elapsed()
     );
     let _ = std::fs::remove_file(format!("{home}/{secret}"));
+    let _ = std::fs::remove_file(&shm);
 }
 
 /// OpenSandbox's several-files tools (advanced): all checked before the

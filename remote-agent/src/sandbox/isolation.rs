@@ -256,7 +256,8 @@ pub fn bwrap_args(
 
 /// What a sandbox must not see of the host: the home (`~/.ssh`, cloud
 /// credentials) and the agent's state dir (other sandboxes, job logs)
-/// wherever it is.
+/// wherever it is. Both `$HOME` and the account's home in the password
+/// database: they differ when a client or `sudo` set `HOME`.
 pub fn hidden_paths() -> Vec<PathBuf> {
     let mut hidden: Vec<PathBuf> = Vec::new();
     let mut hide = |path: PathBuf| {
@@ -268,7 +269,11 @@ pub fn hidden_paths() -> Vec<PathBuf> {
             }
         }
     };
-    if let Some(home) = paths::home_dir().filter(|h| h.is_dir()) {
+    for home in [paths::home_dir(), paths::passwd_home()]
+        .into_iter()
+        .flatten()
+        .filter(|h| h.is_dir())
+    {
         hide(home);
     }
     if let Some(state) = paths::state_dir() {
@@ -279,11 +284,15 @@ pub fn hidden_paths() -> Vec<PathBuf> {
 
 /// What Landlock also keeps unreadable: the shared `/tmp` and the user's
 /// runtime dir hold credentials too (Kerberos tickets, keyrings, agent
-/// sockets). bwrap gives the sandbox its own of both.
+/// sockets), `/dev/shm` other programs' shared memory, `/dev/pts` the
+/// user's open terminals. bwrap gives the sandbox its own of each.
 pub fn landlock_hidden(hidden: &[PathBuf]) -> Vec<PathBuf> {
     let mut all = hidden.to_vec();
     let runtime = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from);
-    for p in [Some(PathBuf::from("/tmp")), runtime].into_iter().flatten() {
+    // The user's open terminals and the shared memory of their other
+    // programs, besides the shared /tmp and runtime dir.
+    let shared = ["/tmp", "/dev/shm", "/dev/pts"].map(|p| Some(PathBuf::from(p)));
+    for p in shared.into_iter().chain([runtime]).flatten() {
         for p in [fs_canonical(&p), Some(p)].into_iter().flatten() {
             if !all.iter().any(|h| p.starts_with(h)) {
                 all.retain(|h| !h.starts_with(&p));
@@ -487,14 +496,12 @@ pub fn apply_landlock(dirs: &Dirs, network: bool, hidden: &[PathBuf]) -> Result<
         let fd = PathFd::new(&dir).map_err(|e| format!("landlock: {}: {e}", dir.display()))?;
         created = created.add_rule(PathBeneath::new(fd, all)).map_err(fail)?;
     }
-    for dev in [
-        "/dev/null",
-        "/dev/zero",
-        "/dev/full",
-        "/dev/tty",
-        "/dev/pts",
-        "/dev/shm",
-    ] {
+    // Not /dev/pts nor /dev/shm: rights there would reach the user's open
+    // terminals and the shared memory of their other programs, which a path
+    // rule cannot tell from the sandbox's own. POSIX shared memory and
+    // semaphores (Python's multiprocessing) need the bwrap rung, whose
+    // /dev is its own.
+    for dev in ["/dev/null", "/dev/zero", "/dev/full", "/dev/tty"] {
         if let Ok(fd) = PathFd::new(dev) {
             created = created
                 .add_rule(PathBeneath::new(fd, AccessFs::from_file(abi) | read))
