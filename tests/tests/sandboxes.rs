@@ -638,3 +638,61 @@ async fn upload_and_download_several_files() {
     call(&client, "delete_sandbox", json!({"sandbox_name": name})).await;
     client.cancel().await.unwrap();
 }
+
+/// A memory limit counts what a sandbox holds in a memfd, pages written and
+/// never mapped, which no process's RSS shows: as the unprivileged test
+/// account (no cgroup of its own), under bwrap and Landlock, 300 MB written
+/// into a memfd in a sandbox limited to 64 MB is stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_memory_limit_counts_memfd_pages() {
+    assert!(
+        bwrap_usable(),
+        "bwrap cannot run here (scripts/setup-test-env installs it)"
+    );
+    let sshd = outpost_e2e::Sshd::start();
+    let (env, _config) = common::mcp_client::isolated_env(&sshd);
+    let (client, _home) = start(&env).await;
+    let hold = "import os, time\n\
+                fd = os.memfd_create('held')\n\
+                block = b'x' * (1 << 20)\n\
+                for _ in range(300):\n    os.write(fd, block)\n\
+                print('held', flush=True)\n\
+                time.sleep(30)\n";
+    for isolation in ["bwrap", "landlock"] {
+        let (err, made) = call(
+            &client,
+            "create_sandbox",
+            json!({"host": "box", "isolation": isolation, "ttl_s": 600,
+                   "limits": {"memory_mb": 64}}),
+        )
+        .await;
+        assert!(!err, "{isolation}: {made}");
+        let name = made["sandbox_name"].as_str().unwrap().to_string();
+        let started = std::time::Instant::now();
+        let (err, r) = call(
+            &client,
+            "exec_bash",
+            json!({"command": format!("python3 -c \"{}\"", hold.replace('"', "\\\"")),
+                   "sandbox_name": name, "timeout_s": 25}),
+        )
+        .await;
+        assert!(!err, "{r}");
+        assert_ne!(
+            r["exit_code"], 0,
+            "{isolation}: the memfd was not counted: {r}"
+        );
+        assert!(
+            r.get("timed_out").is_none(),
+            "{isolation}: ran to its timeout: {r}"
+        );
+        assert!(started.elapsed().as_secs() < 20, "{isolation}: {r}");
+        let (_, status) = call(&client, "get_sandbox_status", json!({"sandbox_name": name})).await;
+        assert!(
+            status.to_string().contains("memory limit"),
+            "{isolation}: {status}"
+        );
+        let (err, r) = call(&client, "delete_sandbox", json!({"sandbox_name": name})).await;
+        assert!(!err, "{r}");
+    }
+    client.cancel().await.unwrap();
+}

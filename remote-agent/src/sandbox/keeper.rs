@@ -450,7 +450,7 @@ impl Keeper {
         let members = limits::members(&self.dirs.id, self.setup.pid_ns, &self.setup.cgroups);
         let sizes: Vec<(i32, u64)> = members
             .iter()
-            .map(|s| (s.pid, limits::rss_bytes(s.pid)))
+            .map(|s| (s.pid, limits::memory_bytes(&[s.pid])))
             .collect();
         // Files in its own tmpfs mounts are memory too.
         let tmpfs = match &self.setup.holder {
@@ -461,7 +461,9 @@ impl Keeper {
             }
             None => 0,
         };
-        let total: u64 = sizes.iter().map(|(_, b)| b).sum::<u64>() + tmpfs;
+        // Shared memory once, and what a memfd holds that no RSS shows.
+        let pids: Vec<i32> = members.iter().map(|s| s.pid).collect();
+        let total = limits::memory_bytes(&pids) + tmpfs;
         if total <= mb << 20 {
             return;
         }

@@ -339,6 +339,51 @@ pub fn rss_bytes(pid: i32) -> u64 {
     pages * unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64
 }
 
+/// Memory the processes `pids` hold, shared memory counted once: each one's
+/// private resident pages (`RssAnon` + `RssFile`), plus the larger of their
+/// resident shared pages (`RssShmem`) and the allocated size of the shared
+/// memory files they hold open (memfd, POSIX shm, deleted tmpfs files,
+/// each counted once). The second catches what no RSS shows: pages written
+/// into a memfd and never mapped.
+pub fn memory_bytes(pids: &[i32]) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let mut private = 0u64;
+    let mut mapped_shared = 0u64;
+    let mut files: HashSet<(u64, u64)> = HashSet::new();
+    let mut held = 0u64;
+    for &pid in pids {
+        let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let kib = |field: &str| -> u64 {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(field))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+                .unwrap_or(0)
+        };
+        private += (kib("RssAnon:") + kib("RssFile:")) << 10;
+        mapped_shared += kib("RssShmem:") << 10;
+        let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            let Ok(target) = fs::read_link(fd.path()) else {
+                continue;
+            };
+            let target = target.to_string_lossy();
+            let shared = target.starts_with("/memfd:") || target.starts_with("/dev/shm/");
+            if !shared {
+                continue;
+            }
+            if let Ok(meta) = fs::metadata(fd.path())
+                && files.insert((meta.dev(), meta.ino()))
+            {
+                held += meta.blocks() * 512;
+            }
+        }
+    }
+    private + mapped_shared.max(held)
+}
+
 /// Bytes the tmpfs mounts at `mounts` hold inside a bwrap sandbox whose
 /// first process is `holder` (seen through its root): memory that no
 /// process's RSS shows.
