@@ -1192,6 +1192,19 @@ impl Netns {
         );
     }
 
+    /// Lifts [`Netns::limit_uplink`]'s limit.
+    pub fn unlimit_uplink(&self) {
+        let out = Command::new("tc")
+            .args(["qdisc", "del", "dev", &self.host_veth, "root"])
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run tc: {e}; {SETUP_HINT}"));
+        assert!(
+            out.status.success(),
+            "tc failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// Cuts the link: packets to and from the namespace are dropped silently,
     /// as when a cable is pulled or a switch dies.
     pub fn cut(&self) {

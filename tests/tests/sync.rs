@@ -78,7 +78,19 @@ struct Setup {
 }
 
 fn setup(name: &str) -> Setup {
-    let sshd = Sshd::start();
+    setup_with(Sshd::start(), name)
+}
+
+/// A host behind a link slowed to `kbit` once connected (the agent goes up
+/// at full speed), so a transfer takes seconds whatever the machine's load.
+async fn setup_slow(name: &str, kbit: u32) -> Setup {
+    let s = setup_with(Sshd::start_in_netns(), name);
+    run(&s.session(), "true").await.unwrap();
+    s.sshd.netns().unwrap().limit_uplink(kbit);
+    s
+}
+
+fn setup_with(sshd: Sshd, name: &str) -> Setup {
     let state = scratch(name);
     let fleet = fleet(&sshd, state.path());
     Setup {
@@ -345,7 +357,9 @@ async fn a_full_disk_is_a_clear_problem_with_no_partial_file() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_leaves_nothing_half_written_and_a_rerun_finishes() {
-    let s = setup("sync-cancel");
+    // 30 MiB over 16 Mbit/s takes 15 s: the cancel lands mid-push even
+    // when a loaded machine is slow to notice the first files.
+    let s = setup_slow("sync-cancel", 16_000).await;
     let src = TempDir::new("sync-cancel-src");
     for i in 0..120u64 {
         write(
@@ -383,6 +397,7 @@ async fn cancel_leaves_nothing_half_written_and_a_rerun_finishes() {
     assert!(arrived.len() < 120, "cancel came too late to test anything");
 
     // The rerun sends only what is missing.
+    s.sshd.netns().unwrap().unlimit_uplink();
     let report = s.push(src.path(), "c", &SyncOptions::default()).await;
     assert_eq!(report.files_sent as usize, 120 - arrived.len());
     assert_eq!(
