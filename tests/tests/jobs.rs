@@ -314,4 +314,37 @@ async fn config_hooks_get_the_event_its_file_the_log_and_a_prompt() {
         (&json!("completed"), &json!("hooked-1"))
     );
     client.cancel().await.unwrap();
+
+    // A controller with a fresh OUTPOST_HOME hooks what happens from now
+    // on, never the host's history (hooked-1's events).
+    let hooked = out.path().join("hooked.log");
+    let fresh_config = config_dir.path().join("fresh.toml");
+    std::fs::write(
+        &fresh_config,
+        format!(
+            "[hooks]\nevent_command = '''echo \"$OUTPOST_EVENT_TYPE $OUTPOST_JOB\" >> {}'''\n\n{}",
+            hooked.display(),
+            sshd.sandbox_toml("box")
+        ),
+    )
+    .unwrap();
+    let (client, _home) = start(&[("OUTPOST_CONFIG", fresh_config.display().to_string())]).await;
+    // A job tool starts the follower before the next job does anything.
+    let (err, r) = call(&client, "list_background_tasks", json!({})).await;
+    assert!(!err, "{r}");
+    let name = start_job(
+        &client,
+        json!({"command": "sleep 2", "session_name": "hooked-2"}),
+    )
+    .await;
+    wait(&client, &name, json!({"timeout_s": 30})).await;
+    let log = || std::fs::read_to_string(&hooked).unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !log().contains("completed hooked-2") && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = log();
+    assert!(log.contains("completed hooked-2"), "{log}");
+    assert!(!log.contains("hooked-1"), "history was replayed: {log}");
+    client.cancel().await.unwrap();
 }

@@ -10,7 +10,8 @@
 //! Hooks run at least once per event, and in one process only: the follower
 //! that holds `$OUTPOST_HOME/events-<sandbox>.lock` runs them and records the
 //! last event it handled in `events-<sandbox>.seq`, so a restart resumes there
-//! instead of replaying the host's history, and an `outpost watch` beside an
+//! instead of replaying the host's history (with no record yet, hooks start
+//! at the end of what the host holds at first contact), and an `outpost watch` beside an
 //! `outpost mcp` does not fire every hook twice. The others only feed their
 //! sink, and take the lock over when its holder exits.
 //!
@@ -455,6 +456,10 @@ impl Follower {
         // given to the sink, and the last event hooked (None: no record yet).
         let mut lock: Option<File> = None;
         let mut hooked: Option<u64> = None;
+        // Taken with no record (a fresh OUTPOST_HOME): what the host holds
+        // until the first page that is not full is history, recorded but
+        // not hooked, so hooks start from its end.
+        let mut catching_up = false;
         let mut seen = read_seq(&self.seq_path).unwrap_or(0);
         let mut failures = 0u32;
         let mut alerted = false;
@@ -465,6 +470,7 @@ impl Follower {
             {
                 lock = Some(file);
                 hooked = read_seq(&self.seq_path);
+                catching_up = hooked.is_none();
                 tracing::debug!(sandbox = %name, ?hooked, "running the event hooks");
             }
             self.state
@@ -489,9 +495,7 @@ impl Follower {
                     for e in &events {
                         let event = HookEvent::from_job(&name, e);
                         let due = lock.is_some() && hooked.is_none_or(|h| e.seq > h);
-                        // With no record, history before this follower is
-                        // skipped rather than replayed.
-                        let hook_now = due && (hooked.is_some() || self.fresh(e.at_unix));
+                        let hook_now = due && !catching_up;
                         if e.seq > seen {
                             if hook_now || self.fresh(e.at_unix) {
                                 (self.sink)(&event);
@@ -511,6 +515,7 @@ impl Follower {
                     if unrecorded && let Some(h) = hooked {
                         self.record(h);
                     }
+                    catching_up &= full;
                     self.state.last_seq.store(seen, Ordering::Relaxed);
                     if full { Duration::ZERO } else { POLL }
                 }
