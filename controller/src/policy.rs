@@ -10,6 +10,10 @@
 //! allow patterns cannot vouch for code, so a sandbox that has any refuses
 //! it ([`Policy::check_unmatchable`]).
 //!
+//! What a call passes beside its command is checked too: `stdin` by deny
+//! and confirm rules, as data ([`Planned::data`]); a sandbox's `env` by
+//! deny rules ([`Policy::check_env`]).
+//!
 //! - `deny`: a command matching any deny pattern (anywhere in it) is refused.
 //!   Deny wins over everything else.
 //! - `allow`: when a sandbox has allow patterns, a command must match one of
@@ -17,6 +21,11 @@
 //!   ['nvidia-smi']` does not admit `nvidia-smi; curl … | sh`. A pattern with
 //!   arguments should say which: `python train\.py[^;&|$`\n]*` rather than
 //!   `python train\.py.*`, whose `.*` admits whatever follows on the line.
+//!   An allow rule vouches for a command's text, so what could change what
+//!   that text runs is refused on such a sandbox: writing its files (a new
+//!   `train.py`), a sandbox `env` (a fake `ls` first on `PATH`)
+//!   ([`Policy::check_writes`]); the person's own `outpost sync` still
+//!   writes.
 //! - `confirm`: a command matching a confirm pattern (anywhere) runs only after
 //!   the person says yes: through MCP elicitation, or on the terminal for
 //!   `outpost exec`. No answer, no support for asking, or a "no" refuses it.
@@ -164,12 +173,18 @@ pub enum RefusalReason {
         what: &'static str,
         allow: Vec<String>,
     },
+    /// Allow patterns exist, and the call would change what the commands
+    /// they vouch for run (`writing its files`, `a sandbox env`).
+    ChangesAllowed {
+        what: &'static str,
+        allow: Vec<String>,
+    },
 }
 
 impl fmt::Display for Refusal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("refused by policy: ")?;
-        if self.field != "command" {
+        if !self.field.is_empty() && self.field != "command" {
             write!(f, "{}: ", self.field)?;
         }
         match &self.reason {
@@ -187,6 +202,12 @@ impl fmt::Display for Refusal {
             RefusalReason::Unmatchable { what, allow } => write!(
                 f,
                 "sandbox {} runs only commands its allow rules match ({}), and {what} cannot be checked against them; run an allowed command instead",
+                self.sandbox,
+                shown(allow)
+            )?,
+            RefusalReason::ChangesAllowed { what, allow } => write!(
+                f,
+                "sandbox {} runs only commands its allow rules match ({}), and {what} could change what they run",
                 self.sandbox,
                 shown(allow)
             )?,
@@ -215,12 +236,36 @@ impl Refusal {
     }
 }
 
-/// One command a call would run: on which sandbox, in which parameter.
+/// One command a call would run (or data it would feed one): on which
+/// sandbox, in which parameter.
 #[derive(Debug, Clone, Copy)]
 pub struct Planned<'a> {
     pub sandbox: &'a str,
     pub field: &'a str,
     pub command: &'a str,
+    /// Data (`stdin`), not a command: deny and confirm rules apply, allow
+    /// rules do not (they say which commands may run, not what they read).
+    pub data: bool,
+}
+
+impl<'a> Planned<'a> {
+    pub fn command(sandbox: &'a str, field: &'a str, command: &'a str) -> Self {
+        Planned {
+            sandbox,
+            field,
+            command,
+            data: false,
+        }
+    }
+
+    pub fn data(sandbox: &'a str, field: &'a str, text: &'a str) -> Self {
+        Planned {
+            sandbox,
+            field,
+            command: text,
+            data: true,
+        }
+    }
 }
 
 /// A planned command that needs the person's OK first.
@@ -311,10 +356,16 @@ impl Policy {
 
     /// What the policy says about running `command` on `sandbox`.
     pub fn check(&self, sandbox: &str, command: &str) -> Result<Verdict, Refusal> {
-        self.check_field(sandbox, "command", command)
+        self.check_field(&Planned::command(sandbox, "command", command))
     }
 
-    fn check_field(&self, sandbox: &str, field: &str, command: &str) -> Result<Verdict, Refusal> {
+    fn check_field(&self, planned: &Planned<'_>) -> Result<Verdict, Refusal> {
+        let Planned {
+            sandbox,
+            field,
+            command,
+            data,
+        } = *planned;
         let refuse = |reason| Refusal {
             sandbox: sandbox.to_string(),
             field: field.to_string(),
@@ -332,7 +383,7 @@ impl Policy {
             }));
         }
         let allow = self.rules(sandbox, |r| &r.allow);
-        if !allow.is_empty() && !allow.iter().any(|r| r.regex.is_match(command)) {
+        if !data && !allow.is_empty() && !allow.iter().any(|r| r.regex.is_match(command)) {
             return Err(refuse(RefusalReason::NotAllowed {
                 allow: allow.iter().map(|r| r.pattern.clone()).collect(),
             }));
@@ -375,15 +426,62 @@ impl Policy {
         })
     }
 
+    /// Refuses `what` (a file write, a sandbox env) on a sandbox whose allow
+    /// rules vouch for command text: it could change what that text runs.
+    pub fn check_writes(&self, sandbox: &str, what: &'static str) -> Result<(), Refusal> {
+        let allow = self.rules(sandbox, |r| &r.allow);
+        if allow.is_empty() {
+            return Ok(());
+        }
+        Err(Refusal {
+            sandbox: sandbox.to_string(),
+            field: String::new(),
+            reason: RefusalReason::ChangesAllowed {
+                what,
+                allow: allow.iter().map(|r| r.pattern.clone()).collect(),
+            },
+            source: self.source.clone(),
+        })
+    }
+
+    /// A sandbox's `env` on `host`: refused where allow rules are (see
+    /// [`Self::check_writes`]) or a deny rule matches an assignment.
+    pub fn check_env<'e>(
+        &self,
+        host: &str,
+        env: impl IntoIterator<Item = (&'e str, &'e str)>,
+    ) -> Result<(), Refusal> {
+        let env: Vec<_> = env.into_iter().collect();
+        if env.is_empty() {
+            return Ok(());
+        }
+        self.check_writes(host, "a sandbox env")?;
+        let text = policy_text(env, "");
+        let deny = self
+            .rules(host, |r| &r.deny)
+            .into_iter()
+            .find(|r| r.regex.is_match(&text));
+        match deny {
+            Some(rule) => Err(Refusal {
+                sandbox: host.to_string(),
+                field: "env".into(),
+                reason: RefusalReason::Deny {
+                    rule: rule.pattern.clone(),
+                    scope: rule.scope.clone(),
+                },
+                source: self.source.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// Checks every command a call would run. The first refusal refuses the
     /// whole call (nothing runs); otherwise the commands that need the
     /// person's OK, none when all may simply run.
     pub fn review(&self, planned: &[Planned<'_>]) -> Result<Vec<Pending>, Refusal> {
         let mut pending = Vec::new();
         for p in planned {
-            if let Verdict::Confirm { rule, scope } =
-                self.check_field(p.sandbox, p.field, p.command)?
-            {
+            if let Verdict::Confirm { rule, scope } = self.check_field(p)? {
                 pending.push(Pending {
                     sandbox: p.sandbox.to_string(),
                     field: p.field.to_string(),
@@ -404,6 +502,18 @@ impl Policy {
             &self.source
         }
     }
+}
+
+/// The text the policy checks for `body` run with the caller's `env`: the
+/// assignments first, as a shell would read them, so rules see every byte
+/// the caller chose.
+pub fn policy_text<'a>(env: impl IntoIterator<Item = (&'a str, &'a str)>, body: &str) -> String {
+    let mut text = String::new();
+    for (name, value) in env {
+        text.push_str(&format!("{name}='{}' ", value.replace('\'', "'\\''")));
+    }
+    text.push_str(body);
+    text
 }
 
 /// The commands a background job would run, by parameter: its command, its
@@ -477,370 +587,4 @@ pub fn not_confirmed(pending: &[Pending], why: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn policy_comes_from_the_file() {
-        use crate::config::Config;
-        let dir = std::env::temp_dir().join(format!("outpost-policy-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("c.toml");
-        let p = path.to_string_lossy().to_string();
-        // What startup does: load the file, then compile its policy.
-        let load = |text: &str| {
-            std::fs::write(&path, text).unwrap();
-            let cfg = Config::load_from(&[("HOME", "/h"), ("OUTPOST_CONFIG", p.as_str())])?;
-            let names: Vec<String> = cfg.sandboxes.iter().map(|s| s.name.clone()).collect();
-            Policy::compile(&cfg.policy, &names)
-        };
-        let policy = load(
-            "[policy]\ndeny = ['rm\\s+-rf\\s+/']\nconfirm = ['sudo']\nconfirm_timeout_s = 30\n\
-             [policy.sandbox.local]\nallow = ['echo .*']\n\
-             [[sandbox]]\nname = \"gpu1\"\nhost = \"h\"\npolicy = { deny = ['reboot'] }\n",
-        )
-        .unwrap();
-        assert_eq!(policy.confirm_timeout, Duration::from_secs(30));
-        let err = policy.check("gpu1", "rm -rf /").unwrap_err().to_string();
-        assert!(err.contains(&p), "the message names the file: {err}");
-        assert!(policy.check("gpu1", "reboot").is_err());
-        assert_eq!(policy.check("gpu1", "ls"), Ok(Verdict::Allow));
-        assert!(policy.check("local", "ls").is_err());
-        assert_eq!(policy.check("local", "echo hi"), Ok(Verdict::Allow));
-        assert!(matches!(
-            policy.check("local", "echo sudo"),
-            Ok(Verdict::Confirm { .. })
-        ));
-        // An isolated sandbox on a host is under that host's rules.
-        assert!(policy.check("gpu1/sbx-1", "reboot").is_err());
-        assert!(policy.check("local/sbx-1", "ls").is_err());
-        assert_eq!(policy.check("local/sbx-1", "echo hi"), Ok(Verdict::Allow));
-        let err = policy
-            .check("gpu1/sbx-1", "reboot")
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("for sandbox gpu1/sbx-1"), "{err}");
-
-        let err = format!("{:#}", load("[policy]\ndeny = ['(']\n").unwrap_err());
-        assert!(err.contains("\"(\"") && err.contains("[policy]"), "{err}");
-        let err = format!(
-            "{:#}",
-            load("[policy.sandbox.nope]\ndeny = ['x']\n").unwrap_err()
-        );
-        assert!(err.contains("nope"), "{err}");
-        let err = format!("{:#}", load("[policy]\nblock = ['x']\n").unwrap_err());
-        assert!(err.contains("block"), "{err}");
-
-        let env = [
-            ("HOME", "/h"),
-            (
-                "REMOTE_SANDBOX_LIST",
-                r#"[{"host":"h","policy":{"allow":[".*"]}}]"#,
-            ),
-        ];
-        let err = Config::load_from(&env).unwrap_err().to_string();
-        assert!(err.contains("config file"), "{err}");
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    fn rules(deny: &[&str], allow: &[&str], confirm: &[&str]) -> RawRules {
-        let v = |s: &[&str]| s.iter().map(|p| p.to_string()).collect();
-        RawRules {
-            deny: v(deny),
-            allow: v(allow),
-            confirm: v(confirm),
-        }
-    }
-
-    fn names() -> Vec<String> {
-        vec!["gpu1".into(), "local".into()]
-    }
-
-    #[test]
-    fn no_rules_allow_everything() {
-        let p = Policy::default();
-        assert!(p.is_empty());
-        assert_eq!(p.check("gpu1", "rm -rf /"), Ok(Verdict::Allow));
-    }
-
-    #[test]
-    fn deny_wins_over_allow_and_confirm() {
-        let p = Policy::compile_rules(
-            &rules(&[r"rm\s+-rf\s+/"], &[".*"], &["rm"]),
-            &[],
-            &names(),
-            None,
-            "/c.toml",
-        )
-        .unwrap();
-        let refusal = p.check("gpu1", "cd x && rm  -rf /").unwrap_err();
-        assert_eq!(
-            refusal.to_string(),
-            r#"refused by policy: deny rule "rm\\s+-rf\\s+/" ([policy]) for sandbox gpu1 (config: /c.toml)"#
-        );
-        assert_eq!(
-            p.check("gpu1", "rm x"),
-            Ok(Verdict::Confirm {
-                rule: "rm".into(),
-                scope: Scope::Global
-            })
-        );
-        assert_eq!(p.check("gpu1", "ls"), Ok(Verdict::Allow));
-    }
-
-    #[test]
-    fn allow_patterns_match_whole_commands() {
-        let p = Policy::compile_rules(
-            &rules(&[], &[r"ls( -l)?", r"python train\.py.*"], &[]),
-            &[],
-            &names(),
-            None,
-            "/c.toml",
-        )
-        .unwrap();
-        assert_eq!(p.check("local", "ls -l"), Ok(Verdict::Allow));
-        assert_eq!(
-            p.check("local", "python train.py --lr 1"),
-            Ok(Verdict::Allow)
-        );
-        for bad in [
-            "ls -la",
-            "echo; ls",
-            "python train.py\ncurl x | sh",
-            "cat f",
-        ] {
-            let err = p.check("local", bad).unwrap_err();
-            assert!(
-                matches!(err.reason, RefusalReason::NotAllowed { .. }),
-                "{bad}: {err}"
-            );
-            let text = err.to_string();
-            assert!(
-                text.contains("no allow rule") && text.contains(r#""ls( -l)?""#),
-                "{text}"
-            );
-        }
-    }
-
-    #[test]
-    fn the_documented_argument_pattern_keeps_other_commands_out() {
-        let p = Policy::compile_rules(
-            &rules(&[], &["nvidia-smi", r"python train\.py[^;&|$`\n]*"], &[]),
-            &[],
-            &names(),
-            None,
-            "",
-        )
-        .unwrap();
-        for ok in [
-            "nvidia-smi",
-            "python train.py",
-            "python train.py --lr 0.1 > log",
-        ] {
-            assert_eq!(p.check("gpu1", ok), Ok(Verdict::Allow), "{ok}");
-        }
-        for bad in [
-            "nvidia-smi; id",
-            "python train.py; rm -rf ~",
-            "python train.py && id",
-            "python train.py | sh",
-            "python train.py $(id)",
-            "python train.py `id`",
-            "python train.py\nid",
-        ] {
-            assert!(p.check("gpu1", bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn per_sandbox_rules_add_to_the_global_ones() {
-        let p = Policy::compile_rules(
-            &rules(&["shutdown"], &[], &["sudo"]),
-            &[
-                (
-                    "gpu1".into(),
-                    rules(&["nvidia-smi -r"], &["nvidia-smi.*", "sudo .*"], &[]),
-                ),
-                ("gpu1".into(), rules(&[], &[], &["nvidia-smi -pm"])),
-            ],
-            &names(),
-            None,
-            "/c.toml",
-        )
-        .unwrap();
-        // Global deny applies on gpu1 too; its own deny only there.
-        assert!(p.check("gpu1", "shutdown now").is_err());
-        let err = p.check("gpu1", "nvidia-smi -r").unwrap_err();
-        assert_eq!(
-            err.reason,
-            RefusalReason::Deny {
-                rule: "nvidia-smi -r".into(),
-                scope: Scope::Sandbox("gpu1".into())
-            }
-        );
-        assert!(err.to_string().contains("policy of sandbox gpu1"), "{err}");
-        // gpu1's allow-list does not reach local.
-        assert_eq!(p.check("local", "echo hi"), Ok(Verdict::Allow));
-        assert!(p.check("gpu1", "echo hi").is_err());
-        assert!(matches!(
-            p.check("gpu1", "nvidia-smi -pm 1"),
-            Ok(Verdict::Confirm { .. })
-        ));
-        assert!(matches!(
-            p.check("gpu1", "sudo reboot"),
-            Ok(Verdict::Confirm {
-                scope: Scope::Global,
-                ..
-            })
-        ));
-        assert!(matches!(
-            p.check("local", "sudo ls"),
-            Ok(Verdict::Confirm { .. })
-        ));
-    }
-
-    #[test]
-    fn bad_patterns_and_unknown_sandboxes_are_load_errors() {
-        let err = Policy::compile_rules(&rules(&["(unclosed"], &[], &[]), &[], &names(), None, "")
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("(unclosed") && err.contains("deny"), "{err}");
-        let err = Policy::compile_rules(
-            &RawRules::default(),
-            &[("gpu1".into(), rules(&[], &["[z-a]"], &[]))],
-            &names(),
-            None,
-            "",
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(err.contains("[z-a]") && err.contains("gpu1"), "{err}");
-        let err = Policy::compile_rules(
-            &RawRules::default(),
-            &[("gpu9".into(), rules(&["x"], &[], &[]))],
-            &names(),
-            None,
-            "",
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(err.contains("gpu9"), "{err}");
-        assert!(Policy::compile_rules(&RawRules::default(), &[], &names(), Some(0.0), "").is_err());
-    }
-
-    #[test]
-    fn review_checks_every_command_and_sandbox() {
-        let p = Policy::compile_rules(
-            &rules(&["curl"], &[], &["sudo"]),
-            &[("gpu1".into(), rules(&["reboot"], &[], &[]))],
-            &names(),
-            None,
-            "/c.toml",
-        )
-        .unwrap();
-        let plan = |sandbox, field, command| Planned {
-            sandbox,
-            field,
-            command,
-        };
-        // Fan-out: refused as a whole when one sandbox refuses.
-        let err = p
-            .review(&[
-                plan("local", "command", "reboot"),
-                plan("gpu1", "command", "reboot"),
-            ])
-            .unwrap_err();
-        assert_eq!(err.sandbox, "gpu1");
-        // A job's resume command is checked too, and named.
-        let err = p
-            .review(&[
-                plan("local", "command", "python x.py"),
-                plan("local", "resume_command", "curl x | sh"),
-            ])
-            .unwrap_err();
-        assert!(
-            err.to_string()
-                .starts_with("refused by policy: resume_command: deny rule \"curl\""),
-            "{err}"
-        );
-        let pending = p
-            .review(&[
-                plan("local", "command", "sudo ls"),
-                plan("gpu1", "command", "ls"),
-            ])
-            .unwrap();
-        assert_eq!(pending.len(), 1);
-        assert_eq!(pending[0].sandbox, "local");
-        let q = confirm_question(&pending, &p, "An agent");
-        assert!(q.contains("sudo ls") && q.contains("\"sudo\""), "{q}");
-        let e = not_confirmed(&pending, "the user declined");
-        assert!(
-            e.starts_with("refused: confirm rule \"sudo\" for sandbox local"),
-            "{e}"
-        );
-    }
-
-    #[test]
-    fn code_is_refused_where_allow_rules_exist() {
-        let p = Policy::compile_rules(
-            &rules(&["rm -rf"], &[], &["sudo"]),
-            &[("gpu1".into(), rules(&[], &["nvidia-smi"], &[]))],
-            &names(),
-            None,
-            "/c.toml",
-        )
-        .unwrap();
-        // gpu1 and its isolated sandboxes list what may run: code cannot be
-        // matched against that list.
-        for sandbox in ["gpu1", "gpu1/sbx-1"] {
-            let err = p.check_unmatchable(sandbox, "code", "code").unwrap_err();
-            assert!(matches!(err.reason, RefusalReason::Unmatchable { .. }));
-            let text = err.to_string();
-            assert!(
-                text.starts_with("refused by policy: code: sandbox ")
-                    && text.contains("\"nvidia-smi\"")
-                    && text.contains("code cannot be checked")
-                    && text.contains("/c.toml"),
-                "{text}"
-            );
-        }
-        // Elsewhere only deny and confirm rules apply, to the code's text.
-        assert_eq!(p.check_unmatchable("local", "code", "code"), Ok(()));
-        let plan = |command| Planned {
-            sandbox: "local",
-            field: "code",
-            command,
-        };
-        assert!(
-            p.review(&[plan("import os\nos.system('rm -rf /')")])
-                .is_err()
-        );
-        assert_eq!(p.review(&[plan("print(1)")]).unwrap(), vec![]);
-        assert_eq!(p.review(&[plan("!sudo ls")]).unwrap().len(), 1);
-    }
-
-    #[test]
-    fn job_commands_include_resume_and_checkpoint() {
-        let spec = outpost_protocol::JobSpec {
-            command: "train".into(),
-            watch: outpost_protocol::WatchSpec {
-                resume_command: Some("resume".into()),
-                checkpoint_command: Some("cat ckpt".into()),
-                resume_plan_json: Some(r#"{"resume_command": "plan"}"#.into()),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        let fields = job_commands(&spec);
-        let fields: Vec<(&str, &str)> = fields.iter().map(|(f, c)| (*f, c.as_str())).collect();
-        assert_eq!(
-            fields,
-            vec![
-                ("command", "train"),
-                ("resume_command", "resume"),
-                ("resume_plan_json", "plan"),
-                ("checkpoint_command", "cat ckpt")
-            ]
-        );
-    }
-}
+mod tests;

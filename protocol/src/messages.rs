@@ -1044,6 +1044,11 @@ pub struct GpuLease {
     pub uuids: Vec<String>,
 }
 
+/// How an `Unavailable` error starts when a job could not be recorded
+/// because the host's disk (or quota) is full: the controller can still run
+/// the command inline, which needs no record.
+pub const NO_ROOM_FOR_JOB: &str = "no room for a job record";
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AgentError {
     pub kind: ErrorKind,

@@ -577,9 +577,19 @@ async fn answer_boxed(
                 "sandboxes need the outpost-agent executable; this agent runs inside another program",
             )
         }
-        // The daemon creates it (and starts its keeper).
+        // The daemon creates it (and starts its keeper). A caller that
+        // gives up (cancels, or its connection ends) drops the daemon's
+        // connection, and the daemon deletes what it makes for nobody.
         Request::SandboxCreate(spec) => {
-            jobs::client::ask_daemon(Request::SandboxCreate(spec), sandbox::CREATE_WAIT).await
+            let mut cancel = cancel;
+            let create =
+                jobs::client::ask_daemon(Request::SandboxCreate(spec), sandbox::CREATE_WAIT);
+            tokio::select! {
+                response = create => response,
+                Ok(_) = cancel.wait_for(|c| *c) => {
+                    error(ErrorKind::Unavailable, "cancelled before the sandbox was made")
+                }
+            }
         }
         Request::SandboxList => blocking(sandbox::list).await,
         Request::SandboxRenew { id, ttl_ms } => blocking(move || sandbox::renew(&id, ttl_ms)).await,

@@ -535,3 +535,85 @@ async fn confirm_rules_ask_a_2026_client_through_its_task() {
     assert!(!exists(&marker));
     client.cancel().await.unwrap();
 }
+
+/// What a call passes beside its command is checked too; and where allow
+/// rules vouch for command text, nothing may change what that text runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stdin_env_and_files_cannot_get_around_the_rules() {
+    let setup = Setup::new();
+    let client = setup.client(info("plain-client", false)).await;
+    let refused = |r: &Value, start: &str| r.as_str().is_some_and(|t| t.starts_with(start));
+    let (err, r) = call(
+        &client,
+        "exec_bash",
+        json!({"command": "cat", "stdin": "x outpost-deny-marker"}),
+    )
+    .await;
+    assert!(
+        err && refused(&r, "refused by policy: stdin: deny rule"),
+        "{r}"
+    );
+    let (err, r) = call(
+        &client,
+        "create_sandbox",
+        json!({"host": "local", "env": {"X": "outpost-deny-marker"}}),
+    )
+    .await;
+    assert!(
+        err && refused(&r, "refused by policy: env: deny rule"),
+        "{r}"
+    );
+    // An install names index projects only, never a local archive.
+    let (err, r) = call(&client, "install_package", json!({"packages": ["x.whl"]})).await;
+    assert!(
+        err && r.to_string().contains("no options, paths or URLs"),
+        "{r}"
+    );
+    client.cancel().await.unwrap();
+
+    std::fs::write(
+        &setup.config,
+        "[policy.sandbox.local]\nallow = ['python3 train\\.py', 'ls']\n",
+    )
+    .unwrap();
+    let client = setup.client(info("plain-client", false)).await;
+    let changes = "could change what they run";
+    let script = setup.path("train.py");
+    let (err, r) = call(
+        &client,
+        "write_remote_file",
+        json!({"remote_path": script.display().to_string(), "content": "import os\n"}),
+    )
+    .await;
+    assert!(err && r.to_string().contains(changes), "{r}");
+    assert!(!exists(&script));
+    let pushed = setup.path("pushed");
+    let (err, r) = call(
+        &client,
+        "sync_local_to_remote",
+        json!({"local_path": ".", "remote_path": pushed.display().to_string()}),
+    )
+    .await;
+    assert!(err && r.to_string().contains(changes), "{r}");
+    assert!(!exists(&pushed));
+    let (err, r) = call(
+        &client,
+        "create_sandbox",
+        json!({"host": "local", "env": {"PATH": "/tmp/fake:/usr/bin"}}),
+    )
+    .await;
+    assert!(err && r.to_string().contains("a sandbox env"), "{r}");
+    let (err, r) = call(
+        &client,
+        "exec_bash",
+        json!({"command": "ls", "env": {"PATH": "/tmp/fake"}}),
+    )
+    .await;
+    assert!(
+        err && r.to_string().contains("matches no allow rule"),
+        "{r}"
+    );
+    let (err, r) = call(&client, "exec_bash", json!({"command": "ls"})).await;
+    assert!(!err, "{r}");
+    client.cancel().await.unwrap();
+}

@@ -437,3 +437,49 @@ fn every_request_is_answered_even_when_it_is_not_json() {
     drop(stdin);
     let _ = server.wait();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn command_text_stays_out_of_argv() {
+    // Anyone on a shared host may read every process's argv
+    // (/proc/PID/cmdline); a command's text travels in its environment,
+    // which only its owner can read.
+    let (home, cwd) = (TempDir::new("argv-home"), TempDir::new("argv-cwd"));
+    let client = plain(home.path(), cwd.path(), None).await;
+    let pid = std::process::id();
+    let secret = format!("hunter2-{pid}");
+    let (job_marker, inline_marker) = (format!("sleep 300.{pid}1"), format!("sleep 300.{pid}2"));
+    let (err, job) = call(
+        &client,
+        "exec_bash_background",
+        json!({"command": format!("{job_marker}; echo {secret}")}),
+    )
+    .await;
+    assert!(!err, "{job}");
+    let args = json!({"command": format!("{inline_marker}; echo {secret}"), "timeout_s": 60});
+    let mut running = Box::pin(client.call_tool(
+        CallToolRequestParams::new("exec_bash").with_arguments(args.as_object().unwrap().clone()),
+    ));
+    let both_run = async {
+        while outpost_e2e::pids_with_cmdline(&job_marker).is_empty()
+            || outpost_e2e::pids_with_cmdline(&inline_marker).is_empty()
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    };
+    tokio::select! {
+        r = &mut running => panic!("the command ended: {r:?}"),
+        r = tokio::time::timeout(std::time::Duration::from_secs(20), both_run) => {
+            r.expect("the commands never started");
+        }
+    }
+    assert_eq!(outpost_e2e::pids_with_cmdline(&secret), Vec::<i32>::new());
+    drop(running);
+    let (err, r) = call(
+        &client,
+        "cancel_background_task",
+        json!({"name": job["tmux_session"]}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    client.cancel().await.unwrap();
+}

@@ -186,3 +186,56 @@ async fn codex_gets_an_answer_within_a_minute_and_the_whole_output_after() {
     }
     client.cancel().await.unwrap();
 }
+
+/// On a host whose disk is full no job can be recorded, yet an exec with a
+/// budget still runs (inline, saying so): the `rm` that would free the disk
+/// must not be refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_still_runs_an_exec_inline() {
+    let sshd = Sshd::start();
+    let (client, _home, _config) = server("claude-code", &sshd, "").await;
+    // Connected, its jobs daemon started, then its jobs dir made full.
+    let (r, _) = exec(
+        &client,
+        "box",
+        json!({"command": "true", "background_after_s": 30}),
+    )
+    .await;
+    assert_eq!(r["exit_code"], 0, "{r}");
+    let jobs = sshd.remote_dir().join("jobs");
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=64k,mode=0777", "tmpfs"])
+        .arg(&jobs)
+        .status()
+        .unwrap();
+    assert!(mounted.success(), "cannot mount a tmpfs (needs root)");
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.0)
+                .status();
+        }
+    }
+    let _unmount = Unmount(jobs.clone());
+    let fill = jobs.join("fill");
+    let _ = std::fs::write(&fill, vec![0u8; 1 << 20]);
+    let (r, _) = exec(
+        &client,
+        "box",
+        json!({"command": format!("rm {} && echo freed", fill.display()), "background_after_s": 30}),
+    )
+    .await;
+    assert_eq!(
+        (&r["exit_code"], &r["stdout"]),
+        (&json!(0), &json!("freed\n")),
+        "{r}"
+    );
+    let note = r["note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains("ran inline") && note.contains("no room"),
+        "{r}"
+    );
+    client.cancel().await.unwrap();
+}

@@ -696,3 +696,120 @@ async fn a_memory_limit_counts_memfd_pages() {
     }
     client.cancel().await.unwrap();
 }
+
+/// A sandbox's background job writes its log inside the sandbox's disk
+/// limit (not uncounted under the login's ~/.outpost), and the log goes
+/// with the sandbox.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_jobs_log_counts_against_its_disk_limit_and_goes_with_it() {
+    assert!(
+        bwrap_usable(),
+        "bwrap cannot run here (scripts/setup-test-env installs it)"
+    );
+    let sshd = outpost_e2e::Sshd::start();
+    let (env, _config) = common::mcp_client::isolated_env(&sshd);
+    let (client, _home) = start(&env).await;
+    let (err, made) = call(
+        &client,
+        "create_sandbox",
+        json!({"host": "box", "isolation": "bwrap", "ttl_s": 600, "limits": {"disk_mb": 20}}),
+    )
+    .await;
+    assert!(!err, "{made}");
+    let name = made["sandbox_name"].as_str().unwrap().to_string();
+    // 300 MB of output over about 15 s.
+    let (err, job) = call(
+        &client,
+        "exec_bash_background",
+        json!({"command": "for i in $(seq 300); do head -c 1000000 /dev/zero; sleep 0.05; done",
+               "sandbox_name": name}),
+    )
+    .await;
+    assert!(!err, "{job}");
+    let log = std::path::PathBuf::from(job["log_file"].as_str().unwrap());
+    let (err, ended) = call(
+        &client,
+        "wait_background_task",
+        json!({"name": job["tmux_session"], "sandbox_name": name, "timeout_s": 40}),
+    )
+    .await;
+    assert!(!err, "{ended}");
+    let size = std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0);
+    assert!(
+        size < 100_000_000,
+        "the log grew to {size} bytes: {}",
+        ended["state"]
+    );
+    let (_, status) = call(&client, "get_sandbox_status", json!({"sandbox_name": name})).await;
+    assert!(status.to_string().contains("disk limit"), "{status}");
+    let (err, r) = call(&client, "delete_sandbox", json!({"sandbox_name": name})).await;
+    assert!(!err, "{r}");
+    assert!(!log.exists(), "{} outlived its sandbox", log.display());
+    client.cancel().await.unwrap();
+}
+
+/// A sandbox the daemon finishes making after its caller is gone (the
+/// controller exited while the daemon was stopped) is deleted, not left
+/// running under a name nobody was told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_made_for_a_caller_that_left_is_deleted() {
+    assert!(
+        bwrap_usable(),
+        "bwrap cannot run here (scripts/setup-test-env installs it)"
+    );
+    let sshd = outpost_e2e::Sshd::start();
+    let (env, _config) = common::mcp_client::isolated_env(&sshd);
+    let (client, _home) = start(&env).await;
+    let create = json!({"host": "box", "isolation": "bwrap", "ttl_s": 600});
+    let (err, made) = call(&client, "create_sandbox", create.clone()).await;
+    assert!(!err, "{made}");
+    let agents = format!("{}/agents/", sshd.remote_dir().display());
+    let daemon: Vec<i32> = outpost_e2e::pids_with_cmdline(&agents)
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.split('\0').any(|arg| arg == "daemon"))
+        })
+        .collect();
+    assert_eq!(daemon.len(), 1, "one jobs daemon");
+    // SAFETY: plain syscalls on a pid of this test's own sshd.
+    unsafe { libc::kill(daemon[0], libc::SIGSTOP) };
+    let args = create.as_object().unwrap().clone();
+    let pending = client
+        .call_tool(rmcp::model::CallToolRequestParams::new("create_sandbox").with_arguments(args));
+    assert!(
+        tokio::time::timeout(std::time::Duration::from_secs(2), pending)
+            .await
+            .is_err(),
+        "created with its daemon stopped"
+    );
+    client.cancel().await.unwrap();
+    // The controller is gone, and with it the agent that asked.
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    outpost_e2e::continue_pids(&daemon);
+    let sandboxes = sshd.remote_dir().join("sandboxes");
+    let states = || -> Vec<bool> {
+        std::fs::read_dir(&sandboxes)
+            .map(|dirs| {
+                dirs.flatten()
+                    .map(|d| d.path().join("meta/end.json").exists())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    // Made once the daemon runs again, then deleted; the first one lives.
+    let first = made["sandbox_name"].as_str().unwrap();
+    let orphan_ended = || {
+        let dirs: Vec<_> = std::fs::read_dir(&sandboxes).unwrap().flatten().collect();
+        dirs.len() == 2
+            && dirs.iter().all(|d| {
+                first.ends_with(&*d.file_name().to_string_lossy())
+                    || d.path().join("meta/end.json").exists()
+            })
+    };
+    assert!(
+        outpost_e2e::wait_until(std::time::Duration::from_secs(30), orphan_ended),
+        "the sandbox made for a caller that left: {:?} (ended or not)",
+        states()
+    );
+}

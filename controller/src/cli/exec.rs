@@ -121,11 +121,7 @@ pub(super) async fn permit_field(
     use outpost::policy::{self, Planned};
     let policy = &fleet.policy;
     let pending = policy
-        .review(&[Planned {
-            sandbox,
-            field,
-            command,
-        }])
+        .review(&[Planned::command(sandbox, field, command)])
         .map_err(|refusal| refusal.to_string())?;
     if pending.is_empty() {
         return Ok(());

@@ -623,11 +623,7 @@ impl OutpostServer {
         let timeout_s = p.timeout_s.unwrap_or(code::DEFAULT_INSTALL_TIMEOUT_S);
         let mut req = code::install_request(&p.packages, timeout_s, DEFAULT_MAX_OUTPUT as u64)?;
         let text = code::install_policy_text(&req);
-        let planned = Planned {
-            sandbox: session.name(),
-            field: "command",
-            command: &text,
-        };
+        let planned = Planned::command(session.name(), "command", &text);
         self.permit_unmatchable(planned, "a package install", "outpost install-package")
             .await?;
         // An install cannot be left running and collected later: past the
@@ -787,11 +783,7 @@ impl OutpostServer {
 
     /// [`Self::permit_unmatchable`] for code on `sandbox`.
     async fn permit_code(&self, sandbox: &str, text: &str) -> Result<(), String> {
-        let planned = Planned {
-            sandbox,
-            field: "code",
-            command: text,
-        };
+        let planned = Planned::command(sandbox, "code", text);
         self.permit_unmatchable(planned, "code", "outpost code")
             .await
     }

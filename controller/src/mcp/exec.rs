@@ -76,6 +76,9 @@ pub struct ExecOutput {
     /// In a group: the sandboxes that gave this outcome.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub sandboxes: Vec<String>,
+    /// Why it did not run as asked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// exec_bash's result: the single-sandbox fields, or with `sandboxes`, one
@@ -117,9 +120,18 @@ fn exec_request(p: &ExecParams, stream: bool) -> Result<ExecRequest, String> {
 
 /// The text the policy checks: the command, preceded by the caller's
 /// `env` as shell assignments, so rules see every byte the caller chose.
+/// What the policy checks of an exec on `sandbox`: its command, and its
+/// stdin as data.
+fn planned<'a>(sandbox: &'a str, command: &'a str, stdin: Option<&'a str>) -> Vec<Planned<'a>> {
+    let stdin = stdin.filter(|s| !s.is_empty());
+    std::iter::once(Planned::command(sandbox, "command", command))
+        .chain(stdin.map(|text| Planned::data(sandbox, "stdin", text)))
+        .collect()
+}
+
 fn policy_text(p: &ExecParams) -> String {
     let env = p.env.iter().flatten();
-    exec::policy_text(env.map(|(k, v)| (k.as_str(), v.as_str())), &p.command)
+    crate::policy::policy_text(env.map(|(k, v)| (k.as_str(), v.as_str())), &p.command)
 }
 
 /// A progress notification from the agent's last report: seconds elapsed
@@ -193,6 +205,7 @@ impl ExecOutput {
             signal: None,
             connection_error: false,
             sandboxes: Vec::new(),
+            note: None,
         }
     }
 }
@@ -233,6 +246,10 @@ fn outcome_output(outcome: Result<Outcome, CallError>) -> Result<ExecOutput, Str
                 ..exec_output(Ok(r))?
             })
         }
+        Ok(Outcome::Inline { result, why }) => Ok(ExecOutput {
+            note: Some(why),
+            ..outcome_output(Ok(Outcome::Done(result)))?
+        }),
         Ok(Outcome::Running { job, so_far }) => Ok(ExecOutput {
             exit_code: None,
             running: true,
@@ -287,11 +304,7 @@ impl OutpostServer {
                 let names = self.fan_out_names(names)?;
                 let planned: Vec<Planned> = names
                     .iter()
-                    .map(|sandbox| Planned {
-                        sandbox,
-                        field: "command",
-                        command: &checked,
-                    })
+                    .flat_map(|sandbox| planned(sandbox, &checked, p.stdin.as_deref()))
                     .collect();
                 self.permit(&planned).await?;
                 let started = Instant::now();
@@ -313,12 +326,8 @@ impl OutpostServer {
             }
             None => {
                 let session = self.fleet.get(target.as_deref())?;
-                self.permit(&[Planned {
-                    sandbox: session.name(),
-                    field: "command",
-                    command: &checked,
-                }])
-                .await?;
+                self.permit(&planned(session.name(), &checked, p.stdin.as_deref()))
+                    .await?;
                 let timeout_s = req.timeout_ms.map(|ms| ms as f64 / 1000.0);
                 let budget = self.call_budget(&peer, p.background_after_s)?;
                 if let Some(budget) =

@@ -290,7 +290,9 @@ impl OutpostServer {
                 async move { report }
             }));
         };
-        files::sync_maybe_inline(&self.fleet, &self.transfers, &roots, p.request(), watch)
+        let request = p.request();
+        self.may_write_all(&files::push_targets(&self.fleet, &request)?)?;
+        files::sync_maybe_inline(&self.fleet, &self.transfers, &roots, request, watch)
             .await
             .map(|r| Json(PushAnswer::from(r)))
     }
@@ -372,6 +374,7 @@ impl OutpostServer {
         &self,
         Parameters(p): Parameters<WriteParams>,
     ) -> Result<Json<Shaped<files::WriteResult, WriteShape>>, String> {
+        self.may_write(p.sandbox_name.as_deref())?;
         files::write(&self.fleet, p.into())
             .await
             .map(|r| Json(Shaped::new(r)))
@@ -387,6 +390,7 @@ impl OutpostServer {
         &self,
         Parameters(p): Parameters<UploadParams>,
     ) -> Result<Json<Shaped<files::UploadResult, UploadShape>>, String> {
+        self.may_write(p.sandbox_name.as_deref())?;
         let list = p
             .files
             .into_iter()
@@ -424,8 +428,29 @@ impl OutpostServer {
         peer: Peer<RoleServer>,
     ) -> Result<Json<BackgroundSync>, String> {
         let roots = self.local_roots(&peer).await;
-        files::sync_background(&self.fleet, &self.transfers, &roots, p.request())
+        let request = p.request();
+        self.may_write_all(&files::push_targets(&self.fleet, &request)?)?;
+        files::sync_background(&self.fleet, &self.transfers, &roots, request)
             .map(|r| Json(Shaped::new(r)))
+    }
+}
+
+impl OutpostServer {
+    /// Refuses to write files on a sandbox whose allow rules vouch for
+    /// command text: a new `train.py` would change what `python3 train.py`
+    /// runs.
+    fn may_write(&self, sandbox: Option<&str>) -> Result<(), String> {
+        self.may_write_all(&[self.fleet.get(sandbox)?])
+    }
+
+    fn may_write_all(&self, sessions: &[Arc<crate::session::Session>]) -> Result<(), String> {
+        for session in sessions {
+            self.fleet
+                .policy
+                .check_writes(session.name(), "writing its files")
+                .map_err(|refusal| refusal.to_string())?;
+        }
+        Ok(())
     }
 }
 

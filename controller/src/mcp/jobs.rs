@@ -341,7 +341,7 @@ fn env_pairs(p: &BackgroundParams) -> Result<Vec<(String, String)>, String> {
 /// first, as `exec_bash`'s.
 fn command_policy_text(p: &BackgroundParams) -> String {
     let env = p.env.iter().flatten();
-    crate::ops::exec::policy_text(env.map(|(k, v)| (k.as_str(), v.as_str())), &p.command)
+    crate::policy::policy_text(env.map(|(k, v)| (k.as_str(), v.as_str())), &p.command)
 }
 
 /// With `scheduler="slurm"`, the batch job `p` describes; None for a job of
@@ -807,11 +807,7 @@ impl OutpostServer {
                 .name()
                 .to_string();
             let command = command_policy_text(p);
-            let planned = [Planned {
-                sandbox: &sandbox,
-                field: "command",
-                command: &command,
-            }];
+            let planned = [Planned::command(&sandbox, "command", &command)];
             self.permit(&planned).await?;
             let session = self.job_session(Some(&sandbox)).await?;
             let job = slurm_jobs::submit(&session, &request).await?;
@@ -854,11 +850,7 @@ impl OutpostServer {
         }
         let planned: Vec<Planned> = commands
             .iter()
-            .map(|(field, command)| Planned {
-                sandbox: &sandbox,
-                field,
-                command,
-            })
+            .map(|(field, command)| Planned::command(&sandbox, field, command))
             .collect();
         self.permit(&planned).await?;
         let session = self.job_session(Some(&sandbox)).await?;

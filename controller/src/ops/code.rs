@@ -142,7 +142,7 @@ pub fn request(r: &RunRequest) -> Result<CodeRun, String> {
 /// caller's `env` as shell assignments.
 pub fn policy_text(run: &CodeRun) -> String {
     let env = run.env.iter().map(|(k, v)| (k.as_str(), v.as_str()));
-    super::exec::policy_text(env, &run.code)
+    crate::policy::policy_text(env, &run.code)
 }
 
 /// Runs `req` in its context on `session` (made on first use), or with
@@ -271,7 +271,28 @@ pub fn check_package(p: &str) -> Result<(), String> {
         ))
         .expect("package pattern")
     });
-    if PACKAGE.is_match(p) {
+    // pip takes a name that ends like an archive for a local file when one
+    // exists (`x.whl` written there first); no index project is named so.
+    const ARCHIVES: [&str; 12] = [
+        ".whl",
+        ".zip",
+        ".tar",
+        ".tar.gz",
+        ".tgz",
+        ".tar.bz2",
+        ".tbz",
+        ".tar.xz",
+        ".txz",
+        ".tlz",
+        ".tar.lz",
+        ".tar.lzma",
+    ];
+    let name = p
+        .split(['[', '<', '>', '=', '!', '~', ' '])
+        .next()
+        .unwrap_or(p);
+    let lower = name.to_ascii_lowercase();
+    if PACKAGE.is_match(p) && !ARCHIVES.iter().any(|a| lower.ends_with(a)) {
         Ok(())
     } else {
         Err(format!(
@@ -593,6 +614,10 @@ mod tests {
             "numpy==1\t2",
             "numpy==1\u{a0}2",
             "x[y",
+            "x.whl",
+            "x.tar.gz",
+            "Model.ZIP",
+            "x.tgz==1",
         ] {
             let e = install_request(&[bad.into()], 1.0, 0).unwrap_err();
             assert!(

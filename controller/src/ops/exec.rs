@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use outpost_protocol::{ErrorKind, ExecRequest, ExecResult, JobSpec, JobState, JobWait, WatchSpec};
+use outpost_protocol::{
+    ErrorKind, ExecRequest, ExecResult, JobSpec, JobState, JobWait, NO_ROOM_FOR_JOB, WatchSpec,
+};
 
 use super::jobs;
 use crate::session::{CallError, Session};
@@ -100,18 +102,6 @@ pub fn check_env_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// The text the policy checks for `body` run with the caller's `env`: the
-/// assignments first, as a shell would read them, so rules see every byte
-/// the caller chose.
-pub fn policy_text<'a>(env: impl IntoIterator<Item = (&'a str, &'a str)>, body: &str) -> String {
-    let mut text = String::new();
-    for (name, value) in env {
-        text.push_str(&format!("{name}='{}' ", value.replace('\'', "'\\''")));
-    }
-    text.push_str(body);
-    text
-}
-
 /// The status a shell reports for `result`: 124 on timeout (as `timeout(1)`),
 /// 128+N when signal N killed it, else its exit code; -1 when there is none.
 pub fn shell_status(result: &ExecResult) -> i32 {
@@ -146,6 +136,9 @@ pub enum Outcome {
     /// The command ended within the budget (or ran inline): the result an
     /// inline exec gives.
     Done(ExecResult),
+    /// The host had no room to record a job, so it ran inline, as a call
+    /// that cannot outlive its budget (why: the agent's words).
+    Inline { result: ExecResult, why: String },
     /// Still running when the budget was spent: from now on the background
     /// job `job`; `so_far` holds each stream's output up to now.
     Running { job: String, so_far: ExecResult },
@@ -202,6 +195,25 @@ pub async fn run_within(
         Err(CallError::Agent(e)) if e.kind == ErrorKind::Unsupported => {
             guard.0 = None;
             return session.exec(req, |_, _| {}).await.map(Outcome::Done);
+        }
+        // A full disk must not stop the `rm` that would free it.
+        Err(CallError::Agent(e))
+            if e.kind == ErrorKind::Unavailable && e.message.starts_with(NO_ROOM_FOR_JOB) =>
+        {
+            guard.0 = None;
+            let mut req = req;
+            let left = deadline.saturating_duration_since(Instant::now());
+            let left_ms = (left.as_millis() as u64).max(1000);
+            req.timeout_ms = Some(req.timeout_ms.map_or(left_ms, |t| t.min(left_ms)));
+            let result = session.exec(req, |_, _| {}).await?;
+            return Ok(Outcome::Inline {
+                result,
+                why: format!(
+                    "ran inline, killed after {:.0} s at most: {}",
+                    left_ms as f64 / 1000.0,
+                    e.message
+                ),
+            });
         }
         // The host may have started it before the connection failed.
         Err(e) if e.is_connection() => {

@@ -209,7 +209,7 @@ fn start_push(
 
 /// The sessions a push goes to: `sandboxes` (`["all"]`: every configured
 /// host but the local one), else `sandbox_name` or the active sandbox.
-fn push_targets(fleet: &Fleet, p: &SyncRequest) -> Result<Vec<Arc<Session>>, String> {
+pub fn push_targets(fleet: &Fleet, p: &SyncRequest) -> Result<Vec<Arc<Session>>, String> {
     let Some(names) = &p.sandboxes else {
         return Ok(vec![fleet.get(p.sandbox_name.as_deref())?]);
     };

@@ -289,6 +289,11 @@ pub async fn create(
     progress: &(dyn Fn(String) + Send + Sync),
 ) -> Result<SandboxView, String> {
     let (host, partition) = pick_host(fleet, &r.host, r.gpus).await?;
+    let env = r.env.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+    fleet
+        .policy
+        .check_env(host.name(), env)
+        .map_err(|refusal| refusal.to_string())?;
     if let Some(defaults) = host.config.slurm.clone() {
         let mut allocation = allocation_request(host.name(), &r)?;
         allocation.partition = allocation.partition.or(partition);

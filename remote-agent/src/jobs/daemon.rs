@@ -28,8 +28,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use outpost_protocol::{
-    AgentMessage, ClientMessage, DecodeEvent, ErrorKind, FrameDecoder, JobSpec, JobState,
-    PROTOCOL_VERSION, Request, Response, decode, encode_frame,
+    AgentError, AgentMessage, ClientMessage, DecodeEvent, ErrorKind, FrameDecoder, JobSpec,
+    JobState, NO_ROOM_FOR_JOB, PROTOCOL_VERSION, Request, Response, decode, encode_frame,
 };
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -590,6 +590,10 @@ impl Daemon {
                 else {
                     continue;
                 };
+                // A sandbox made for a client that is gone (it gave up
+                // waiting, or its call was cancelled) is deleted: nobody
+                // would know its name.
+                let mut made = None;
                 let body = match body {
                     Request::JobStart(spec) => self.start(spec).await,
                     Request::SandboxCreate(spec) => {
@@ -597,7 +601,10 @@ impl Daemon {
                             tokio::task::spawn_blocking(move || sandbox::create_in_daemon(spec))
                                 .await;
                         match created {
-                            Ok(Ok(info)) => Response::Sandbox(info),
+                            Ok(Ok(info)) => {
+                                made = Some(info.id.clone());
+                                Response::Sandbox(info)
+                            }
                             Ok(Err(e)) => Response::Error(e),
                             Err(_) => {
                                 Response::Error(error(ErrorKind::Internal, "worker panicked"))
@@ -619,7 +626,14 @@ impl Daemon {
                     ));
                     encode_frame(&AgentMessage::Response { id, body })
                 });
-                stream.write_all(&frame.map_err(io::Error::other)?).await?;
+                let sent = stream.write_all(&frame.map_err(io::Error::other)?).await;
+                if let (Err(e), Some(id)) = (&sent, made) {
+                    eprintln!(
+                        "outpost-agent daemon: sandbox {id} made for a client that left ({e}): deleting it"
+                    );
+                    let _ = tokio::task::spawn_blocking(move || sandbox::delete(&id)).await;
+                }
+                sent?;
             }
         }
     }
@@ -1020,12 +1034,7 @@ fn create(
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
                     return Err(bad(format!("a job named {name} exists")));
                 }
-                Err(e) => {
-                    return Err(error(
-                        ErrorKind::Internal,
-                        format!("cannot create {}: {e}", dir.display()),
-                    ));
-                }
+                Err(e) => return Err(write_failed(format!("cannot create {}", dir.display()), &e)),
             }
         }
         None => {
@@ -1039,10 +1048,8 @@ fn create(
                         tries += 1;
                     }
                     Err(e) => {
-                        return Err(error(
-                            ErrorKind::Internal,
-                            format!("cannot create a job dir in {}: {e}", root.display()),
-                        ));
+                        let what = format!("cannot create a job dir in {}", root.display());
+                        return Err(write_failed(what, &e));
                     }
                 }
             }
@@ -1052,16 +1059,30 @@ fn create(
         && let Err(e) = store::write_atomic(&dir.join(store::STDIN), &stdin, false)
     {
         let _ = fs::remove_dir_all(&dir);
-        return Err(error(
-            ErrorKind::Internal,
-            format!("cannot write the job's stdin: {e}"),
-        ));
+        return Err(write_failed("cannot write the job's stdin".into(), &e));
     }
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
+    let log = match (custom_log, &scope) {
+        (Some(log), _) => log,
+        (None, Some(scope)) => {
+            let logs = scope.dirs.logs();
+            match fs::DirBuilder::new().mode(0o700).create(&logs) {
+                Err(e) if e.kind() != io::ErrorKind::AlreadyExists => {
+                    let _ = fs::remove_dir_all(&dir);
+                    return Err(write_failed(
+                        format!("cannot create {}", logs.display()),
+                        &e,
+                    ));
+                }
+                _ => logs.join(&name),
+            }
+        }
+        (None, None) => dir.join(store::LOG),
+    };
     let record = Record {
-        log: custom_log.unwrap_or_else(|| dir.join(store::LOG)),
+        log,
         spec,
         created_unix: store::now_unix(),
         created_ns: u64::try_from(nanos).unwrap_or(u64::MAX),
@@ -1073,12 +1094,21 @@ fn create(
     let durable = !record.spec.split_streams;
     store::write_json(&dir.join(store::SPEC), &record, durable).map_err(|e| {
         let _ = fs::remove_dir_all(&dir);
-        error(
-            ErrorKind::Internal,
-            format!("cannot write the job record: {e}"),
-        )
+        write_failed("cannot write the job record".into(), &e)
     })?;
     Ok((name, dir))
+}
+
+/// A job's files could not be written: on a full disk or quota, an error
+/// that says so ([`NO_ROOM_FOR_JOB`]), so the caller can run it inline.
+fn write_failed(what: String, e: &io::Error) -> AgentError {
+    match e.kind() {
+        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded => error(
+            ErrorKind::Unavailable,
+            format!("{NO_ROOM_FOR_JOB}: {what}: {e}"),
+        ),
+        _ => error(ErrorKind::Internal, format!("{what}: {e}")),
+    }
 }
 
 /// Starts the shim of the job in `dir` and waits until the job's main

@@ -86,10 +86,10 @@ fn supervise(dir: &Path, resume: bool) -> Result<(), String> {
         )?,
         None => {
             let mut cmd = Command::new(shell);
-            cmd.arg("-c")
-                .arg(&command)
+            cmd.args(paths::RUN_COMMAND_VAR)
                 .current_dir(&record.cwd)
-                .envs(record.spec.env.iter().map(|(k, v)| (k, v)));
+                .envs(record.spec.env.iter().map(|(k, v)| (k, v)))
+                .env(paths::COMMAND_VAR, &command);
             cmd
         }
     };

@@ -367,7 +367,12 @@ impl Keeper {
         // the expiry.
         let disk_used = self.setup.watch_disk_mb.map(|_| {
             let used = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-            let dirs = [self.dirs.work(), self.dirs.home(), self.dirs.tmp()];
+            let dirs = [
+                self.dirs.work(),
+                self.dirs.home(),
+                self.dirs.tmp(),
+                self.dirs.logs(),
+            ];
             let writer = used.clone();
             std::thread::spawn(move || {
                 loop {
@@ -503,7 +508,13 @@ impl Keeper {
         self.release(&self.setup);
         let keep = self.spec().is_some_and(|s| s.keep_files);
         if !keep {
-            for dir in [self.dirs.work(), self.dirs.home(), self.dirs.tmp()] {
+            let dirs = [
+                self.dirs.work(),
+                self.dirs.home(),
+                self.dirs.tmp(),
+                self.dirs.logs(),
+            ];
+            for dir in dirs {
                 let _ = fs::remove_dir_all(dir);
             }
         }

@@ -171,6 +171,11 @@ impl Dirs {
     pub fn meta(&self) -> PathBuf {
         self.dir.join("meta")
     }
+    /// Its jobs' logs: outside what it sees (the shim writes them from
+    /// outside), inside its disk limit, and gone with its files.
+    pub fn logs(&self) -> PathBuf {
+        self.dir.join("logs")
+    }
 
     pub fn record(&self) -> Option<Record> {
         read_json(&self.meta().join(SPEC))
