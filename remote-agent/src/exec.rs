@@ -190,10 +190,10 @@ fn spawn(plan: &Plan, token: &str) -> Result<Child, AgentError> {
         ),
         None => {
             let mut cmd = Command::new(shell);
-            cmd.args(paths::RUN_COMMAND_VAR)
+            cmd.arg("-c")
+                .arg(&plan.command)
                 .current_dir(&plan.cwd)
-                .envs(plan.env.iter().map(|(k, v)| (k, v)))
-                .env(paths::COMMAND_VAR, &plan.command);
+                .envs(plan.env.iter().map(|(k, v)| (k, v)));
             cmd
         }
     };

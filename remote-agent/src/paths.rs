@@ -142,15 +142,6 @@ fn is_executable(path: &Path) -> bool {
     path.is_file() && unsafe { libc::access(c.as_ptr(), libc::X_OK) } == 0
 }
 
-/// The variable a command's text travels in to the shell: anyone on the
-/// host may read a process's argv, only its owner its environment.
-pub const COMMAND_VAR: &str = "OUTPOST_COMMAND";
-
-/// The shell's arguments that run the text in [`COMMAND_VAR`] (the shell
-/// parses it once, as `-c TEXT` would), unset first so that nothing the
-/// command starts inherits it.
-pub const RUN_COMMAND_VAR: [&str; 2] = ["-c", "eval \"unset OUTPOST_COMMAND; $OUTPOST_COMMAND\""];
-
 /// The shell commands run in: bash when the host has it, else `/bin/sh`.
 /// Looked up once; hosts do not lose bash mid-session.
 pub fn shell() -> &'static Path {

@@ -813,3 +813,89 @@ async fn a_sandbox_made_for_a_caller_that_left_is_deleted() {
         states()
     );
 }
+
+/// When the login's `$HOME` is not its passwd home (an sshd `SetEnv HOME`,
+/// `sudo -u` keeping HOME), a sandbox hides both: neither home's `.ssh`
+/// can be read by a command or by `execute_code`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_homes_stay_hidden_when_home_is_not_the_passwd_home() {
+    assert!(
+        bwrap_usable(),
+        "bwrap cannot run here (scripts/setup-test-env installs it)"
+    );
+    let elsewhere = outpost_e2e::test_user_dir("home-elsewhere");
+    let sshd = outpost_e2e::Sshd::start_with_home(elsewhere.path());
+    let (env, _config) = common::mcp_client::isolated_env(&sshd);
+    let (client, _home) = start(&env).await;
+    let name = format!("outpost-secret-{}", std::process::id());
+    let write = format!(
+        "set -e; home=$(getent passwd $(id -un) | cut -d: -f6); \
+         test \"$home\" != \"$HOME\"; for h in \"$home\" \"$HOME\"; do \
+         mkdir -p \"$h/.ssh\" && echo SECRET > \"$h/.ssh/{name}\"; done; \
+         echo \"$home/.ssh/{name}\"; echo \"$HOME/.ssh/{name}\""
+    );
+    let (err, r) = call(
+        &client,
+        "exec_bash",
+        json!({"command": write, "sandbox_name": "box"}),
+    )
+    .await;
+    assert!(!err && r["exit_code"] == 0, "{r}");
+    let secrets: Vec<String> = r["stdout"]
+        .as_str()
+        .unwrap()
+        .lines()
+        .map(String::from)
+        .collect();
+    assert_eq!(secrets.len(), 2, "{r}");
+    assert!(
+        secrets[1].starts_with(&*elsewhere.path().to_string_lossy()),
+        "{r}"
+    );
+    let read = format!("cat {} {}", secrets[0], secrets[1]);
+    let (_, r) = call(
+        &client,
+        "exec_bash",
+        json!({"command": read, "sandbox_name": "box"}),
+    )
+    .await;
+    assert_eq!(
+        r["stdout"], "SECRET\nSECRET\n",
+        "the host itself reads both: {r}"
+    );
+    for isolation in ["bwrap", "landlock"] {
+        let (err, made) = call(
+            &client,
+            "create_sandbox",
+            json!({"host": "box", "isolation": isolation, "ttl_s": 600}),
+        )
+        .await;
+        assert!(!err, "{isolation}: {made}");
+        let sandbox = made["sandbox_name"].as_str().unwrap().to_string();
+        let (_, r) = call(
+            &client,
+            "exec_bash",
+            json!({"command": read, "sandbox_name": sandbox}),
+        )
+        .await;
+        assert!(!r.to_string().contains("SECRET"), "{isolation}: {r}");
+        let code = format!(
+            "for p in {:?}:\n    try:\n        print(open(p).read())\n    except OSError as e:\n        print('refused', e.errno)\n",
+            secrets
+        );
+        let (err, r) = call(
+            &client,
+            "execute_code",
+            json!({"code": code, "sandbox_name": sandbox}),
+        )
+        .await;
+        assert!(!err, "{isolation}: {r}");
+        assert!(
+            !r.to_string().contains("SECRET") && r.to_string().contains("refused"),
+            "{isolation}: {r}"
+        );
+        let (err, r) = call(&client, "delete_sandbox", json!({"sandbox_name": sandbox})).await;
+        assert!(!err, "{r}");
+    }
+    client.cancel().await.unwrap();
+}

@@ -86,10 +86,10 @@ fn supervise(dir: &Path, resume: bool) -> Result<(), String> {
         )?,
         None => {
             let mut cmd = Command::new(shell);
-            cmd.args(paths::RUN_COMMAND_VAR)
+            cmd.arg("-c")
+                .arg(&command)
                 .current_dir(&record.cwd)
-                .envs(record.spec.env.iter().map(|(k, v)| (k, v)))
-                .env(paths::COMMAND_VAR, &command);
+                .envs(record.spec.env.iter().map(|(k, v)| (k, v)));
             cmd
         }
     };

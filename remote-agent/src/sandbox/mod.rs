@@ -674,9 +674,8 @@ impl Scope {
             || path.starts_with(self.dirs.home())
     }
 
-    /// `shell -c command` inside the sandbox (the text in the
-    /// environment, see [`crate::paths::COMMAND_VAR`]), started in `cwd` (as
-    /// the sandbox sees it), with a clean environment: the basics, the
+    /// `shell -c command` inside the sandbox, started in `cwd` (as the
+    /// sandbox sees it), with a clean environment: the basics, the
     /// sandbox's own variables, then `env`. Nothing of the agent's
     /// environment (an SSH agent socket, tokens) passes.
     pub fn command(
@@ -687,9 +686,7 @@ impl Scope {
         env: &[(String, String)],
     ) -> Result<Command, String> {
         let shell = shell.to_string_lossy();
-        let mut env = env.to_vec();
-        env.push((crate::paths::COMMAND_VAR.into(), command.into()));
-        self.program(&shell, &crate::paths::RUN_COMMAND_VAR, cwd, &env)
+        self.program(&shell, &["-c", command], cwd, env)
     }
 
     /// Whether its commands may reach the network.
