@@ -218,7 +218,7 @@ pub fn bwrap_args(
     dirs: &Dirs,
     network: bool,
     agent: &Path,
-    gpu_devices: &[PathBuf],
+    gpu_devices: &[super::gpu_nodes::Node],
     hidden: &[PathBuf],
 ) -> Vec<String> {
     let s = |p: &Path| p.to_string_lossy().into_owned();
@@ -239,7 +239,7 @@ pub fn bwrap_args(
     }
     args.extend(["--ro-bind", "/", "/", "--dev", "/dev"].map(String::from));
     for dev in gpu_devices {
-        args.extend(["--dev-bind".into(), s(dev), s(dev)]);
+        args.extend(["--dev-bind".into(), s(&dev.host), s(&dev.inside)]);
     }
     args.extend(["--proc", "/proc", "--tmpfs", "/run"].map(String::from));
     // Its tmp dir first: a home or state dir under /tmp is mounted over it.
@@ -612,15 +612,15 @@ mod tests {
             &dirs,
             false,
             Path::new("/a/outpost-agent"),
-            &[
-                PathBuf::from("/dev/nvidiactl"),
-                PathBuf::from("/dev/nvidia1"),
-            ],
+            &["nvidiactl", "nvidia1"].map(|name| super::super::gpu_nodes::Node {
+                host: Path::new("/stand-in").join(name),
+                inside: Path::new("/dev").join(name),
+            }),
             &[PathBuf::from("/home/u")],
         );
         let joined = args.join(" ");
         assert!(joined.contains("--unshare-net"));
-        assert!(joined.contains("--dev /dev --dev-bind /dev/nvidiactl /dev/nvidiactl --dev-bind /dev/nvidia1 /dev/nvidia1"));
+        assert!(joined.contains("--dev /dev --dev-bind /stand-in/nvidiactl /dev/nvidiactl --dev-bind /stand-in/nvidia1 /dev/nvidia1"));
         assert!(!joined.contains("nvidia0"));
         // The home is hidden before the sandbox's own dirs are bound in it.
         let tmpfs = joined.find("--tmpfs /home/u").unwrap();

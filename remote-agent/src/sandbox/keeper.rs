@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use outpost_protocol::{GpuLeaseRequest, Isolation, SandboxState};
 
+use super::gpu_nodes;
 use super::isolation::{self, AGENT_INSIDE};
 use super::limits;
 use super::store::{self, Dirs, End, Setup};
@@ -205,7 +206,8 @@ impl Keeper {
                 idx.join(",")
             });
             setup.lease_id = Some(lease.lease_id);
-            devices = gpu_devices(&setup.gpus);
+            setup.gpu_uuids = lease.uuids.clone();
+            devices = gpu_devices(&setup).inspect_err(|_| self.release(&setup))?;
         }
         let mut notes = Vec::new();
         if again {
@@ -261,7 +263,7 @@ impl Keeper {
     fn start_holder(
         &self,
         network: bool,
-        devices: &[PathBuf],
+        devices: &[gpu_nodes::Node],
         hidden: &[PathBuf],
     ) -> Result<(Child, ProcId, i32), String> {
         let bwrap = isolation::rungs().bwrap.clone()?;
@@ -413,7 +415,10 @@ impl Keeper {
                 self.holder = None;
                 kill_members(&self.dirs.id, &self.setup);
                 let network = self.spec().is_some_and(|s| s.network);
-                let devices = gpu_devices(&self.setup.gpus);
+                let devices = gpu_devices(&self.setup).unwrap_or_else(|e| {
+                    eprintln!("outpost-agent keeper {}: {e}", self.dirs.id);
+                    Vec::new()
+                });
                 let hidden = self.setup.hidden.clone();
                 match self.start_holder(network, &devices, &hidden) {
                     Ok((child, holder, hold)) => {
@@ -552,24 +557,22 @@ pub fn end_here(dirs: &Dirs, state: SandboxState) {
     }
 }
 
-/// The device nodes of the leased GPUs and the driver's shared ones.
-fn gpu_devices(indices: &[u32]) -> Vec<PathBuf> {
-    let mut devices: Vec<PathBuf> = [
-        "/dev/nvidiactl",
-        "/dev/nvidia-uvm",
-        "/dev/nvidia-uvm-tools",
-        "/dev/nvidia-modeset",
-    ]
-    .iter()
-    .map(PathBuf::from)
-    .collect();
-    devices.extend(
-        indices
-            .iter()
-            .map(|i| PathBuf::from(format!("/dev/nvidia{i}"))),
-    );
-    devices.retain(|d| d.exists());
-    devices
+/// The device nodes of its leased GPUs (none: none at all) and the
+/// driver's shared ones.
+fn gpu_devices(setup: &Setup) -> Result<Vec<gpu_nodes::Node>, String> {
+    if setup.gpus.is_empty() {
+        return Ok(Vec::new());
+    }
+    let leased: Vec<gpu_nodes::Leased> = setup
+        .gpus
+        .iter()
+        .enumerate()
+        .map(|(i, &index)| gpu_nodes::Leased {
+            index,
+            uuid: setup.gpu_uuids.get(i).map_or("", String::as_str),
+        })
+        .collect();
+    gpu_nodes::nodes(&leased)
 }
 
 /// Kills every process of the sandbox until none is left (or

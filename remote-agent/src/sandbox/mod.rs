@@ -4,6 +4,7 @@
 //! - `store.rs`: the sandbox on disk and the paths a request may use in it.
 //! - `isolation.rs`: the ladder (bwrap → Landlock + seccomp → none), probed.
 //! - `limits.rs`: cgroups, or rlimits and what the keeper watches.
+//! - `gpu_nodes.rs`: the device nodes of its leased GPUs.
 //! - `keeper.rs`: one process per sandbox that sets it up and ends it.
 //! - `enter.rs`: how a command starts inside.
 //!
@@ -17,6 +18,7 @@
 //! them also live in the holder's pid namespace, which dies with the keeper.
 
 pub mod enter;
+pub mod gpu_nodes;
 pub mod isolation;
 pub mod keeper;
 pub mod limits;

@@ -77,6 +77,9 @@ pub struct Setup {
     pub nproc: Option<u64>,
     pub lease_id: Option<String>,
     pub gpus: Vec<u32>,
+    /// Their UUIDs, in the same order (empty where unknown).
+    #[serde(default)]
+    pub gpu_uuids: Vec<String>,
     /// `CUDA_VISIBLE_DEVICES` for commands, when GPUs are leased.
     pub cuda_visible_devices: Option<String>,
     /// The host paths hidden from it (the real home, the agent's state),
