@@ -8,7 +8,7 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{Agent, BIN, TempDir, kill, procs_with_env, test_account};
+use common::{Agent, BIN, TempDir, kill, procs_with_env, skip, test_account};
 use outpost_protocol::{
     CodeAction, CodeContextInfo, CodeExecution, CodeLanguage, CodeRun, ErrorKind, Isolation,
     Request, Response, SandboxSpec,
@@ -41,7 +41,7 @@ impl Host {
         // SAFETY: getuid cannot fail.
         let user = if unsafe { libc::getuid() } == 0 {
             let Some((uid, gid)) = test_account() else {
-                eprintln!("skipped: needs the outpost-test account (scripts/setup-test-env)");
+                skip("needs the outpost-test account (scripts/setup-test-env)");
                 return None;
             };
             for path in [

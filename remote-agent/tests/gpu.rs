@@ -14,7 +14,7 @@ use std::process::{Child, Command};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use common::{Agent, BIN, TempDir, procs_with};
+use common::{Agent, BIN, TempDir, procs_with, skip};
 use outpost_protocol::{
     ErrorKind, GpuInfo, GpuLease, GpuLeaseRequest, GpuSource, HostMetrics, Request, Response,
 };
@@ -102,6 +102,8 @@ impl Host {
             .env("PATH", self.root.path().join("bin"))
             .env("OUTPOST_NVML_LIB", nvml)
             .env("OUTPOST_GPU_LEASE_DIR", self.lease_dir())
+            .env("OUTPOST_DEV_DIR", self.root.path().join("dev"))
+            .env("OUTPOST_NVIDIA_DRIVER_DIR", self.root.path().join("driver"))
             .env("FAKE_NVML_PID", self.gpu_user_pid().to_string());
         cmd
     }
@@ -113,6 +115,38 @@ impl Host {
     /// An agent whose NVML cannot load, so it needs nvidia-smi.
     fn agent_without_nvml(&self) -> Agent {
         self.agent(&self.root.path().join("missing/libnvidia-ml.so.1"))
+    }
+
+    /// Stand-in device nodes for both fake GPUs (made with mknod: root
+    /// only), numbered the other way round from their indices, as the
+    /// driver may; false (after [`skip`]) without root.
+    fn device_nodes(&self) -> bool {
+        // SAFETY: getuid cannot fail.
+        if unsafe { libc::getuid() } != 0 {
+            skip("stand-in GPU device nodes need root (mknod)");
+            return false;
+        }
+        let dev = self.root.path().join("dev");
+        std::fs::create_dir_all(&dev).unwrap();
+        for (name, minor) in [("nvidia0", 0), ("nvidia1", 1), ("nvidiactl", 255)] {
+            let path = std::ffi::CString::new(dev.join(name).to_str().unwrap()).unwrap();
+            // SAFETY: a valid NUL-terminated path; plain syscall.
+            let rc = unsafe {
+                libc::mknod(
+                    path.as_ptr(),
+                    libc::S_IFCHR | 0o666,
+                    libc::makedev(195, minor),
+                )
+            };
+            assert_eq!(rc, 0, "mknod: {}", std::io::Error::last_os_error());
+        }
+        for (uuid, minor) in [(UUID0, 1), (UUID1, 0)] {
+            let gpu = self.root.path().join(format!("driver/gpus/{uuid}"));
+            std::fs::create_dir_all(&gpu).unwrap();
+            let info = format!("GPU UUID: \t {uuid}\nDevice Minor: \t {minor}\n");
+            std::fs::write(gpu.join("information"), info).unwrap();
+        }
+        true
     }
 
     /// This host's lease table; the first agent to lease creates it.
@@ -517,7 +551,7 @@ fn chown(path: &Path, (uid, gid): (u32, u32)) {
 fn two_users_share_one_table() {
     use std::os::unix::process::CommandExt;
     let Some(other) = other_user(OTHER_USER) else {
-        eprintln!("skipped: needs root and the user {OTHER_USER}");
+        skip(&format!("needs root and the user {OTHER_USER}"));
         return;
     };
     let host = Host::new("lease-users");
@@ -635,7 +669,9 @@ fn a_table_others_could_tamper_with_is_refused() {
         let mut agent = host.agent(fake_nvml());
         lease_ok(&mut agent, 1, 1, 0);
     } else {
-        eprintln!("skipped the other-user cases: needs root and the user {OTHER_USER}");
+        skip(&format!(
+            "the other-user cases need root and the user {OTHER_USER}"
+        ));
     }
 }
 
@@ -659,6 +695,16 @@ fn a_sandbox_holds_its_gpus_for_its_life() {
         other => panic!("3 of 2 GPUs: {other:?}"),
     }
     assert!(host.lease_files().is_empty());
+    // A leased GPU whose device node is missing is refused, and its lease
+    // given back.
+    match agent.call(5, Request::SandboxCreate(spec(1))) {
+        Response::Error(e) => assert!(e.message.contains("no device node"), "{}", e.message),
+        other => panic!("a GPU without a node: {other:?}"),
+    }
+    assert!(host.lease_files().is_empty());
+    if !host.device_nodes() {
+        return;
+    }
     let info = match agent.call(2, Request::SandboxCreate(spec(1))) {
         Response::Sandbox(info) => info,
         other => panic!("{other:?}"),

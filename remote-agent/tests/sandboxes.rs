@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{Agent, BIN, TempDir, json, kill, procs_with_env, test_account};
+use common::{Agent, BIN, TempDir, json, kill, procs_with_env, skip, test_account};
 use outpost_protocol::{
     ErrorKind, ExecRequest, ExecResult, Isolation, JobSpec, ReadFiles, ReadSpec, Request, Response,
     SandboxInfo, SandboxLimits, SandboxSpec, SandboxState, ScanRequest,
@@ -39,7 +39,7 @@ impl Host {
         match test_account() {
             Some(user) => Some(Host::new_as(label, Some(user))),
             None => {
-                eprintln!("skipped: needs the outpost-test account (scripts/setup-test-env)");
+                skip("needs the outpost-test account (scripts/setup-test-env)");
                 None
             }
         }
@@ -260,7 +260,7 @@ fn contained(host: &mut Host, info: &SandboxInfo) {
 #[test]
 fn bwrap_sandbox_contains_and_works() {
     if !bwrap_usable() {
-        eprintln!("skipped: bwrap cannot run here (scripts/setup-test-env installs it)");
+        skip("bwrap cannot run here (scripts/setup-test-env installs it)");
         return;
     }
     let Some(mut host) = Host::unprivileged("sbx-bwrap") else {
@@ -438,7 +438,7 @@ fn landlock_rung_contains_and_works() {
     let info = match created {
         Response::Sandbox(info) => info,
         Response::Error(e) if e.message.contains("landlock") => {
-            eprintln!("skipped: {}", e.message);
+            skip(&e.message);
             return;
         }
         other => panic!("{other:?}"),
@@ -512,7 +512,7 @@ fn workspace_rung_is_reported_as_not_isolated() {
 #[test]
 fn ttl_ends_every_process_without_controller_or_daemon() {
     if !bwrap_usable() {
-        eprintln!("skipped: bwrap cannot run here");
+        skip("bwrap cannot run here");
         return;
     }
     for (isolation, kill_daemon) in [(Isolation::Bwrap, false), (Isolation::None, true)] {
@@ -670,7 +670,7 @@ fn limits_stop_a_memory_hog_and_a_fork_bomb() {
 #[test]
 fn limits_without_a_cgroup_hold_by_rlimit_and_watchdog() {
     let Some(user) = test_account() else {
-        eprintln!("skipped: needs root and the outpost-test account (scripts/setup-test-env)");
+        skip("needs root and the outpost-test account (scripts/setup-test-env)");
         return;
     };
     limits_hold(Host::new_as("sbx-limits-user", Some(user)));

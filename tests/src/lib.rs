@@ -38,6 +38,16 @@ pub const KEY_PASSPHRASE: &str = "secret-pass";
 /// sshd insists on being started by absolute path (it re-executes itself).
 const SSHD_BIN: &str = "/usr/sbin/sshd";
 const SETUP_HINT: &str = "run scripts/setup-test-env (as root) first";
+
+/// A test whose component (bwrap, Slurm, the test account, Landlock) is
+/// missing says so and returns; under `CI=true` it fails instead, so that
+/// a failed set-up step can never turn into passing tests.
+pub fn skip(what: &str) {
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{what}: CI=true, so a missing component fails the test");
+    }
+    eprintln!("skipped: {what}");
+}
 /// How long sshd gets to start answering with its banner.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
 /// Attempts at finding a free port before giving up.
@@ -1332,7 +1342,7 @@ impl Slurm {
     pub fn start() -> Option<Slurm> {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipped: a private Slurm cluster needs root");
+            skip("a private Slurm cluster needs root");
             return None;
         }
         let missing: Vec<&str> = SLURM_DAEMONS
@@ -1342,10 +1352,10 @@ impl Slurm {
             .chain(SLURM_CLIENTS.iter().copied().filter(|p| !on_path(p)))
             .collect();
         if !missing.is_empty() {
-            eprintln!(
-                "skipped: Slurm or munge missing ({}); {SETUP_HINT}",
+            skip(&format!(
+                "Slurm or munge missing ({}); {SETUP_HINT}",
                 missing.join(", ")
-            );
+            ));
             return None;
         }
 

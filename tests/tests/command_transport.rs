@@ -219,7 +219,7 @@ fn bwrap_usable() -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bubblewrap_wrapper_gets_the_agent_copied_in() {
     if !bwrap_usable() {
-        eprintln!("skipped: bwrap cannot run here (scripts/setup-test-env installs it)");
+        outpost_e2e::skip("bwrap cannot run here (scripts/setup-test-env installs it)");
         return;
     }
     let dir = TempDir::new("cmd-bwrap");

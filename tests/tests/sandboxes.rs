@@ -344,7 +344,7 @@ fn bwrap_usable() -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn isolated_sandboxes_over_ssh_contain_and_expire() {
     if !bwrap_usable() {
-        eprintln!("skipped: bwrap cannot run here (scripts/setup-test-env installs it)");
+        outpost_e2e::skip("bwrap cannot run here (scripts/setup-test-env installs it)");
         return;
     }
     let sshd = outpost_e2e::Sshd::start();
@@ -419,7 +419,7 @@ async fn isolated_sandboxes_over_ssh_contain_and_expire() {
         )
         .await;
         if err && isolation == "landlock" && made.to_string().contains("Landlock") {
-            eprintln!("landlock skipped: {made}");
+            outpost_e2e::skip(&format!("Landlock: {made}"));
             continue;
         }
         assert!(!err, "{isolation}: {made}");

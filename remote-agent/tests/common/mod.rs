@@ -18,6 +18,16 @@ use outpost_protocol::{
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_outpost-agent");
 
+/// A test whose component (bwrap, Slurm, the test account, Landlock) is
+/// missing says so and returns; under `CI=true` it fails instead, so that
+/// a failed set-up step can never turn into passing tests.
+pub fn skip(what: &str) {
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{what}: CI=true, so a missing component fails the test");
+    }
+    eprintln!("skipped: {what}");
+}
+
 /// A tiny controller: a running agent, its stdin, and responses by request id.
 pub struct Agent {
     pub child: Child,
