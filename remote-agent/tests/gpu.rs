@@ -741,3 +741,77 @@ fn a_sandbox_holds_its_gpus_for_its_life() {
     assert_eq!(gone.state, outpost_protocol::SandboxState::Deleted);
     assert!(host.lease_files().is_empty(), "{:?}", host.lease_files());
 }
+
+/// Under bwrap, as an unprivileged account: `gpus: 1` of 2 sees exactly its
+/// GPU's device node (the one with the minor the driver gave it) beside the
+/// shared ones; a sandbox without GPUs sees none.
+#[test]
+fn a_bwrap_sandbox_sees_exactly_its_leased_gpu() {
+    use outpost_protocol::{ExecRequest, Isolation, SandboxSpec};
+    use std::os::unix::process::CommandExt;
+    let Some(user) = other_user(OTHER_USER) else {
+        skip(&format!("needs root and the user {OTHER_USER}"));
+        return;
+    };
+    let host = Host::new("gpu-bwrap");
+    if !host.device_nodes() {
+        return;
+    }
+    let leases = host.lease_dir();
+    std::fs::create_dir_all(&leases).unwrap();
+    std::fs::set_permissions(&leases, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let home = host.root.path().join("user-home");
+    std::fs::create_dir_all(&home).unwrap();
+    chown(&home, user);
+    let mut cmd = host.command(Path::new(BIN), fake_nvml());
+    cmd.env("HOME", &home).uid(user.0).gid(user.1);
+    let mut agent = Agent::start_with(&mut cmd);
+    let mut id = 0;
+    for gpus in [1, 0] {
+        id += 1;
+        let spec = SandboxSpec {
+            ttl_ms: 120_000,
+            isolation: Isolation::Bwrap,
+            network: false,
+            gpus,
+            ..SandboxSpec::default()
+        };
+        let info = match agent.call(id, Request::SandboxCreate(spec)) {
+            Response::Sandbox(info) => info,
+            other => panic!("gpus {gpus}: {other:?}"),
+        };
+        let exec = ExecRequest {
+            command: "shopt -s nullglob; set -- /dev/nvidia*; echo \"${@#/dev/}\"; \
+                      echo $CUDA_VISIBLE_DEVICES"
+                .into(),
+            cwd: None,
+            env: vec![],
+            stdin: None,
+            timeout_ms: Some(10_000),
+            output_limit: 1000,
+            stream: false,
+            progress_ms: None,
+        };
+        id += 1;
+        let inside = Request::InSandbox {
+            id: info.id.clone(),
+            request: Box::new(Request::Exec(exec)),
+        };
+        let Response::ExecDone(r) = agent.call(id, inside) else {
+            panic!("exec failed");
+        };
+        let out = String::from_utf8_lossy(&r.stdout.head).to_string();
+        let (nodes, visible) = out.split_once('\n').unwrap_or_default();
+        let expected = match visible.trim() {
+            // The driver numbered them the other way round.
+            UUID0 => "nvidia1 nvidiactl",
+            UUID1 => "nvidia0 nvidiactl",
+            _ => "",
+        };
+        assert_eq!(nodes, expected, "gpus {gpus}: {out:?} {r:?}");
+        id += 1;
+        let Response::Sandbox(_) = agent.call(id, Request::SandboxDelete { id: info.id }) else {
+            panic!("delete failed");
+        };
+    }
+}
