@@ -31,6 +31,9 @@ pub struct Fleet {
     pub config: Config,
     /// The config's command policy, compiled.
     pub policy: Policy,
+    /// Why the user's configuration could not load ([`Fleet::unusable`]):
+    /// every tool call answers this, and nothing runs.
+    pub problem: Option<String>,
 }
 
 /// A GPU lease this controller took. It is valid while the connection that
@@ -137,7 +140,19 @@ impl Fleet {
             leases: Mutex::new(HashMap::new()),
             config,
             policy,
+            problem: None,
         }
+    }
+
+    /// A fleet that serves nothing: the configuration could not load, so
+    /// an MCP server answers every call with `problem` (a client shows a
+    /// server that exits only as "failed to connect"). Listing still works,
+    /// from the zero configuration; no host, rule or hook of it applies.
+    pub fn unusable(problem: String) -> anyhow::Result<Fleet> {
+        let nowhere = "/nonexistent/outpost-config-problem";
+        let mut fleet = Fleet::try_new(Config::load_from(&[("HOME", nowhere)])?)?;
+        fleet.problem = Some(problem);
+        Ok(fleet)
     }
 
     pub fn sessions(&self) -> &[Arc<Session>] {

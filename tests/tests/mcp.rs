@@ -1294,3 +1294,45 @@ async fn mcp_push_to_several_hosts_reports_each_host() {
     }
     client.cancel().await.unwrap();
 }
+
+/// A configuration that does not load never keeps `outpost mcp` from
+/// starting (a client would show only "failed to connect"): it lists its
+/// tools and answers every call with the problem and where to fix it,
+/// running nothing; the CLI stops with the same words.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_config_is_told_through_every_tool() {
+    let dir = common::scratch("broken-config");
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, "[[sandbox]]\nname = \"gpu1\"\nhost = = \"h\"\n").unwrap();
+    let env = [("OUTPOST_CONFIG", config.display().to_string())];
+    let (client, home) = start(&env).await;
+    let tools = client.list_all_tools().await.unwrap();
+    assert!(tools.iter().any(|t| t.name == "exec_bash"));
+    let marker = dir.path().join("ran");
+    let (err, r) = call(
+        &client,
+        "exec_bash",
+        json!({"command": format!("touch {}", marker.display())}),
+    )
+    .await;
+    let text = r.as_str().unwrap_or_default();
+    assert!(
+        err && text.starts_with("outpost cannot serve: invalid config file"),
+        "{r}"
+    );
+    assert!(
+        text.contains(&config.display().to_string()) && text.contains("line 3"),
+        "{r}"
+    );
+    assert!(!marker.exists(), "a call ran with no configuration");
+    client.cancel().await.unwrap();
+    let out = std::process::Command::new(outpost_e2e::target_bin("outpost"))
+        .args(["hosts"])
+        .env("HOME", home.path())
+        .env("OUTPOST_CONFIG", &config)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("line 3"), "{stderr}");
+}

@@ -392,8 +392,17 @@ pub(super) enum SandboxAction {
 }
 
 pub async fn run(cli: Cli) -> Result<ExitCode> {
-    let config = Config::load()?;
-    let fleet = Arc::new(Fleet::try_new(config)?);
+    let fleet = match Config::load().and_then(Fleet::try_new) {
+        Ok(fleet) => Arc::new(fleet),
+        // An MCP server serves anyway and answers every call with the
+        // problem, which the client then shows; the CLI stops here.
+        Err(e) if matches!(cli.command, Command::Mcp { http: None }) => {
+            let problem = format!("{e:#}");
+            eprintln!("outpost: {problem}; serving MCP only to say so");
+            Arc::new(Fleet::unusable(problem)?)
+        }
+        Err(e) => return Err(e),
+    };
     match cli.command {
         Command::Mcp { http: Some(addr) } => {
             mcp::http::serve_http(fleet, addr).await?;

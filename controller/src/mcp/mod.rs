@@ -364,6 +364,14 @@ impl ServerHandler for OutpostServer {
         request: rmcp::model::CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::CallToolResponse, McpError> {
+        if let Some(problem) = &self.fleet.problem {
+            let text = format!(
+                "outpost cannot serve: {problem}. Fix the configuration, then restart the MCP server (reconnect it in the client)."
+            );
+            let answer =
+                rmcp::model::CallToolResult::error(vec![rmcp::model::ContentBlock::text(text)]);
+            return Ok(rmcp::model::CallToolResponse::Complete(answer));
+        }
         let client = context
             .client_info()
             .map(|info| crate::ops::audit::truncate(&info.name, 100))
