@@ -287,6 +287,18 @@ impl Artifacts {
             .chain(&self.portable)
             .map(|a| format!("{} ({} {} {})", a.label, a.os, a.arch, libc_text(&a.libc)))
             .collect();
+        if have.is_empty() {
+            // Not a portability problem: the agent was never installed.
+            let beside = std::env::current_exe()
+                .ok()
+                .and_then(|p| Some(p.parent()?.join("outpost-agent")))
+                .map_or("beside outpost".into(), |p| p.display().to_string());
+            return Err(format!(
+                "outpost-agent is missing: it belongs at {beside} (or name it with $OUTPOST_AGENT_BIN); \
+                 `cargo install --locked --path remote-agent` installs it beside a cargo-installed \
+                 outpost, `scripts/run` builds both"
+            ));
+        }
         let wanted_dir = format!(
             "{}-{}-{}",
             host.arch,
@@ -680,6 +692,18 @@ mod tests {
         let err = arts.pick(&arm).unwrap_err();
         assert!(err.contains("aarch64-linux-gnu"), "{err}");
         assert!(err.contains("scripts/build-agents"), "{err}");
+        // No build at all: the install is incomplete, whatever the host.
+        let none = Artifacts {
+            native: None,
+            portable: vec![],
+            searched: vec![],
+        };
+        let err = none.pick(&arm).unwrap_err();
+        assert!(
+            err.starts_with("outpost-agent is missing: it belongs at /")
+                && err.contains("cargo install"),
+            "{err}"
+        );
     }
 
     #[test]
