@@ -448,6 +448,7 @@ impl Config {
         };
 
         let mut raw: Vec<RawSandbox> = file.sandbox;
+        let from_file = raw.len();
         // Policies come from the file only: remote-sandbox-mcp's variables
         // describe hosts, never rules.
         let mut sandbox_policies: Vec<(String, RawRules)> = raw
@@ -509,8 +510,8 @@ impl Config {
 
         let default_user = env.var("USER").unwrap_or_else(current_user);
         let strict_default = file.strict_host_keys.unwrap_or(false);
-        let mut sandboxes = Vec::new();
-        for mut r in raw {
+        let mut sandboxes: Vec<SandboxConfig> = Vec::new();
+        for (i, mut r) in raw.into_iter().enumerate() {
             let slurm = r.slurm.take();
             let mut sandbox = resolve(
                 r,
@@ -523,10 +524,17 @@ impl Config {
                 .map(slurm::RawSlurm::resolve)
                 .transpose()
                 .map_err(|e| anyhow::anyhow!("sandbox {:?}: {e}", sandbox.name))?;
-            if sandboxes
-                .iter()
-                .any(|s: &SandboxConfig| s.name == sandbox.name)
-            {
+            let taken = sandboxes.iter().position(|s| s.name == sandbox.name);
+            // The file is the user's considered word; the remote-sandbox-mcp
+            // variables are often left over from before it.
+            if taken.is_some_and(|t| t < from_file) && i >= from_file {
+                tracing::warn!(
+                    "sandbox {:?} is in the config file and the environment; the file's is used",
+                    sandbox.name
+                );
+                continue;
+            }
+            if taken.is_some() {
                 bail!(
                     "two sandboxes are named {:?}; give each a distinct \"name\"",
                     sandbox.name
@@ -1334,6 +1342,18 @@ Host plain
             ("HOME", "/h"),
             ("OUTPOST_CONFIG", p.as_str()),
             ("REMOTE_SANDBOX_LIST", r#"[{"name":"a","host":"z"}]"#),
+        ];
+        // The file wins over the environment; within one source a name is
+        // one sandbox.
+        let cfg = Config::load_from(&env).unwrap();
+        assert_eq!(cfg.sandboxes.len(), 1);
+        assert_eq!(ssh(&cfg.sandboxes[0]).remote_dir, "/scratch/x");
+        let env = [
+            ("HOME", "/h"),
+            (
+                "REMOTE_SANDBOX_LIST",
+                r#"[{"name":"a","host":"z"},{"name":"a","host":"y"}]"#,
+            ),
         ];
         let err = Config::load_from(&env).unwrap_err().to_string();
         assert!(err.contains("two sandboxes"), "{err}");
