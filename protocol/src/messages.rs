@@ -709,6 +709,10 @@ pub struct SandboxSpec {
     /// Live sandboxes this user may have on the host, this one included
     /// (0: no cap).
     pub max_sandboxes: u32,
+    /// With `network: false` under bwrap: the only places its commands
+    /// reach, through the agent's HTTP proxy (`name`, `*.suffix`, either
+    /// with `:port`).
+    pub allow_hosts: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -261,6 +261,7 @@ fn sample_messages() -> (Hello, Vec<ClientMessage>, Vec<AgentMessage>) {
                 env: vec![("K".into(), "v".into())],
                 keep_files: true,
                 max_sandboxes: 8,
+                allow_hosts: vec!["pypi.org".into(), "*.github.com:443".into()],
             }),
         },
         ClientMessage::Request {

@@ -64,9 +64,9 @@ pub fn enter(dir: &std::path::Path, cwd: &std::path::Path, argv: &[String]) -> i
     sandbox::enter::main(dir, cwd, argv)
 }
 
-/// `outpost-agent hold`: keeps a bwrap sandbox open.
-pub fn hold() -> i32 {
-    sandbox::keeper::hold()
+/// `outpost-agent hold [--egress]`: keeps a bwrap sandbox open.
+pub fn hold(egress: bool) -> i32 {
+    sandbox::keeper::hold(egress)
 }
 
 /// `outpost-agent guard`: the watchdog `serve` starts with a pipe on stdin.

@@ -48,7 +48,8 @@ fn main() -> ExitCode {
             outpost_agent::enter(Path::new(dir), Path::new(cwd), &argv)
         }
         // Not in the usage: the command bwrap runs to hold a sandbox open.
-        ["hold"] => outpost_agent::hold(),
+        ["hold"] => outpost_agent::hold(false),
+        ["hold", "--egress"] => outpost_agent::hold(true),
         ["--version" | "-V" | "version"] => {
             println!("{}", outpost_agent::version_line());
             0

@@ -801,3 +801,103 @@ fn bad_input_is_refused_and_creates_nothing() {
         Response::Error(_)
     ));
 }
+
+/// A web server for the egress test on this host's loopback, answering
+/// every request with `body`; its port.
+fn serve_http(body: &'static str) -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                use std::io::{BufRead, Write};
+                let mut reader = std::io::BufReader::new(&conn);
+                let mut line = String::new();
+                while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                    line.clear();
+                }
+                let _ = write!(
+                    &conn,
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            });
+        }
+    });
+    port
+}
+
+/// `network: false` with `allow_hosts`: the listed place answers through
+/// the proxy, to curl and to Python; another port, the same place by
+/// address, a raw socket and DNS do not, and refusals are recorded.
+#[test]
+fn egress_reaches_only_the_allowed_hosts() {
+    if !bwrap_usable() {
+        skip("bwrap cannot run here (scripts/setup-test-env installs it)");
+        return;
+    }
+    let Some(mut host) = Host::unprivileged("sbx-egress") else {
+        return;
+    };
+    let (allowed, other) = (serve_http("ALLOWED"), serve_http("OTHER"));
+    let info = host.create(SandboxSpec {
+        allow_hosts: vec![format!("localhost:{allowed}")],
+        ..spec(Isolation::Bwrap, false)
+    });
+    let run = |host: &mut Host, command: &str| {
+        let r = host.sh(&info.id, command);
+        format!("{}{}", out(&r), err(&r))
+    };
+    assert_eq!(
+        run(
+            &mut host,
+            &format!("curl -s -m 5 http://localhost:{allowed}/")
+        ),
+        "ALLOWED"
+    );
+    let python = format!(
+        "python3 -c \"import urllib.request; print(urllib.request.urlopen('http://localhost:{allowed}/').read().decode())\""
+    );
+    assert_eq!(run(&mut host, &python), "ALLOWED\n");
+    for refused in [format!("localhost:{other}"), format!("127.0.0.1:{allowed}")] {
+        let said = run(&mut host, &format!("curl -s -m 5 http://{refused}/"));
+        assert!(
+            said.contains("not in this sandbox's allow_hosts"),
+            "{refused}: {said}"
+        );
+    }
+    let said = run(&mut host, "curl -s -m 5 https://example.com/; echo rc=$?");
+    assert!(
+        said.contains("rc=56"),
+        "CONNECT to an unlisted name: {said}"
+    );
+    let said = run(
+        &mut host,
+        &format!(
+            "exec 3<>/dev/tcp/127.0.0.1/{allowed} && echo CONNECTED; getent hosts example.com || echo NO_DNS"
+        ),
+    );
+    assert!(
+        !said.contains("CONNECTED") && said.contains("NO_DNS"),
+        "{said}"
+    );
+    let denied = host
+        .sandboxes_dir()
+        .join(&info.id)
+        .join("meta/egress-denied");
+    let denied = std::fs::read_to_string(&denied).unwrap();
+    for refused in [format!("localhost:{other}"), "example.com:443".to_string()] {
+        assert!(denied.lines().any(|l| l == refused), "{refused}: {denied}");
+    }
+    // Contradictions are refused, never half-held.
+    let said = host.create_err(SandboxSpec {
+        allow_hosts: vec!["pypi.org".into()],
+        ..spec(Isolation::Bwrap, true)
+    });
+    assert!(said.contains("network: false"), "{said}");
+    let said = host.create_err(SandboxSpec {
+        allow_hosts: vec!["pypi.org".into()],
+        ..spec(Isolation::Landlock, false)
+    });
+    assert!(said.contains("allow_hosts needs bwrap"), "{said}");
+}

@@ -899,3 +899,47 @@ async fn both_homes_stay_hidden_when_home_is_not_the_passwd_home() {
     }
     client.cancel().await.unwrap();
 }
+
+/// `allow_hosts` travels from the tool to the host's agent, which holds it
+/// or refuses it: never a sandbox that seems limited and is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allow_hosts_reach_the_host_and_contradictions_are_refused() {
+    assert!(
+        bwrap_usable(),
+        "bwrap cannot run here (scripts/setup-test-env installs it)"
+    );
+    let sshd = outpost_e2e::Sshd::start();
+    let (env, _config) = common::mcp_client::isolated_env(&sshd);
+    let (client, _home) = start(&env).await;
+    let (err, r) = call(
+        &client,
+        "create_sandbox",
+        json!({"host": "box", "allow_hosts": ["pypi.org"], "network": true}),
+    )
+    .await;
+    assert!(err && r.to_string().contains("network: false"), "{r}");
+    let (err, made) = call(
+        &client,
+        "create_sandbox",
+        json!({"host": "box", "isolation": "bwrap", "network": false,
+               "allow_hosts": ["localhost:9"]}),
+    )
+    .await;
+    assert!(!err, "{made}");
+    let name = made["sandbox_name"].as_str().unwrap().to_string();
+    let (_, r) = call(
+        &client,
+        "exec_bash",
+        json!({"command": "echo $HTTPS_PROXY; curl -s -m 5 http://localhost:8/", "sandbox_name": name}),
+    )
+    .await;
+    let out = r["stdout"].as_str().unwrap_or_default();
+    assert!(
+        out.starts_with("http://127.0.0.1:3128\n")
+            && out.contains("not in this sandbox's allow_hosts"),
+        "{r}"
+    );
+    let (err, r) = call(&client, "delete_sandbox", json!({"sandbox_name": name})).await;
+    assert!(!err, "{r}");
+    client.cancel().await.unwrap();
+}

@@ -324,6 +324,8 @@ pub(super) enum JobsAction {
 }
 
 #[derive(Subcommand)]
+// Parsed once per run: the size of the largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum SandboxAction {
     /// Make one on HOST (a configured sandbox, or `auto`: the idlest with
     /// --gpus free); prints its name, then what applies.
@@ -362,6 +364,10 @@ pub(super) enum SandboxAction {
         /// Leave its files on the host when it ends.
         #[arg(long)]
         keep_files: bool,
+        /// With --no-network: a name its commands may reach through a
+        /// proxy (*.suffix, :port; repeatable).
+        #[arg(long, value_name = "HOST")]
+        allow_host: Vec<String>,
         /// Slurm cluster: the allocation's time limit (2:00:00, 1-00:00:00).
         #[arg(long, value_name = "TIME")]
         time: Option<String>,

@@ -26,6 +26,7 @@ pub(super) async fn sandbox_cli(fleet: &Fleet, action: SandboxAction) -> Result<
             gpus,
             env,
             keep_files,
+            allow_host,
             time,
             partition,
         } => {
@@ -44,6 +45,7 @@ pub(super) async fn sandbox_cli(fleet: &Fleet, action: SandboxAction) -> Result<
                 gpus,
                 env: env.iter().map(|kv| env_pair(kv)).collect::<Result<_>>()?,
                 keep_files,
+                allow_hosts: allow_host,
                 time,
                 partition,
             };

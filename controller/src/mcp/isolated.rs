@@ -37,6 +37,9 @@ pub struct CreateParams {
     pub limits: Option<LimitParams>,
     pub gpus: Option<u32>,
     pub env: Option<BTreeMap<String, String>>,
+    // With network false (the error says so): names its commands reach
+    // through a proxy; not described, to keep the tool list small.
+    pub allow_hosts: Option<Vec<String>>,
     /// Keep its files after it ends.
     #[serde(default)]
     pub keep_files_on_expiry: bool,
@@ -124,6 +127,7 @@ impl CreateParams {
             gpus: self.gpus.unwrap_or(defaults.gpus),
             env: self.env.unwrap_or_default().into_iter().collect(),
             keep_files: self.keep_files_on_expiry,
+            allow_hosts: self.allow_hosts.unwrap_or_default(),
             time: self.time.filter(|t| !t.is_empty()),
             partition: self.partition.filter(|p| !p.is_empty()),
         }

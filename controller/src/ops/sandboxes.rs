@@ -54,6 +54,9 @@ pub struct CreateRequest {
     pub env: Vec<(String, String)>,
     /// Leave its files on the host when it ends.
     pub keep_files: bool,
+    /// With `network: false`: the names (`*.suffix`, `:port`) its commands
+    /// may reach, through the host agent's proxy.
+    pub allow_hosts: Vec<String>,
     /// Slurm clusters only: the allocation's time limit (`2:00:00`) and
     /// partition; None: the cluster's defaults.
     pub time: Option<String>,
@@ -72,6 +75,7 @@ impl Default for CreateRequest {
             gpus: 0,
             env: Vec::new(),
             keep_files: false,
+            allow_hosts: Vec::new(),
             time: None,
             partition: None,
         }
@@ -276,6 +280,7 @@ pub fn spec(r: &CreateRequest, max_sandboxes: u32) -> Result<SandboxSpec, String
         env: r.env.clone(),
         keep_files: r.keep_files,
         max_sandboxes,
+        allow_hosts: r.allow_hosts.clone(),
     })
 }
 
@@ -295,6 +300,12 @@ pub async fn create(
         .check_env(host.name(), env)
         .map_err(|refusal| refusal.to_string())?;
     if let Some(defaults) = host.config.slurm.clone() {
+        if !r.allow_hosts.is_empty() {
+            return Err(format!(
+                "allow_hosts is for a host's bwrap sandboxes; {} is a Slurm cluster, whose network is the cluster's",
+                host.name()
+            ));
+        }
         let mut allocation = allocation_request(host.name(), &r)?;
         allocation.partition = allocation.partition.or(partition);
         let made = slurm::create(fleet, &host, &defaults, &allocation, progress).await?;

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use outpost_protocol::{GpuLeaseRequest, Isolation, SandboxState};
 
+use super::egress;
 use super::gpu_nodes;
 use super::isolation::{self, AGENT_INSIDE};
 use super::limits;
@@ -215,6 +216,16 @@ impl Keeper {
         }
         match isolation {
             Isolation::Bwrap => {
+                if !spec.allow_hosts.is_empty() {
+                    let meta = self.dirs.meta();
+                    egress::serve(
+                        &meta.join(egress::SOCKET),
+                        spec.allow_hosts.clone(),
+                        &meta.join(egress::DENIED),
+                    )
+                    .map_err(|e| format!("cannot start its egress proxy: {e}"))
+                    .inspect_err(|_| self.release(&setup))?;
+                }
                 let (child, holder, hold) = self
                     .start_holder(spec.network, &devices, &setup.hidden)
                     .inspect_err(|_| self.release(&setup))?;
@@ -279,13 +290,19 @@ impl Keeper {
         let mut cmd = Command::new(&bwrap);
         cmd.args(isolation::bwrap_args(
             &self.dirs, network, &agent, devices, hidden,
-        ))
-        .args(["--info-fd", "3", "--", AGENT_INSIDE, "hold"])
-        .env_clear()
-        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+        ));
+        let egress = self.spec().is_some_and(|s| !s.allow_hosts.is_empty());
+        if egress {
+            let socket = self.dirs.meta().join(egress::SOCKET);
+            cmd.arg("--bind").arg(socket).arg(egress::SOCKET_INSIDE);
+        }
+        cmd.args(["--info-fd", "3", "--", AGENT_INSIDE, "hold"])
+            .args(egress.then_some("--egress"))
+            .env_clear()
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
         // SAFETY: dup2 is async-signal-safe; fd 3 loses close-on-exec.
         unsafe {
             cmd.pre_exec(move || {
@@ -611,8 +628,12 @@ fn kill_until_gone(id: &str, setup: &Setup, which: impl Fn(&crate::proctree::Sta
 }
 
 /// `outpost-agent hold`: the holder's command inside bwrap, asleep until
-/// the sandbox ends.
-pub fn hold() -> i32 {
+/// the sandbox ends; with `egress`, carrying the proxy port to its socket.
+pub fn hold(egress: bool) -> i32 {
+    if egress && let Err(e) = egress::forward(std::path::Path::new(egress::SOCKET_INSIDE)) {
+        eprintln!("outpost-agent hold: cannot listen for the egress proxy: {e}");
+        return 1;
+    }
     loop {
         // SAFETY: pause only returns on a signal.
         unsafe { libc::pause() };

@@ -5,6 +5,7 @@
 //! - `isolation.rs`: the ladder (bwrap → Landlock + seccomp → none), probed.
 //! - `limits.rs`: cgroups, or rlimits and what the keeper watches.
 //! - `gpu_nodes.rs`: the device nodes of its leased GPUs.
+//! - `egress.rs`: `allow_hosts`, through a proxy outside its network.
 //! - `keeper.rs`: one process per sandbox that sets it up and ends it.
 //! - `enter.rs`: how a command starts inside.
 //!
@@ -17,6 +18,7 @@
 //! its keeper finds and ends it whatever rung applies; under bwrap all of
 //! them also live in the holder's pid namespace, which dies with the keeper.
 
+pub mod egress;
 pub mod enter;
 pub mod gpu_nodes;
 pub mod isolation;
@@ -76,6 +78,14 @@ fn validate(spec: &SandboxSpec, root: &Path) -> Result<(), AgentError> {
         )));
     }
     check_env(&spec.env)?;
+    for entry in &spec.allow_hosts {
+        egress::check_entry(entry).map_err(bad)?;
+    }
+    if !spec.allow_hosts.is_empty() && spec.network {
+        return Err(bad(
+            "allow_hosts goes with network: false (network: true reaches everything)".into(),
+        ));
+    }
     let host = limits::host_size(root);
     let l = &spec.limits;
     let checks: [(&str, Option<u64>, u64, &str); 4] = [
@@ -136,6 +146,14 @@ pub fn create_in_daemon(spec: SandboxSpec) -> Result<SandboxInfo, AgentError> {
     let root = store::root()?;
     validate(&spec, &root)?;
     let rung = isolation::choose(spec.isolation).map_err(|m| error(ErrorKind::Unavailable, m))?;
+    if !spec.allow_hosts.is_empty() && rung != Isolation::Bwrap {
+        return Err(error(
+            ErrorKind::Unavailable,
+            format!(
+                "allow_hosts needs bwrap (a network of its own, reached only through a proxy), and this sandbox would get {rung:?}; ask for isolation bwrap on a host that has it"
+            ),
+        ));
+    }
     // The workspace rung cannot cut a sandbox off the network: refused
     // rather than answered as if it had.
     if !spec.network && rung == Isolation::None {
@@ -734,6 +752,11 @@ impl Scope {
         carried.push(("HOME".into(), self.dirs.home().into()));
         carried.push(("TMPDIR".into(), tmp));
         carried.push(("SHELL".into(), crate::paths::shell().into()));
+        if !self.spec.allow_hosts.is_empty() {
+            for (k, v) in egress::proxy_env() {
+                carried.push((k.into(), v.into()));
+            }
+        }
         for (k, v) in self.spec.env.iter().chain(env) {
             carried.push((k.into(), v.into()));
         }
