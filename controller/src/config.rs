@@ -140,6 +140,9 @@ pub struct SandboxConfig {
     /// Set for a cluster's login node: `create_sandbox` on it is a Slurm
     /// allocation.
     pub slurm: Option<SlurmDefaults>,
+    /// What a `network: false` sandbox on it may reach when the call names
+    /// nothing (`allow_hosts`).
+    pub allow_hosts: Vec<String>,
 }
 
 // One per sandbox: the size of a boxed-or-not target does not matter.
@@ -245,6 +248,7 @@ impl SandboxConfig {
             name: LOCAL_SANDBOX.into(),
             target: Target::Local,
             slurm: None,
+            allow_hosts: Vec::new(),
         }
     }
 
@@ -282,6 +286,8 @@ struct RawSandbox {
     policy: Option<RawRules>,
     /// A cluster's login node: allocation defaults (config file only).
     slurm: Option<slurm::RawSlurm>,
+    /// Default `allow_hosts` of its `network: false` sandboxes.
+    allow_hosts: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -513,6 +519,7 @@ impl Config {
         let mut sandboxes: Vec<SandboxConfig> = Vec::new();
         for (i, mut r) in raw.into_iter().enumerate() {
             let slurm = r.slurm.take();
+            let allow_hosts = r.allow_hosts.take().unwrap_or_default();
             let mut sandbox = resolve(
                 r,
                 ssh_config.as_ref(),
@@ -520,6 +527,7 @@ impl Config {
                 &default_user,
                 strict_default,
             )?;
+            sandbox.allow_hosts = allow_hosts;
             sandbox.slurm = slurm
                 .map(slurm::RawSlurm::resolve)
                 .transpose()
@@ -739,6 +747,7 @@ fn resolve(
     Ok(SandboxConfig {
         name,
         slurm: None,
+        allow_hosts: Vec::new(),
         target: Target::Ssh(SshTarget {
             host,
             hostname,
@@ -804,6 +813,7 @@ fn resolve_command(
         name,
         target: Target::Command(target),
         slurm: None,
+        allow_hosts: Vec::new(),
     })
 }
 
@@ -1329,7 +1339,7 @@ Host plain
         let path = dir.join("c.toml");
         std::fs::write(
             &path,
-            "local = false\nstrict_host_keys = true\n[[sandbox]]\nname = \"a\"\nhost = \"h\"\nuser = \"x\"\nremote_dir = \"/scratch/x\"\n",
+            "local = false\nstrict_host_keys = true\n[[sandbox]]\nname = \"a\"\nhost = \"h\"\nuser = \"x\"\nremote_dir = \"/scratch/x\"\nallow_hosts = [\"pypi.org\"]\n",
         )
         .unwrap();
         let p = path.to_string_lossy().to_string();
@@ -1338,6 +1348,7 @@ Host plain
         let t = ssh(&cfg.sandboxes[0]);
         assert!(t.strict_host_keys);
         assert_eq!(t.remote_dir, "/scratch/x");
+        assert_eq!(cfg.sandboxes[0].allow_hosts, ["pypi.org"]);
         let env = [
             ("HOME", "/h"),
             ("OUTPOST_CONFIG", p.as_str()),

@@ -23,6 +23,7 @@ fn fleet_of(hosts: &[&Sshd], state: &TempDir, connect_timeout: Duration) -> Flee
             name: format!("h{i:02}"),
             target: Target::Ssh(target(sshd)),
             slurm: None,
+            allow_hosts: Vec::new(),
         })
         .collect();
     sandboxes.push(SandboxConfig::local());

@@ -107,6 +107,7 @@ impl MemoryHost {
         SandboxConfig {
             name: name.to_string(),
             slurm: None,
+            allow_hosts: Vec::new(),
             target: Target::Ssh(SshTarget {
                 host: name.to_string(),
                 hostname,

@@ -317,6 +317,10 @@ pub async fn create(
             host.name()
         ));
     }
+    let mut r = r;
+    if r.allow_hosts.is_empty() && !r.network {
+        r.allow_hosts = host.config.allow_hosts.clone();
+    }
     let spec = spec(&r, fleet.config.max_sandboxes_per_host)?;
     // HOST/ID must name this sandbox and nothing configured.
     let configured = |id: &str| fleet.names().contains(&format!("{}/{id}", host.name()));

@@ -108,6 +108,7 @@ impl Session {
                 name: format!("{}/{id}", host.name()),
                 target: host.config.target.clone(),
                 slurm: None,
+                allow_hosts: Vec::new(),
             },
             place: Place::Isolated {
                 host,
@@ -135,6 +136,7 @@ impl Session {
                 name: format!("{}/{id}", login.name()),
                 target: login.config.target.clone(),
                 slurm: None,
+                allow_hosts: Vec::new(),
             },
             place: Place::Allocation {
                 login,

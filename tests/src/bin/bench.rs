@@ -659,6 +659,7 @@ async fn sandboxes() {
     for name in [&bwrap, &landlock] {
         tool(&client, "delete_sandbox", json!({"sandbox_name": name})).await;
     }
+    let egress = egress_cost(&client).await;
     client.cancel().await.ok();
 
     println!();
@@ -691,6 +692,94 @@ async fn sandboxes() {
         ms(fresh),
         ms(fresh.saturating_sub(host))
     );
+    let [(direct_get, proxied_get), (direct_tcp, proxied_tcp)] = egress;
+    println!(
+        "  allow_hosts proxy: an HTTP GET            {proxied_get:.2} ms vs {direct_get:.2} ms on the host (+{:.2} ms)",
+        proxied_get - direct_get
+    );
+    println!(
+        "  allow_hosts proxy: a CONNECT tunnel       {proxied_tcp:.2} ms vs a TCP connect {direct_tcp:.2} ms (+{:.2} ms)",
+        proxied_tcp - direct_tcp
+    );
+}
+
+/// Times, inside Python, 200 plain GETs and 200 tunnel set-ups: through
+/// the proxy where `HTTPS_PROXY` is set, else straight to the server.
+const EGRESS_SCRIPT: &str = r#"import os, socket, time, urllib.request
+n, port = 200, PORT
+t = time.perf_counter()
+for _ in range(n):
+    urllib.request.urlopen(f"http://localhost:{port}/").read()
+get = (time.perf_counter() - t) / n * 1000
+t = time.perf_counter()
+for _ in range(n):
+    if os.environ.get("HTTPS_PROXY"):
+        s = socket.create_connection(("127.0.0.1", 3128))
+        s.sendall(f"CONNECT localhost:{port} HTTP/1.1\r\n\r\n".encode())
+        s.recv(100)
+    else:
+        s = socket.create_connection(("localhost", port))
+    s.close()
+print(get, (time.perf_counter() - t) / n * 1000)
+"#;
+
+/// Milliseconds per plain HTTP GET and per tunnel set-up (CONNECT through
+/// the proxy, or a TCP connect on the host), each timed inside Python over
+/// 200 rounds against a server on this machine's loopback: on the host,
+/// then in a `network: false` sandbox that allows only that server.
+async fn egress_cost(client: &Client) -> [(f64, f64); 2] {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            std::thread::spawn(move || {
+                use std::io::{BufRead, Write};
+                let mut reader = std::io::BufReader::new(&conn);
+                let mut line = String::new();
+                while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+                    line.clear();
+                }
+                let _ = (&conn).write_all(
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok",
+                );
+            });
+        }
+    });
+    let command = format!(
+        "python3 - <<'EOF'\n{}EOF",
+        EGRESS_SCRIPT.replace("PORT", &port.to_string())
+    );
+    let measure = |r: serde_json::Value| -> (f64, f64) {
+        let out = r["stdout"].as_str().unwrap_or_default().to_string();
+        let mut f = out
+            .split_whitespace()
+            .map(|v| v.parse::<f64>().unwrap_or(f64::NAN));
+        (f.next().unwrap_or(f64::NAN), f.next().unwrap_or(f64::NAN))
+    };
+    let on_host = tool(
+        client,
+        "exec_bash",
+        json!({"command": command, "sandbox_name": "bench0", "timeout_s": 120}),
+    )
+    .await;
+    let made = tool(
+        client,
+        "create_sandbox",
+        json!({"host": "bench0", "isolation": "bwrap", "network": false,
+               "allow_hosts": [format!("localhost:{port}")]}),
+    )
+    .await;
+    let name = made["sandbox_name"].as_str().unwrap().to_string();
+    let inside = tool(
+        client,
+        "exec_bash",
+        json!({"command": command, "sandbox_name": name, "timeout_s": 120}),
+    )
+    .await;
+    tool(client, "delete_sandbox", json!({"sandbox_name": name})).await;
+    let ((direct_get, direct_tcp), (proxied_get, proxied_tcp)) =
+        (measure(on_host), measure(inside));
+    [(direct_get, proxied_get), (direct_tcp, proxied_tcp)]
 }
 
 /// exec_bash('true') on the local sandbox: with and without a progress token,

@@ -48,6 +48,7 @@ pub fn config(target: SshTarget, state: &Path) -> Config {
             name: BOX.into(),
             target: Target::Ssh(target),
             slurm: None,
+            allow_hosts: Vec::new(),
         },
         SandboxConfig::local(),
     ];
