@@ -29,7 +29,7 @@ use outpost::ops::code as code_defaults;
 /// REMOTE_KEY_PASSPHRASE), or a TOML file ($OUTPOST_CONFIG, else
 /// ~/.config/outpost/config.toml); host aliases resolve through ~/.ssh/config.
 /// A sandbox in the file may instead be reached through a command that gives
-/// a shell in it (kubectl exec -i, docker exec -i, srun): see the README.
+/// a shell in it (kubectl exec -i, docker exec -i, srun): see docs/hosts.md.
 /// Logs go to stderr; set OUTPOST_LOG (e.g. debug) for more.
 #[derive(Parser)]
 #[command(name = "outpost", version, about, long_about)]
