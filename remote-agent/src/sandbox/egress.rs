@@ -33,6 +33,11 @@ pub const PORT: u16 = 3128;
 
 const HEAD_MAX: usize = 16 * 1024;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a client may take to send its request head.
+const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections the proxy carries at once: each holds threads of the
+/// keeper, outside the sandbox's limits.
+const MAX_CONNECTIONS: usize = 128;
 
 /// The proxy variables every command of such a sandbox gets.
 pub fn proxy_env() -> Vec<(String, String)> {
@@ -107,11 +112,22 @@ pub fn serve(socket: &Path, allow: Vec<String>, denied: &Path) -> io::Result<()>
     let _ = std::fs::remove_file(socket);
     let listener = UnixListener::bind(socket)?;
     let (allow, denied) = (std::sync::Arc::new(allow), denied.to_path_buf());
+    let open = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     std::thread::spawn(move || {
         for conn in listener.incoming().flatten() {
-            let (allow, denied) = (allow.clone(), denied.clone());
+            use std::sync::atomic::Ordering;
+            if open.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
+                open.fetch_sub(1, Ordering::SeqCst);
+                let why = format!(
+                    "outpost: {MAX_CONNECTIONS} connections are open through the proxy; close some"
+                );
+                let _ = answer(&conn, "503 Service Unavailable", &why);
+                continue;
+            }
+            let (allow, denied, open) = (allow.clone(), denied.clone(), open.clone());
             std::thread::spawn(move || {
                 let _ = proxy(conn, &allow, &denied);
+                open.fetch_sub(1, Ordering::SeqCst);
             });
         }
     });
@@ -120,6 +136,7 @@ pub fn serve(socket: &Path, allow: Vec<String>, denied: &Path) -> io::Result<()>
 
 /// One client connection: its request head, then the tunnel or the refusal.
 fn proxy(conn: UnixStream, allow: &[String], denied: &Path) -> io::Result<()> {
+    conn.set_read_timeout(Some(HEAD_TIMEOUT))?;
     let mut reader = BufReader::new(conn.try_clone()?);
     let mut head = Vec::new();
     while !head.ends_with(b"\r\n\r\n") {
@@ -189,6 +206,7 @@ fn proxy(conn: UnixStream, allow: &[String], denied: &Path) -> io::Result<()> {
             );
         }
     };
+    conn.set_read_timeout(None)?;
     let mut to_upstream = upstream.try_clone()?;
     match rewritten {
         None => (&conn).write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")?,
