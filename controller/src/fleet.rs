@@ -34,6 +34,8 @@ pub struct Fleet {
     /// Why the user's configuration could not load ([`Fleet::unusable`]):
     /// every tool call answers this, and nothing runs.
     pub problem: Option<String>,
+    /// Why no host can be connected: no agent build was found.
+    pub agent_missing: Option<String>,
 }
 
 /// A GPU lease this controller took. It is valid while the connection that
@@ -125,6 +127,7 @@ impl Fleet {
             connect_timeout: config.connect_timeout,
             artifacts: Artifacts::discover(config.agent_bin.as_deref(), &config.agent_dirs),
         });
+        let agent_missing = ctx.artifacts.missing();
         let sessions: Vec<Arc<Session>> = config
             .sandboxes
             .iter()
@@ -141,6 +144,7 @@ impl Fleet {
             config,
             policy,
             problem: None,
+            agent_missing,
         }
     }
 
@@ -233,7 +237,10 @@ impl Fleet {
         let rows = self.sessions.iter().map(|session| {
             let active = &active;
             async move {
-                let row = Self::status(session, active);
+                let mut row = Self::status(session, active);
+                if !row.connection_alive && row.connection_error.is_none() {
+                    row.connection_error = self.agent_missing.clone();
+                }
                 match check_resources {
                     true => row.measured(Self::resources(session, deadline).await),
                     false => row,

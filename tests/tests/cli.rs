@@ -411,3 +411,24 @@ fn sync_to_several_hosts_from_the_command_line() {
         text(&out.stderr)
     );
 }
+
+/// No agent build at all (none beside `outpost`, none named, none in
+/// `dist/agents`, which a fresh clone lacks) is an incomplete install: said
+/// at once with where the agent belongs, exit 1, not an unreachable host
+/// (255) after a connect.
+#[test]
+fn a_missing_agent_is_an_install_problem_not_an_unreachable_host() {
+    let home = TempDir::new("cli-no-agent");
+    let env = [(
+        "OUTPOST_AGENT_BIN",
+        "/nonexistent/outpost-agent".to_string(),
+    )];
+    let out = outpost(&home, &env, &["exec", "--", "true"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("outpost-agent is missing: it belongs at")
+            && stderr.contains("cargo install"),
+        "{stderr}"
+    );
+}

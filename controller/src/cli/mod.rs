@@ -409,6 +409,15 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         }
         Err(e) => return Err(e),
     };
+    // No agent, no host: said at once (exit 1), not as an unreachable host
+    // (255) after a connect; `outpost mcp` serves and says it where it can.
+    if let Some(missing) = &fleet.agent_missing {
+        match cli.command {
+            Command::Mcp { .. } => eprintln!("outpost: {missing}"),
+            Command::Audit { .. } => {}
+            _ => anyhow::bail!("{missing}"),
+        }
+    }
     match cli.command {
         Command::Mcp { http: Some(addr) } => {
             mcp::http::serve_http(fleet, addr).await?;

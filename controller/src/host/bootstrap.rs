@@ -271,6 +271,23 @@ impl Artifacts {
         }
     }
 
+    /// Why no host can get an agent: no build was found at all (not a
+    /// portability problem: the agent was never installed).
+    pub fn missing(&self) -> Option<String> {
+        if self.native.is_some() || !self.portable.is_empty() {
+            return None;
+        }
+        let beside = std::env::current_exe()
+            .ok()
+            .and_then(|p| Some(p.parent()?.join("outpost-agent")))
+            .map_or("beside outpost".into(), |p| p.display().to_string());
+        Some(format!(
+            "outpost-agent is missing: it belongs at {beside} (or name it with $OUTPOST_AGENT_BIN); \
+             `cargo install --locked --path remote-agent` installs it beside a cargo-installed \
+             outpost, `scripts/run` builds both"
+        ))
+    }
+
     /// The best build for `host`: native first (always in step with this
     /// controller), then portable glibc (can load NVML), then static musl.
     pub fn pick(&self, host: &HostFacts) -> Result<&Artifact, String> {
@@ -287,17 +304,8 @@ impl Artifacts {
             .chain(&self.portable)
             .map(|a| format!("{} ({} {} {})", a.label, a.os, a.arch, libc_text(&a.libc)))
             .collect();
-        if have.is_empty() {
-            // Not a portability problem: the agent was never installed.
-            let beside = std::env::current_exe()
-                .ok()
-                .and_then(|p| Some(p.parent()?.join("outpost-agent")))
-                .map_or("beside outpost".into(), |p| p.display().to_string());
-            return Err(format!(
-                "outpost-agent is missing: it belongs at {beside} (or name it with $OUTPOST_AGENT_BIN); \
-                 `cargo install --locked --path remote-agent` installs it beside a cargo-installed \
-                 outpost, `scripts/run` builds both"
-            ));
+        if let Some(missing) = self.missing() {
+            return Err(missing);
         }
         let wanted_dir = format!(
             "{}-{}-{}",
