@@ -896,6 +896,9 @@ pub struct ExecResult {
     pub stdout: CapturedOutput,
     pub stderr: CapturedOutput,
     pub duration_ms: u64,
+    /// In a sandbox with `allow_hosts`: the places (`host:port`) its proxy
+    /// refused while the command ran.
+    pub egress_denied: Vec<String>,
 }
 
 /// Output kept under a byte limit: the first and last bytes, and how many were

@@ -326,6 +326,7 @@ fn sample_messages() -> (Hello, Vec<ClientMessage>, Vec<AgentMessage>) {
                 },
                 stderr: CapturedOutput::default(),
                 duration_ms: 2_010,
+                egress_denied: vec!["example.com:443".into()],
             }),
         },
         AgentMessage::Response {
@@ -489,6 +490,7 @@ fn sample_messages() -> (Hello, Vec<ClientMessage>, Vec<AgentMessage>) {
                     },
                     stderr: CapturedOutput::default(),
                     duration_ms: 90_000,
+                    egress_denied: Vec::new(),
                 },
             },
         },

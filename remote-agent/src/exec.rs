@@ -468,6 +468,8 @@ pub async fn run(
     // session's one thread, which must go on reading frames.
     let mut launching = tokio::task::spawn_blocking(move || {
         let plan = plan(req, sandbox)?;
+        // Before the command can ask for anything.
+        let egress = plan.sandbox.as_ref().and_then(Scope::egress_watermark);
         let token = new_token();
         // Under the guard from before the spawn until the command ended (or
         // was killed), so that a dying serve never leaves it running.
@@ -487,7 +489,7 @@ pub async fn run(
         };
         let pid = pid as i32;
         supervised.rooted(pid);
-        Ok((plan, token, supervised, child, pid, stdout, stderr))
+        Ok((plan, token, supervised, child, pid, stdout, stderr, egress))
     });
     let launched = tokio::select! {
         launched = &mut launching => launched,
@@ -509,10 +511,11 @@ pub async fn run(
                 stdout: CapturedOutput::default(),
                 stderr: CapturedOutput::default(),
                 duration_ms: started.elapsed().as_millis() as u64,
+                egress_denied: Vec::new(),
             });
         }
     };
-    let (plan, token, supervised, mut child, pid, stdout, stderr) = match launched {
+    let (plan, token, supervised, mut child, pid, stdout, stderr, egress) = match launched {
         Ok(Ok(launched)) => launched,
         Ok(Err(e)) => return Response::Error(e),
         Err(_) => return Response::Error(error(ErrorKind::Internal, "the spawn panicked")),
@@ -640,6 +643,7 @@ pub async fn run(
         stdout: out_sink.finish(),
         stderr: err_sink.finish(),
         duration_ms: started.elapsed().as_millis() as u64,
+        egress_denied: egress.map(|w| w.since()).unwrap_or_default(),
     })
 }
 

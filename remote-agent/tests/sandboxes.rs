@@ -866,6 +866,13 @@ fn egress_reaches_only_the_allowed_hosts() {
             "{refused}: {said}"
         );
     }
+    // The result names what was refused while it ran, each place once.
+    let r = host.sh(
+        &info.id,
+        &format!("curl -s http://localhost:{other}/; curl -s http://localhost:{other}/x"),
+    );
+    assert_eq!(r.egress_denied, [format!("localhost:{other}")], "{r:?}");
+    assert!(host.sh(&info.id, "true").egress_denied.is_empty());
     let said = run(&mut host, "curl -s -m 5 https://example.com/; echo rc=$?");
     assert!(
         said.contains("rc=56"),

@@ -939,6 +939,7 @@ async fn allow_hosts_reach_the_host_and_contradictions_are_refused() {
             && out.contains("not in this sandbox's allow_hosts"),
         "{r}"
     );
+    assert_eq!(r["egress_denied"], json!(["localhost:8"]), "{r}");
     let (err, r) = call(&client, "delete_sandbox", json!({"sandbox_name": name})).await;
     assert!(!err, "{r}");
     client.cancel().await.unwrap();

@@ -1155,6 +1155,7 @@ mod tests {
             stdout: captured("Collecting numpy\n…\nSuccessfully installed numpy\n"),
             stderr: CapturedOutput::default(),
             duration_ms: 2500,
+            egress_denied: Vec::new(),
         };
         let r = install_result(ok.clone(), Some("unused".into()));
         assert_eq!(r.is_error, Some(false));

@@ -76,9 +76,11 @@ pub struct ExecOutput {
     /// In a group: the sandboxes that gave this outcome.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub sandboxes: Vec<String>,
-    /// Why it did not run as asked.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// host:port its sandbox's allow_hosts refused.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub egress_denied: Vec<String>,
 }
 
 /// exec_bash's result: the single-sandbox fields, or with `sandboxes`, one
@@ -206,6 +208,7 @@ impl ExecOutput {
             connection_error: false,
             sandboxes: Vec::new(),
             note: None,
+            egress_denied: Vec::new(),
         }
     }
 }
@@ -223,6 +226,7 @@ fn exec_output(
             stderr: r.stderr.to_text(),
             timed_out: r.timed_out,
             signal: if r.timed_out { None } else { r.signal },
+            egress_denied: r.egress_denied,
             ..blank
         }),
         Err(e) if e.is_connection() => Ok(ExecOutput {

@@ -1088,6 +1088,10 @@ fn create(
         created_ns: u64::try_from(nanos).unwrap_or(u64::MAX),
         cwd,
         token: format!("job.{name}.{nanos:x}"),
+        egress_from: scope
+            .as_ref()
+            .and_then(Scope::egress_watermark)
+            .map(|w| w.from),
     };
     // An exec call's job is flushed only if it outlives its call (see the
     // shim); anything else must survive a crash from the start.

@@ -493,6 +493,7 @@ pub fn collect(req: &JobCollect) -> Result<Response, AgentError> {
         duration_ms: exit
             .and_then(|e| e.duration_ms)
             .unwrap_or_else(|| store::now_unix().saturating_sub(snap.record.created_unix) * 1000),
+        egress_denied: egress_since(&snap.record),
     };
     let job = snap.info();
     // The call keeps the end to itself only if no background job's end was
@@ -542,4 +543,15 @@ fn scan(file: &File, m: &mut LineMatcher, size: u64) -> std::io::Result<Option<u
         }
     }
     Ok(None)
+}
+
+/// What a sandbox's proxy refused since the job was made.
+fn egress_since(record: &store::Record) -> Vec<String> {
+    let (Some(id), Some(from)) = (&record.spec.sandbox, record.egress_from) else {
+        return Vec::new();
+    };
+    crate::sandbox::store::Dirs::find(id).map_or_else(
+        |_| Vec::new(),
+        |dirs| crate::sandbox::egress::Watermark::at(&dirs.meta(), from).since(),
+    )
 }

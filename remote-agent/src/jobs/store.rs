@@ -199,6 +199,10 @@ pub struct Record {
     pub log: PathBuf,
     /// Marks every process of the job (see [`crate::proctree`]).
     pub token: String,
+    /// In a sandbox with `allow_hosts`: where its proxy's refusal log stood
+    /// when the job was made, so its result names what was refused since.
+    #[serde(default)]
+    pub egress_from: Option<u64>,
 }
 
 /// A process named so that pid reuse cannot fool a liveness check.

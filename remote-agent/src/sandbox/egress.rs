@@ -39,6 +39,47 @@ const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
 /// keeper, outside the sandbox's limits.
 const MAX_CONNECTIONS: usize = 128;
 
+/// Where a sandbox's refusal log stood before a command ran.
+pub struct Watermark {
+    path: std::path::PathBuf,
+    /// Its length then.
+    pub from: u64,
+}
+
+impl Watermark {
+    pub fn of(meta: &Path) -> Watermark {
+        let from = std::fs::metadata(meta.join(DENIED)).map_or(0, |m| m.len());
+        Watermark::at(meta, from)
+    }
+
+    /// The log in `meta` as it stood at `from` bytes.
+    pub fn at(meta: &Path, from: u64) -> Watermark {
+        Watermark {
+            path: meta.join(DENIED),
+            from,
+        }
+    }
+
+    /// What the proxy refused since, each place once, the first 20.
+    pub fn since(&self) -> Vec<String> {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut text = String::new();
+        let read = std::fs::File::open(&self.path).and_then(|mut f| {
+            f.seek(SeekFrom::Start(self.from))?;
+            f.take(64 * 1024).read_to_string(&mut text)
+        });
+        let mut seen: Vec<String> = Vec::new();
+        if read.is_ok() {
+            for line in text.lines().filter(|l| !l.is_empty()) {
+                if seen.len() < 20 && !seen.iter().any(|s| s == line) {
+                    seen.push(line.to_string());
+                }
+            }
+        }
+        seen
+    }
+}
+
 /// The proxy variables every command of such a sandbox gets.
 pub fn proxy_env() -> Vec<(String, String)> {
     let url = format!("http://127.0.0.1:{PORT}");

@@ -709,6 +709,12 @@ impl Scope {
         self.program(&shell, &["-c", command], cwd, env)
     }
 
+    /// Where its proxy's refusals stand before a command runs, when it has
+    /// `allow_hosts`.
+    pub fn egress_watermark(&self) -> Option<egress::Watermark> {
+        (!self.spec.allow_hosts.is_empty()).then(|| egress::Watermark::of(&self.dirs.meta()))
+    }
+
     /// Whether its commands may reach the network.
     pub fn has_network(&self) -> bool {
         self.spec.network
