@@ -1183,36 +1183,35 @@ impl Netns {
     /// inside it) to `kbit` kilobits per second, as a slow VPN or a home
     /// uplink would.
     pub fn limit_uplink(&self, kbit: u32) {
-        let out = Command::new("tc")
-            .args(["qdisc", "add", "dev", &self.host_veth, "root", "tbf"])
-            .args([
-                "rate",
-                &format!("{kbit}kbit"),
-                "burst",
-                "16kb",
-                "latency",
-                "2s",
-            ])
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run tc: {e}; {SETUP_HINT}"));
-        assert!(
-            out.status.success(),
-            "tc failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let rate = format!("{kbit}kbit");
+        self.qdisc(&["add", "dev", &self.host_veth, "root", "tbf", "rate", &rate])
+            .unwrap_or_else(|e| panic!("{e}"));
     }
 
     /// Lifts [`Netns::limit_uplink`]'s limit.
     pub fn unlimit_uplink(&self) {
-        let out = Command::new("tc")
-            .args(["qdisc", "del", "dev", &self.host_veth, "root"])
+        self.qdisc(&["del", "dev", &self.host_veth, "root"])
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// `tc qdisc ARGS…` (a token bucket's burst and latency added to an
+    /// `add`), or why it failed.
+    fn qdisc(&self, args: &[&str]) -> Result<(), String> {
+        let mut cmd = Command::new("tc");
+        cmd.arg("qdisc").args(args);
+        if args.first() == Some(&"add") {
+            cmd.args(["burst", "16kb", "latency", "2s"]);
+        }
+        let out = cmd
             .output()
-            .unwrap_or_else(|e| panic!("cannot run tc: {e}; {SETUP_HINT}"));
-        assert!(
-            out.status.success(),
-            "tc failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+            .map_err(|e| format!("cannot run tc: {e}; {SETUP_HINT}"))?;
+        match out.status.success() {
+            true => Ok(()),
+            false => Err(format!(
+                "tc failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )),
+        }
     }
 
     /// Cuts the link: packets to and from the namespace are dropped silently,
