@@ -35,6 +35,8 @@ const HEAD_MAX: usize = 16 * 1024;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a client may take to send its request head.
 const HEAD_TIMEOUT: Duration = Duration::from_secs(10);
+/// The refusal log stops growing here.
+const DENIED_MAX: u64 = 256 * 1024;
 /// Connections the proxy carries at once: each holds threads of the
 /// keeper, outside the sandbox's limits.
 const MAX_CONNECTIONS: usize = 128;
@@ -222,12 +224,16 @@ fn proxy(conn: UnixStream, allow: &[String], denied: &Path) -> io::Result<()> {
         Err(_) => return answer(&conn, "400 Bad Request", "outpost: a bad port"),
     };
     if !allowed(allow, host, port) {
+        // Bounded: the log lies outside the sandbox's disk limit.
+        let room = std::fs::metadata(denied).map_or(0, |m| m.len()) < DENIED_MAX;
         let line = format!("{host}:{port}\n");
-        let _ = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(denied)
-            .and_then(|mut f| f.write_all(line.as_bytes()));
+        if room && line.len() <= 300 {
+            let _ = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(denied)
+                .and_then(|mut f| f.write_all(line.as_bytes()));
+        }
         return answer(
             &conn,
             "403 Forbidden",
