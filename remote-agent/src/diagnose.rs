@@ -378,6 +378,7 @@ fn sandboxes(r: &mut String) {
         Ok(abi) => sub(r, "landlock", &format!("ABI {abi}")),
         Err(why) => sub(r, "landlock", why),
     }
+    sub(r, "runs as", &crate::account::scheme());
     let probe = crate::sandbox::limits_probe();
     sub(r, "limits", &probe);
     if let Some(root) = store::root_path() {

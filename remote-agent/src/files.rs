@@ -25,6 +25,7 @@ use outpost_treesync::filter::Filter;
 use outpost_treesync::scan::{self, ScanOptions, ScanOutput};
 use tokio::sync::{mpsc, watch};
 
+use crate::account;
 use crate::outbox::{Frame, Outbox};
 use crate::paths;
 
@@ -168,6 +169,7 @@ pub async fn scan(
     }
     let appliers = Arc::clone(appliers);
     let work = tokio::task::spawn_blocking(move || {
+        let _as = account::act_for_root(&root);
         let options = ScanOptions {
             hashes: req.hashes,
             chunk_lists: req.chunk_lists,
@@ -223,6 +225,7 @@ pub async fn describe(
     };
     let appliers = Arc::clone(appliers);
     let work = tokio::task::spawn_blocking(move || {
+        let _as = account::act_for_root(&root);
         let cache_file = cache_path(&root);
         let mut cache = cache_file.as_deref().map(StatCache::load);
         if let Some(cache) = cache.as_mut() {
@@ -339,7 +342,12 @@ async fn with_shared_applier(
         Err(e) => return Response::Error(e),
     };
     let applier = appliers.get(&root);
-    match tokio::task::spawn_blocking(move || work(&applier)).await {
+    match tokio::task::spawn_blocking(move || {
+        let _as = account::act_for_root(&root);
+        work(&applier)
+    })
+    .await
+    {
         Ok(response) => response,
         Err(_) => Response::Error(error(ErrorKind::Internal, "the write panicked")),
     }
@@ -446,6 +454,7 @@ pub async fn read_files(
     let (tx, mut rx) = mpsc::channel::<Frame>(READ_QUEUE);
     let reader_cancel = cancel.clone();
     let reader = tokio::task::spawn_blocking(move || {
+        let _as = account::act_for_root(&root);
         let mut problems = Vec::new();
         for (index, spec) in req.reads.iter().enumerate() {
             let mut emit = |offset: u64, data: Vec<u8>| {

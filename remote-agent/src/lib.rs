@@ -17,6 +17,7 @@
 //! Logs and diagnostics go to stderr only: in `serve` mode stdout carries
 //! protocol bytes and nothing else.
 
+mod account;
 mod capture;
 mod cleanup;
 mod code;

@@ -263,9 +263,133 @@ fn bwrap_sandbox_contains_and_works() {
         skip("bwrap cannot run here (scripts/setup-test-env installs it)");
         return;
     }
-    let Some(mut host) = Host::unprivileged("sbx-bwrap") else {
+    let Some(host) = Host::unprivileged("sbx-bwrap") else {
         return;
     };
+    bwrap_contains_and_works(host);
+}
+
+/// A root login reaches bwrap too: the sandbox runs as a uid of its own,
+/// owner of its dirs and of what file requests write there, and nothing of
+/// root's is its.
+#[test]
+fn a_root_agents_bwrap_sandbox_runs_as_a_uid_of_its_own() {
+    if !bwrap_usable() {
+        skip("bwrap cannot run here (scripts/setup-test-env installs it)");
+        return;
+    }
+    // SAFETY: getuid cannot fail.
+    if unsafe { libc::getuid() } != 0 {
+        skip("needs root");
+        return;
+    }
+    let mut host = Host::new("sbx-root");
+    let info = host.create(spec(Isolation::Auto, false));
+    assert_eq!(info.isolation, Isolation::Bwrap, "{info:?}");
+    let id = info.id.clone();
+    let r = host.sh(&id, "id -u; id -g; id -G");
+    let ids: Vec<u32> = out(&r)
+        .split_whitespace()
+        .map(|n| n.parse().unwrap())
+        .collect();
+    let uid = ids[0];
+    assert!((1_900_000_000..=1_900_065_535).contains(&uid), "{ids:?}");
+    assert_eq!(ids, vec![uid, uid, uid], "no group of root's kept");
+    // A root-only file the sandbox can see the path of stays unread.
+    let secret = PathBuf::from(format!("/var/tmp/outpost-root-only-{}", std::process::id()));
+    std::fs::write(&secret, "ROOTS").unwrap();
+    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let r = host.sh(&id, &format!("cat {}", secret.display()));
+    let _ = std::fs::remove_file(&secret);
+    assert!(
+        !out(&r).contains("ROOTS") && r.exit_code != Some(0),
+        "{r:?}"
+    );
+    // What a file request writes is the sandbox's: its commands can change it.
+    let content = b"from a file request\n";
+    let put = Request::PutFiles(outpost_protocol::PutFiles {
+        root: "sub".into(),
+        create_parents: true,
+        files: vec![outpost_protocol::FilePut {
+            path: b"dir/put.txt".to_vec(),
+            mode: 0o644,
+            mtime_ns: 0,
+            size: content.len() as u64,
+            hash: *blake3::hash(content).as_bytes(),
+            expect: outpost_protocol::Expect::Any,
+            content: outpost_protocol::FileContent::Inline(outpost_treesync::codec::compress(
+                content,
+            )),
+        }],
+    });
+    let applied = host.inside(&id, put);
+    assert!(
+        matches!(applied, Response::Applied(ref a) if a.problems.is_empty()),
+        "{applied:?}"
+    );
+    use std::os::unix::fs::MetadataExt;
+    let work = Path::new(&info.work_dir);
+    for made in ["sub", "sub/dir", "sub/dir/put.txt"] {
+        assert_eq!(
+            std::fs::metadata(work.join(made)).unwrap().uid(),
+            uid,
+            "{made}"
+        );
+    }
+    let r = host.sh(&id, "echo more >> sub/dir/put.txt && cat sub/dir/put.txt");
+    assert_eq!(out(&r), "from a file request\nmore\n", "{r:?}");
+    // And what only root may read inside it is refused to a file request.
+    std::fs::write(work.join("roots.txt"), "ROOTS").unwrap();
+    std::fs::set_permissions(
+        work.join("roots.txt"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    let read = Request::ReadFiles(ReadFiles {
+        root: ".".into(),
+        reads: vec![ReadSpec {
+            path: b"roots.txt".to_vec(),
+            ranges: None,
+        }],
+    });
+    match host.inside(&id, read) {
+        Response::ReadDone { problems } => {
+            assert_eq!(problems.len(), 1, "{problems:?}");
+            assert!(problems[0].message.contains("denied"), "{problems:?}");
+        }
+        other => panic!("read root's file: {other:?}"),
+    }
+    // Every process of it runs as that uid, a job's too.
+    let Response::Job(_) = host.inside(
+        &id,
+        Request::JobStart(JobSpec {
+            command: "id -u > job-uid".into(),
+            ..JobSpec::default()
+        }),
+    ) else {
+        panic!("job did not start");
+    };
+    let job_uid = work.join("job-uid");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::read_to_string(&job_uid).map_or(true, |t| t.is_empty())
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        std::fs::read_to_string(&job_uid).unwrap().trim(),
+        uid.to_string()
+    );
+    // A second sandbox gets another uid, and cannot read the first's dirs.
+    let other = host.create(spec(Isolation::Bwrap, false));
+    let r = host.sh(&other.id, "id -u");
+    assert_ne!(out(&r).trim(), uid.to_string());
+    host.call(Request::SandboxDelete { id: other.id });
+    host.call(Request::SandboxDelete { id: id.clone() });
+    bwrap_contains_and_works(Host::new("sbx-root-all"));
+}
+
+fn bwrap_contains_and_works(mut host: Host) {
     let info = host.create(spec(Isolation::Auto, false));
     assert_eq!(info.isolation, Isolation::Bwrap, "{info:?}");
     assert_eq!(info.state, SandboxState::Running);
@@ -777,16 +901,12 @@ fn bad_input_is_refused_and_creates_nothing() {
     assert!(made.is_empty(), "{made:?}");
     assert!(!host.home.path().join("escape").exists());
 
-    // As root nothing isolates its commands: asking for it says so.
+    // As root, Landlock's commands (on a uid of their own) could not reach
+    // a state dir only root may enter: refused, saying so.
     // SAFETY: getuid cannot fail.
     if unsafe { libc::getuid() } == 0 {
-        for isolation in [Isolation::Bwrap, Isolation::Landlock] {
-            let message = host.create_err(spec(isolation, true));
-            assert!(message.contains("root"), "{message}");
-        }
-        let info = host.create(spec(Isolation::Auto, true));
-        assert_eq!(info.isolation, Isolation::None);
-        host.call(Request::SandboxDelete { id: info.id });
+        let message = host.create_err(spec(Isolation::Landlock, true));
+        assert!(message.contains("as root"), "{message}");
     }
 
     // The cap counts live sandboxes.

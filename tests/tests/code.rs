@@ -201,20 +201,22 @@ async fn execute_code_on_local_keeps_state_and_shows_plots() {
         "left a sandbox: {listed}"
     );
 
-    // As root the agent reaches no isolation rung: without isolation="none"
-    // the code is refused, never run unisolated.
+    // A root login reaches bwrap: the one-shot runs isolated, on a uid of
+    // its own, never as root.
     // SAFETY: getuid cannot fail.
     if unsafe { libc::getuid() } == 0 {
         let (err, r, _) = run(
             &client,
             "create_run_close",
-            json!({"code": "1", "host": "local"}),
+            json!({"code": "import os\nos.getuid()", "host": "local"}),
         )
         .await;
-        assert!(
-            err && r.to_string().contains("isolation=\\\"none\\\""),
-            "{r}"
-        );
+        assert!(!err, "{r}");
+        let uid: u64 = r["results"][0]["text/plain"]
+            .as_str()
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| panic!("{r}"));
+        assert!(uid >= 1_900_000_000, "ran as {uid}: {r}");
     }
 
     // A cancelled one-shot leaves neither its code nor its sandbox.

@@ -48,17 +48,30 @@ async fn mcp_isolated_sandbox_lifecycle() {
         assert!(err, "{args}: {r}");
         assert!(r.to_string().contains(wanted), "{args}: {r}");
     }
-    // A root login reaches no rung here: `auto` is the workspace, so
-    // network: false is refused there too.
+    // A root login reaches bwrap: `network: false` holds, and its commands
+    // run as a uid of their own.
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 {
-        let (err, r) = call(
+        let (err, made) = call(
             &client,
             "create_sandbox",
             json!({"host": "local", "network": false}),
         )
         .await;
-        assert!(err && r.to_string().contains("runs as root"), "{r}");
+        assert!(!err, "{made}");
+        assert_eq!(made["isolation"], "bwrap", "{made}");
+        let name = made["sandbox_name"].as_str().unwrap().to_string();
+        let (err, r) = call(
+            &client,
+            "exec_bash",
+            json!({"sandbox_name": name, "command": "id -u"}),
+        )
+        .await;
+        assert!(!err, "{r}");
+        let uid: u64 = r["stdout"].as_str().unwrap().trim().parse().unwrap();
+        assert!(uid >= 1_900_000_000, "{r}");
+        let (err, r) = call(&client, "delete_sandbox", json!({"sandbox_name": name})).await;
+        assert!(!err, "{r}");
     }
     for (name, wanted) in [
         ("local/Bad_Id", "bad sandbox id"),

@@ -367,9 +367,9 @@ pub fn one_shot_id() -> String {
 /// chosen here and the delete armed before the create is sent, so a call
 /// dropped mid-create leaves nothing either.
 ///
-/// Where the host gives no isolation (its agent runs as root, or has no
-/// bubblewrap or Landlock) the sandbox is deleted unrun unless `r.isolation`
-/// asked for `none`.
+/// Where the host gives no isolation (no bubblewrap and no usable
+/// Landlock) the sandbox is deleted unrun unless `r.isolation` asked for
+/// `none`.
 pub async fn create_run_close(
     fleet: &Fleet,
     mut r: CreateRequest,

@@ -2,7 +2,8 @@
 //! PROGRAM inside the sandbox, in `cwd` as the sandbox sees it. Every command and job of a sandbox starts through
 //! it (see [`super::Scope::command`]).
 //!
-//! It joins the sandbox's cgroups, then, by rung: under bwrap it enters the
+//! It joins the sandbox's cgroups, becomes its uid when the agent is root
+//! (see `crate::account`), then, by rung: under bwrap it enters the
 //! holder's namespaces, forks (a pid namespace applies to children) and
 //! waits for the child, passing its exit status on; under Landlock it
 //! restricts itself and execs; in a plain workspace it just execs. It runs
@@ -76,6 +77,9 @@ fn run(dir: &Path, cwd: &Path, argv: &[String]) -> Result<i32, String> {
                 .ok_or_else(|| format!("sandbox {id}'s bwrap is not running"))?;
             let ns = Namespaces::open(holder.pid)
                 .map_err(|e| format!("cannot open the sandbox's namespaces: {e}"))?;
+            // As its own uid, as the holder is: the namespaces are that
+            // uid's to join, and root stays outside.
+            become_its_account(&record)?;
             ns.enter()
                 .map_err(|e| format!("cannot enter the sandbox's namespaces: {e}"))?;
             drop(ns);
@@ -105,10 +109,21 @@ fn run(dir: &Path, cwd: &Path, argv: &[String]) -> Result<i32, String> {
             Ok(wait_for(child))
         }
         Isolation::Landlock => {
+            become_its_account(&record)?;
             isolation::apply_landlock(&dirs, record.spec.network, &setup.hidden)?;
             Err(become_command(&mut command, cwd, None, false))
         }
         _ => Err(become_command(&mut command, cwd, None, false)),
+    }
+}
+
+/// Becomes the sandbox's own uid when the agent is root (the cgroups are
+/// joined by then: root's right to move a process).
+fn become_its_account(record: &store::Record) -> Result<(), String> {
+    match record.account {
+        Some(a) => crate::account::become_account(a)
+            .map_err(|e| format!("cannot become the sandbox's uid {}: {e}", a.uid)),
+        None => Ok(()),
     }
 }
 

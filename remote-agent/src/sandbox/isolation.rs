@@ -19,7 +19,7 @@ use std::time::Duration;
 use outpost_protocol::Isolation;
 
 use super::store::Dirs;
-use crate::paths;
+use crate::{account, paths};
 
 /// Where the agent binary is bound inside a bwrap sandbox, for the holder.
 pub const AGENT_INSIDE: &str = "/run/outpost-agent";
@@ -35,10 +35,10 @@ pub struct Rungs {
 
 /// The one-line fix that would let this host reach the bwrap rung.
 pub fn bwrap_fix(why: &str) -> &'static str {
-    if why == AS_ROOT {
-        "connect as a regular user (isolation none still gives a workspace with limits)"
-    } else if why.contains("not installed") {
+    if why.contains("not installed") {
         "install bubblewrap (apt install bubblewrap / dnf install bubblewrap)"
+    } else if why.contains(account::RANGE_VAR) {
+        "give the agent a range of free uids for its sandboxes"
     } else if why.contains("uid map")
         || why.contains("Permission denied")
         || why.contains("RTM_NEWADDR")
@@ -51,26 +51,32 @@ pub fn bwrap_fix(why: &str) -> &'static str {
     }
 }
 
-/// Why no rung isolates commands of an agent running as root: they would
-/// still be uid 0, owner of root's files, whatever the namespaces or
-/// Landlock say.
-pub const AS_ROOT: &str = "the agent runs as root, so its commands could read root's files";
-
+/// An agent running as root probes (and runs) bwrap as the first uid of
+/// its sandboxes' range: the rung is what an unprivileged uid gets.
 pub fn rungs() -> &'static Rungs {
     static RUNGS: OnceLock<Rungs> = OnceLock::new();
-    RUNGS.get_or_init(|| {
-        // SAFETY: geteuid cannot fail.
-        if unsafe { libc::geteuid() } == 0 {
-            return Rungs {
-                bwrap: Err(AS_ROOT.into()),
-                landlock: Err(AS_ROOT.into()),
-            };
-        }
-        Rungs {
-            bwrap: probe_bwrap(),
-            landlock: landlock_abi(),
-        }
+    RUNGS.get_or_init(|| Rungs {
+        bwrap: probe_bwrap(),
+        landlock: landlock_abi().and_then(|abi| match landlock_barrier() {
+            Some(why) => Err(why),
+            None => Ok(abi),
+        }),
     })
+}
+
+/// Why an agent running as root cannot give Landlock sandboxes a uid of
+/// their own: their commands reach their dirs by path, through the agent's
+/// state dir and what lies above it.
+fn landlock_barrier() -> Option<String> {
+    if !account::needed() {
+        return None;
+    }
+    let state = paths::state_dir()?;
+    let barrier = account::barrier_above(&state.join("sandboxes").join("x"), None)?;
+    Some(format!(
+        "as root, Landlock's commands run as a uid of their own and could not pass {} (only its owner may enter it); use bwrap",
+        barrier.display()
+    ))
 }
 
 fn probe_bwrap() -> Result<PathBuf, String> {
@@ -88,6 +94,19 @@ fn probe_bwrap() -> Result<PathBuf, String> {
         .copied()
         .unwrap_or("/bin/true");
     let mut cmd = Command::new(&bwrap);
+    if account::needed() {
+        let first = *account::range()?.start();
+        let probe = account::Account {
+            uid: first,
+            gid: first,
+        };
+        // SAFETY: become_account makes only credential syscalls.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+                account::become_account(probe)
+            });
+        }
+    }
     cmd.args([
         "--unshare-user",
         "--unshare-pid",
@@ -189,10 +208,6 @@ pub fn choose(asked: Isolation) -> Result<Isolation, String> {
         },
         Isolation::Landlock => match &rungs.landlock {
             Ok(_) => Ok(Isolation::Landlock),
-            Err(why) if why == AS_ROOT => Err(format!(
-                "isolation landlock: {why}; fix: {}",
-                bwrap_fix(why)
-            )),
             Err(why) => Err(format!("isolation landlock: {why}")),
         },
         Isolation::None => Ok(Isolation::None),
@@ -254,30 +269,33 @@ pub fn bwrap_args(
     args
 }
 
+/// Adds `path` to what is hidden, unless something above it already is;
+/// what lies below it is then covered by it.
+pub fn hide(hidden: &mut Vec<PathBuf>, path: PathBuf) {
+    // As spelled and as resolved: /home may be a link to /data/home.
+    for p in [fs_canonical(&path), Some(path)].into_iter().flatten() {
+        if p != Path::new("/") && !hidden.iter().any(|h| p.starts_with(h)) {
+            hidden.retain(|h| !h.starts_with(&p));
+            hidden.push(p);
+        }
+    }
+}
+
 /// What a sandbox must not see of the host: the home (`~/.ssh`, cloud
 /// credentials) and the agent's state dir (other sandboxes, job logs)
 /// wherever it is. Both `$HOME` and the account's home in the password
 /// database: they differ when a client or `sudo` set `HOME`.
 pub fn hidden_paths() -> Vec<PathBuf> {
     let mut hidden: Vec<PathBuf> = Vec::new();
-    let mut hide = |path: PathBuf| {
-        // As spelled and as resolved: /home may be a link to /data/home.
-        for p in [fs_canonical(&path), Some(path)].into_iter().flatten() {
-            if p != Path::new("/") && !hidden.iter().any(|h| p.starts_with(h)) {
-                hidden.retain(|h| !h.starts_with(&p));
-                hidden.push(p);
-            }
-        }
-    };
     for home in [paths::home_dir(), paths::passwd_home()]
         .into_iter()
         .flatten()
         .filter(|h| h.is_dir())
     {
-        hide(home);
+        hide(&mut hidden, home);
     }
     if let Some(state) = paths::state_dir() {
-        hide(state);
+        hide(&mut hidden, state);
     }
     hidden
 }

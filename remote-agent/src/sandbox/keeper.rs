@@ -23,9 +23,10 @@ use super::egress;
 use super::gpu_nodes;
 use super::isolation::{self, AGENT_INSIDE};
 use super::limits;
+use super::staging::Staging;
 use super::store::{self, Dirs, End, Setup};
 use crate::jobs::store::{ProcId, now_unix, write_atomic, write_json};
-use crate::{flock, leases, paths};
+use crate::{account, flock, leases, paths};
 
 const TICK: Duration = Duration::from_millis(50);
 const MEMORY_EVERY: Duration = Duration::from_millis(250);
@@ -155,6 +156,10 @@ impl Keeper {
         self.record.as_ref().map(|r| &r.spec)
     }
 
+    fn account(&self) -> Option<account::Account> {
+        self.record.as_ref().and_then(|r| r.account)
+    }
+
     /// Why the sandbox should end now, if it should.
     fn due(&self) -> Option<SandboxState> {
         if self.dirs.meta().join(store::DELETE).exists() {
@@ -189,6 +194,13 @@ impl Keeper {
             hidden: isolation::hidden_paths(),
             ..Setup::default()
         };
+        // Whatever its uid could not pass on the way to its dirs is empty
+        // inside, so the paths exist there.
+        if let Some(a) = self.account()
+            && let Some(barrier) = account::barrier_above(&self.dirs.work(), Some(a))
+        {
+            isolation::hide(&mut setup.hidden, barrier);
+        }
         let mut devices = Vec::new();
         if spec.gpus > 0 {
             let lease = leases::lease(&GpuLeaseRequest {
@@ -223,6 +235,10 @@ impl Keeper {
                         spec.allow_hosts.clone(),
                         &meta.join(egress::DENIED),
                     )
+                    .and_then(|()| match self.account() {
+                        Some(a) => account::give(&meta.join(egress::SOCKET), a),
+                        None => Ok(()),
+                    })
                     .map_err(|e| format!("cannot start its egress proxy: {e}"))
                     .inspect_err(|_| self.release(&setup))?;
                 }
@@ -287,14 +303,30 @@ impl Keeper {
             return Err(format!("pipe: {}", std::io::Error::last_os_error()));
         }
         let (info_read, info_write) = (fds[0], fds[1]);
+        let account = self.account();
+        let egress = self.spec().is_some_and(|s| !s.allow_hosts.is_empty());
+        let socket = self.dirs.meta().join(egress::SOCKET);
+        // As root, bwrap runs as the sandbox's uid, which may not reach the
+        // sources by path: its parent stages them first.
+        let staging = match account {
+            Some(a) => {
+                let mut sources = vec![
+                    self.dirs.tmp(),
+                    self.dirs.work(),
+                    self.dirs.home(),
+                    agent.clone(),
+                ];
+                sources.extend(egress.then(|| socket.clone()));
+                Staging::for_sources(&sources, a)?
+            }
+            None => None,
+        };
         let mut cmd = Command::new(&bwrap);
         cmd.args(isolation::bwrap_args(
             &self.dirs, network, &agent, devices, hidden,
         ));
-        let egress = self.spec().is_some_and(|s| !s.allow_hosts.is_empty());
         if egress {
-            let socket = self.dirs.meta().join(egress::SOCKET);
-            cmd.arg("--bind").arg(socket).arg(egress::SOCKET_INSIDE);
+            cmd.arg("--bind").arg(&socket).arg(egress::SOCKET_INSIDE);
         }
         cmd.args(["--info-fd", "3", "--", AGENT_INSIDE, "hold"])
             .args(egress.then_some("--egress"))
@@ -303,13 +335,21 @@ impl Keeper {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
-        // SAFETY: dup2 is async-signal-safe; fd 3 loses close-on-exec.
+        // SAFETY: dup2, mount and the credential calls are async-signal-safe
+        // (the staging was prepared before the fork); fd 3 loses
+        // close-on-exec.
         unsafe {
             cmd.pre_exec(move || {
                 if libc::dup2(info_write, 3) == -1 {
                     return Err(std::io::Error::last_os_error());
                 }
-                Ok(())
+                if let Some(staging) = &staging {
+                    staging.apply()?;
+                }
+                match account {
+                    Some(a) => account::become_account(a),
+                    None => Ok(()),
+                }
             });
         }
         let spawned = cmd.spawn();

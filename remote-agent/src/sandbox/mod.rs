@@ -7,6 +7,7 @@
 //! - `gpu_nodes.rs`: the device nodes of its leased GPUs.
 //! - `egress.rs`: `allow_hosts`, through a proxy outside its network.
 //! - `keeper.rs`: one process per sandbox that sets it up and ends it.
+//! - `staging.rs`: what a root agent's holder sees before bwrap starts.
 //! - `enter.rs`: how a command starts inside.
 //!
 //! The job daemon creates sandboxes (it starts their keepers, and starts a
@@ -24,6 +25,7 @@ pub mod gpu_nodes;
 pub mod isolation;
 pub mod keeper;
 pub mod limits;
+pub mod staging;
 pub mod store;
 
 use std::ffi::OsString;
@@ -40,7 +42,7 @@ use outpost_protocol::{
 };
 
 use crate::jobs::store::{make_dir_all, now_unix, write_json};
-use crate::paths;
+use crate::{account, paths};
 use store::{Dirs, Record, Setup, error};
 
 /// How long a create waits for the keeper to set the sandbox up.
@@ -198,10 +200,30 @@ pub fn create_in_daemon(spec: SandboxSpec) -> Result<SandboxInfo, AgentError> {
             ),
         ));
     }
+    // Picked under the create lock: the records read are every sandbox
+    // that could hold a uid.
+    let account = if rung != Isolation::None && account::needed() {
+        let taken: Vec<u32> = store::all(&root)
+            .iter()
+            .filter_map(|d| Some(d.record()?.account?.uid))
+            .collect();
+        Some(account::pick(&taken).map_err(|m| error(ErrorKind::Unavailable, m))?)
+    } else {
+        None
+    };
     let dirs = claim(&root, spec.id.as_deref())?;
     let made = (|| -> std::io::Result<()> {
         for dir in [dirs.work(), dirs.home(), dirs.tmp(), dirs.meta()] {
             make_dir_all(&dir)?;
+        }
+        if let Some(account) = account {
+            for dir in [dirs.work(), dirs.home(), dirs.tmp()] {
+                account::give(&dir, account)?;
+            }
+            // Searchable, not readable: Landlock's commands reach their own
+            // dirs by path (bwrap's are bound from descriptors).
+            use std::os::unix::fs::PermissionsExt;
+            fs::set_permissions(&dirs.dir, fs::Permissions::from_mode(0o711))?;
         }
         dirs.set_expires_ms(now_ms() + spec.ttl_ms)?;
         let record = Record {
@@ -210,6 +232,7 @@ pub fn create_in_daemon(spec: SandboxSpec) -> Result<SandboxInfo, AgentError> {
                 ..spec.clone()
             },
             created_unix: now_unix(),
+            account,
         };
         write_json(&dirs.meta().join(store::SPEC), &record, true)
     })();
@@ -546,7 +569,9 @@ impl ConfinedRoots {
         let Some((path, fd)) = scope.open_root(raw, create)? else {
             return Ok(None);
         };
+
         if !written {
+            account::note_root(fd.as_raw_fd(), scope.account);
             return Ok(Some(OpenedRoot {
                 name: format!("/proc/self/fd/{}", fd.as_raw_fd()),
                 _held: Some(fd),
@@ -573,6 +598,7 @@ impl ConfinedRoots {
                 number
             }
         };
+        account::note_root(number, scope.account);
         Ok(Some(OpenedRoot {
             name: format!("/proc/self/fd/{number}"),
             _held: None,
@@ -586,6 +612,7 @@ pub struct Scope {
     pub dirs: Dirs,
     spec: SandboxSpec,
     setup: Setup,
+    account: Option<account::Account>,
 }
 
 impl Scope {
@@ -606,6 +633,7 @@ impl Scope {
             dirs,
             spec: record.spec,
             setup,
+            account: record.account,
         })
     }
 
@@ -683,7 +711,9 @@ impl Scope {
                     format!("{raw:?} is outside the sandbox"),
                 )
             })?;
-        Ok(store::open_beneath(&base, &path, create)?.map(|fd| (path, fd)))
+        // A root made is the sandbox's, and none is opened through anything
+        // only root may search.
+        Ok(store::open_beneath(&base, &path, create, self.account)?.map(|fd| (path, fd)))
     }
 
     /// Whether a path the sandbox sees is the same path on the host (not so

@@ -50,6 +50,10 @@ pub fn error(kind: ErrorKind, message: impl Into<String>) -> AgentError {
 pub struct Record {
     pub spec: SandboxSpec,
     pub created_unix: u64,
+    /// Who its commands and file requests act as, when the agent is root
+    /// (see [`crate::account`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account: Option<crate::account::Account>,
 }
 
 /// `setup.json`, written by the keeper once the sandbox can run commands.
@@ -316,10 +320,13 @@ pub fn confine(dirs: &Dirs, raw: &str) -> Result<PathBuf, AgentError> {
 /// time from `base` without following symlinks, making missing directories
 /// when `create`. None: it does not exist. The descriptor names the very
 /// directory checked, so a link swapped in afterwards redirects nothing.
+/// `base` is opened as the agent; what lies beneath, as `account` when
+/// there is one (what is made is its).
 pub fn open_beneath(
     base: &Path,
     path: &Path,
     create: bool,
+    account: Option<crate::account::Account>,
 ) -> Result<Option<std::os::fd::OwnedFd>, AgentError> {
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
     use std::os::unix::ffi::OsStrExt;
@@ -344,6 +351,7 @@ pub fn open_beneath(
     }
     // SAFETY: a descriptor we own from here on.
     let mut dir = unsafe { OwnedFd::from_raw_fd(fd) };
+    let _as = crate::account::act_as(account);
     for comp in rest.components() {
         let name = match comp {
             Component::Normal(n) => c(n.as_bytes())?,
@@ -426,14 +434,14 @@ mod tests {
         }
         // Opened component by component: a link is never followed.
         let work = dirs.work();
-        assert!(open_beneath(&work, &work.join("link"), false).is_err());
+        assert!(open_beneath(&work, &work.join("link"), false, None).is_err());
         assert!(
-            open_beneath(&work, &work.join("new/deep"), false)
+            open_beneath(&work, &work.join("new/deep"), false, None)
                 .unwrap()
                 .is_none()
         );
         assert!(
-            open_beneath(&work, &work.join("new/deep"), true)
+            open_beneath(&work, &work.join("new/deep"), true, None)
                 .unwrap()
                 .is_some()
         );
