@@ -56,6 +56,22 @@ pub fn split_sandbox_name(
 pub const MAX_SANDBOX_ID_LEN: usize = 32;
 
 /// An isolated sandbox id: `^[a-z0-9][a-z0-9-]{0,31}$`.
+/// `FIRST-LAST`, uids a root agent may give its sandboxes.
+fn parse_uid_range(raw: &str) -> Result<(u32, u32)> {
+    let bad = || {
+        anyhow::anyhow!(
+            "sandbox_uids {raw:?}: want \"FIRST-LAST\", free uids from 1000 to 4294967294"
+        )
+    };
+    let (first, last) = raw.split_once('-').ok_or_else(bad)?;
+    let first: u32 = first.trim().parse().map_err(|_| bad())?;
+    let last: u32 = last.trim().parse().map_err(|_| bad())?;
+    if first < 1000 || first > last || last == u32::MAX {
+        return Err(bad());
+    }
+    Ok((first, last))
+}
+
 pub fn check_sandbox_id(id: &str) -> Result<(), String> {
     let first = id
         .bytes()
@@ -143,6 +159,9 @@ pub struct SandboxConfig {
     /// What a `network: false` sandbox on it may reach when the call names
     /// nothing (`allow_hosts`).
     pub allow_hosts: Vec<String>,
+    /// Where its agent runs as root: the uids (first, last) its isolated
+    /// sandboxes may run as (`sandbox_uids = "FIRST-LAST"`).
+    pub sandbox_uids: Option<(u32, u32)>,
 }
 
 // One per sandbox: the size of a boxed-or-not target does not matter.
@@ -249,6 +268,7 @@ impl SandboxConfig {
             target: Target::Local,
             slurm: None,
             allow_hosts: Vec::new(),
+            sandbox_uids: None,
         }
     }
 
@@ -288,6 +308,8 @@ struct RawSandbox {
     slurm: Option<slurm::RawSlurm>,
     /// Default `allow_hosts` of its `network: false` sandboxes.
     allow_hosts: Option<Vec<String>>,
+    /// `FIRST-LAST`: the uids a root agent's sandboxes run as.
+    sandbox_uids: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -520,6 +542,7 @@ impl Config {
         for (i, mut r) in raw.into_iter().enumerate() {
             let slurm = r.slurm.take();
             let allow_hosts = r.allow_hosts.take().unwrap_or_default();
+            let sandbox_uids = r.sandbox_uids.take();
             let mut sandbox = resolve(
                 r,
                 ssh_config.as_ref(),
@@ -528,6 +551,11 @@ impl Config {
                 strict_default,
             )?;
             sandbox.allow_hosts = allow_hosts;
+            sandbox.sandbox_uids = sandbox_uids
+                .as_deref()
+                .map(parse_uid_range)
+                .transpose()
+                .map_err(|e| anyhow::anyhow!("sandbox {:?}: {e}", sandbox.name))?;
             sandbox.slurm = slurm
                 .map(slurm::RawSlurm::resolve)
                 .transpose()
@@ -748,6 +776,7 @@ fn resolve(
         name,
         slurm: None,
         allow_hosts: Vec::new(),
+        sandbox_uids: None,
         target: Target::Ssh(SshTarget {
             host,
             hostname,
@@ -814,6 +843,7 @@ fn resolve_command(
         target: Target::Command(target),
         slurm: None,
         allow_hosts: Vec::new(),
+        sandbox_uids: None,
     })
 }
 
@@ -1349,6 +1379,19 @@ Host plain
         assert!(t.strict_host_keys);
         assert_eq!(t.remote_dir, "/scratch/x");
         assert_eq!(cfg.sandboxes[0].allow_hosts, ["pypi.org"]);
+        assert_eq!(
+            parse_uid_range("2000000000-2000000999").unwrap(),
+            (2_000_000_000, 2_000_000_999)
+        );
+        for bad in ["0-10", "5000-4000", "x-1", "1000"] {
+            assert!(
+                parse_uid_range(bad)
+                    .unwrap_err()
+                    .to_string()
+                    .contains("FIRST-LAST"),
+                "{bad}"
+            );
+        }
         let env = [
             ("HOME", "/h"),
             ("OUTPOST_CONFIG", p.as_str()),

@@ -713,6 +713,10 @@ pub struct SandboxSpec {
     /// reach, through the agent's HTTP proxy (`name`, `*.suffix`, either
     /// with `:port`).
     pub allow_hosts: Vec<String>,
+    /// For an agent running as root: the uids (first, last) its isolated
+    /// sandboxes may run as, from the host's config; None: the agent's
+    /// default range.
+    pub sandbox_uids: Option<(u32, u32)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -262,6 +262,7 @@ fn sample_messages() -> (Hello, Vec<ClientMessage>, Vec<AgentMessage>) {
                 keep_files: true,
                 max_sandboxes: 8,
                 allow_hosts: vec!["pypi.org".into(), "*.github.com:443".into()],
+                sandbox_uids: Some((2_000_000_000, 2_000_000_999)),
             }),
         },
         ClientMessage::Request {

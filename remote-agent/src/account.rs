@@ -3,7 +3,8 @@
 //! Namespaces and Landlock do not make uid 0 harmless: a command that is
 //! root outside its namespaces still owns root's files. So an agent running
 //! as root gives each isolated sandbox a uid of its own, picked from a range
-//! (default [`DEFAULT_RANGE`], or `OUTPOST_SANDBOX_UIDS=FIRST-LAST`) that no
+//! (the host config's `sandbox_uids`, else `OUTPOST_SANDBOX_UIDS=FIRST-LAST`,
+//! else [`DEFAULT_RANGE`]) that no
 //! account in `/etc/passwd`, no `/etc/subuid` range and no running process
 //! uses, with the gid of the same number checked the same way. Its work,
 //! home and tmp dirs are chowned to it.
@@ -47,20 +48,28 @@ pub fn needed() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// The uids sandboxes may use here.
-pub fn range() -> Result<RangeInclusive<u32>, String> {
-    let Some(raw) = std::env::var_os(RANGE_VAR) else {
-        return Ok(DEFAULT_RANGE);
+/// The uids sandboxes may use here: the host config's, else
+/// [`RANGE_VAR`]'s, else [`DEFAULT_RANGE`].
+pub fn range(configured: Option<(u32, u32)>) -> Result<RangeInclusive<u32>, String> {
+    let (first, last, said) = match configured {
+        Some((first, last)) => (first, last, format!("sandbox_uids {first}-{last}")),
+        None => {
+            let Some(raw) = std::env::var_os(RANGE_VAR) else {
+                return Ok(DEFAULT_RANGE);
+            };
+            let raw = raw.to_string_lossy().into_owned();
+            let parsed = raw.split_once('-').and_then(|(a, b)| {
+                Some((a.trim().parse::<u32>().ok()?, b.trim().parse::<u32>().ok()?))
+            });
+            let said = format!("{RANGE_VAR}={raw:?}");
+            let (first, last) = parsed.ok_or_else(|| format!("{said}: want FIRST-LAST"))?;
+            (first, last, said)
+        }
     };
-    let raw = raw.to_string_lossy();
-    let bad = || format!("{RANGE_VAR}={raw:?}: want FIRST-LAST, uids from 1000 to 4294967294");
-    let (first, last) = raw.split_once('-').ok_or_else(bad)?;
-    let (first, last): (u32, u32) = (
-        first.trim().parse().map_err(|_| bad())?,
-        last.trim().parse().map_err(|_| bad())?,
-    );
     if first < 1000 || first > last || last == u32::MAX {
-        return Err(bad());
+        return Err(format!(
+            "{said}: want FIRST-LAST, from 1000 to 4294967294, FIRST not past LAST"
+        ));
     }
     Ok(first..=last)
 }
@@ -70,9 +79,9 @@ pub fn scheme() -> String {
     if !needed() {
         return "commands run as this login (not root)".into();
     }
-    match range() {
+    match range(None) {
         Ok(r) => format!(
-            "as root, each isolated sandbox runs as a uid of its own from {}-{} (none in /etc/passwd, /etc/subuid or in use; {RANGE_VAR} to change)",
+            "as root, each isolated sandbox runs as a uid of its own from {}-{} (none in /etc/passwd, /etc/subuid or in use; a host's sandbox_uids changes it)",
             r.start(),
             r.end()
         ),
@@ -80,9 +89,10 @@ pub fn scheme() -> String {
     }
 }
 
-/// Picks a free account; `taken` are the uids of this host's sandboxes.
-pub fn pick(taken: &[u32]) -> Result<Account, String> {
-    let range = range()?;
+/// Picks a free account from `configured` (see [`range`]); `taken` are
+/// the uids of this host's sandboxes.
+pub fn pick(taken: &[u32], configured: Option<(u32, u32)>) -> Result<Account, String> {
+    let range = range(configured)?;
     let mut users = ids_in("/etc/passwd", 2);
     users.extend(taken);
     let groups = ids_in("/etc/group", 2);
@@ -102,7 +112,7 @@ pub fn pick(taken: &[u32]) -> Result<Account, String> {
         .map(|id| Account { uid: id, gid: id })
         .ok_or_else(|| {
             format!(
-                "no free sandbox uid in {}-{} (set {RANGE_VAR} to a wider range)",
+                "no free sandbox uid in {}-{} (give the host a wider sandbox_uids)",
                 range.start(),
                 range.end()
             )

@@ -380,11 +380,20 @@ fn a_root_agents_bwrap_sandbox_runs_as_a_uid_of_its_own() {
         std::fs::read_to_string(&job_uid).unwrap().trim(),
         uid.to_string()
     );
-    // A second sandbox gets another uid, and cannot read the first's dirs.
-    let other = host.create(spec(Isolation::Bwrap, false));
+    // Another sandbox gets another uid: from the host config's range when
+    // it names one; a range that is no range is refused.
+    let other = host.create(SandboxSpec {
+        sandbox_uids: Some((2_000_000_000, 2_000_000_009)),
+        ..spec(Isolation::Bwrap, false)
+    });
     let r = host.sh(&other.id, "id -u");
-    assert_ne!(out(&r).trim(), uid.to_string());
+    assert_eq!(out(&r).trim(), "2000000000", "{r:?}");
     host.call(Request::SandboxDelete { id: other.id });
+    let said = host.create_err(SandboxSpec {
+        sandbox_uids: Some((5, 3)),
+        ..spec(Isolation::Bwrap, false)
+    });
+    assert!(said.contains("FIRST-LAST"), "{said}");
     host.call(Request::SandboxDelete { id: id.clone() });
     bwrap_contains_and_works(Host::new("sbx-root-all"));
 }
@@ -1027,4 +1036,107 @@ fn egress_reaches_only_the_allowed_hosts() {
         ..spec(Isolation::Landlock, false)
     });
     assert!(said.contains("allow_hosts needs bwrap"), "{said}");
+}
+
+/// A package index on this host's loopback, serving one hand-made wheel
+/// (`outpost-probe`, whose module says 42): the server and its port.
+fn serve_index() -> (std::process::Child, u16) {
+    const INDEX: &str = r#"
+import base64, hashlib, http.server, io, os, sys, tempfile, zipfile
+root = tempfile.mkdtemp()
+files = {
+    "outpost_probe/__init__.py": b"VALUE = 42\n",
+    "outpost_probe-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: outpost-probe\nVersion: 1.0\n",
+    "outpost_probe-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: outpost-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+}
+record = ""
+for name, data in files.items():
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    record += f"{name},sha256={digest},{len(data)}\n"
+record += "outpost_probe-1.0.dist-info/RECORD,,\n"
+wheel = "outpost_probe-1.0-py3-none-any.whl"
+with zipfile.ZipFile(os.path.join(root, wheel), "w") as z:
+    for name, data in files.items():
+        z.writestr(name, data)
+    z.writestr("outpost_probe-1.0.dist-info/RECORD", record)
+os.makedirs(os.path.join(root, "simple", "outpost-probe"))
+with open(os.path.join(root, "simple", "outpost-probe", "index.html"), "w") as f:
+    f.write(f'<html><body><a href="/{wheel}">{wheel}</a></body></html>')
+os.chdir(root)
+server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+print(server.server_address[1], flush=True)
+server.serve_forever()
+"#;
+    let mut child = Command::new("python3")
+        .args(["-c", INDEX])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("python3");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let port = line.trim().parse().expect("the index's port");
+    (child, port)
+}
+
+/// `install_package` in a `network: false` sandbox reaches a package index
+/// listed in its `allow_hosts`, through the proxy, and nothing else: here as
+/// root, on the sandbox's own uid. Without `allow_hosts` it is refused with
+/// the way out.
+#[test]
+fn install_package_fetches_from_an_allowed_index_only() {
+    if !bwrap_usable() {
+        skip("bwrap cannot run here (scripts/setup-test-env installs it)");
+        return;
+    }
+    let mut host = Host::new("sbx-index");
+    let (mut index, port) = serve_index();
+    let info = host.create(SandboxSpec {
+        allow_hosts: vec![format!("localhost:{port}")],
+        env: vec![(
+            "PIP_INDEX_URL".into(),
+            format!("http://localhost:{port}/simple/"),
+        )],
+        ..spec(Isolation::Bwrap, false)
+    });
+    let install = |packages: &[&str]| {
+        Request::CodeInstall(outpost_protocol::CodeInstall {
+            packages: packages.iter().map(|p| p.to_string()).collect(),
+            timeout_ms: Some(120_000),
+            output_limit: 1 << 16,
+            progress_ms: None,
+        })
+    };
+    let installed = host.inside(&info.id, install(&["outpost-probe"]));
+    let Response::ExecDone(r) = installed else {
+        panic!("install: {installed:?}");
+    };
+    assert_eq!(r.exit_code, Some(0), "{}{}", out(&r), err(&r));
+    let r = host.sh(
+        &info.id,
+        "$HOME/.venv/bin/python -c 'import outpost_probe; print(outpost_probe.VALUE)'",
+    );
+    assert_eq!(out(&r), "42\n", "{}", err(&r));
+    // The index's own host by address is not what was listed.
+    let r = host.sh(
+        &info.id,
+        &format!("$HOME/.venv/bin/python -m pip download -q --no-deps -d /tmp/x --index-url http://127.0.0.1:{port}/simple/ outpost-probe"),
+    );
+    assert_ne!(r.exit_code, Some(0), "{}", out(&r));
+    assert!(
+        r.egress_denied.contains(&format!("127.0.0.1:{port}")),
+        "{r:?}"
+    );
+    let _ = index.kill();
+    let _ = index.wait();
+
+    let closed = host.create(spec(Isolation::Bwrap, false));
+    let Response::Error(e) = host.inside(&closed.id, install(&["outpost-probe"])) else {
+        panic!("installed without a network");
+    };
+    assert!(e.message.contains("allow_hosts"), "{}", e.message);
 }

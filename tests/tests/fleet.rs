@@ -24,6 +24,7 @@ fn fleet_of(hosts: &[&Sshd], state: &TempDir, connect_timeout: Duration) -> Flee
             target: Target::Ssh(target(sshd)),
             slurm: None,
             allow_hosts: Vec::new(),
+            sandbox_uids: None,
         })
         .collect();
     sandboxes.push(SandboxConfig::local());

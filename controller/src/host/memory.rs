@@ -108,6 +108,7 @@ impl MemoryHost {
             name: name.to_string(),
             slurm: None,
             allow_hosts: Vec::new(),
+            sandbox_uids: None,
             target: Target::Ssh(SshTarget {
                 host: name.to_string(),
                 hostname,

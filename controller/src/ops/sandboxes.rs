@@ -281,6 +281,8 @@ pub fn spec(r: &CreateRequest, max_sandboxes: u32) -> Result<SandboxSpec, String
         keep_files: r.keep_files,
         max_sandboxes,
         allow_hosts: r.allow_hosts.clone(),
+        // The host's, from its config: never a call's.
+        sandbox_uids: None,
     })
 }
 
@@ -321,7 +323,8 @@ pub async fn create(
     if r.allow_hosts.is_empty() && !r.network {
         r.allow_hosts = host.config.allow_hosts.clone();
     }
-    let spec = spec(&r, fleet.config.max_sandboxes_per_host)?;
+    let mut spec = spec(&r, fleet.config.max_sandboxes_per_host)?;
+    spec.sandbox_uids = host.config.sandbox_uids;
     // HOST/ID must name this sandbox and nothing configured.
     let configured = |id: &str| fleet.names().contains(&format!("{}/{id}", host.name()));
     if let Some(id) = &spec.id

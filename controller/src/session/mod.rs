@@ -109,6 +109,7 @@ impl Session {
                 target: host.config.target.clone(),
                 slurm: None,
                 allow_hosts: Vec::new(),
+                sandbox_uids: None,
             },
             place: Place::Isolated {
                 host,
@@ -137,6 +138,7 @@ impl Session {
                 target: login.config.target.clone(),
                 slurm: None,
                 allow_hosts: Vec::new(),
+                sandbox_uids: None,
             },
             place: Place::Allocation {
                 login,

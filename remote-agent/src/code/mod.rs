@@ -83,13 +83,16 @@ pub async fn install(
     scope: Option<Scope>,
 ) -> Response {
     let command = match check_packages(&req.packages).and_then(|()| {
+        // With allow_hosts the index is reached through its proxy (pip and
+        // uv honour HTTPS_PROXY); a listed index is the caller's to name.
         if let Some(scope) = &scope
             && !scope.has_network()
+            && scope.egress_watermark().is_none()
         {
             return Err(error(
                 ErrorKind::BadRequest,
                 format!(
-                    "sandbox {} has no network (created with network: false), so packages cannot be downloaded",
+                    "sandbox {} has no network (network: false), so packages cannot be downloaded; create it with allow_hosts: [\"pypi.org\", \"files.pythonhosted.org\"]",
                     scope.dirs.id
                 ),
             ));

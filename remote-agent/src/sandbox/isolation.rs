@@ -38,7 +38,7 @@ pub fn bwrap_fix(why: &str) -> &'static str {
     if why.contains("not installed") {
         "install bubblewrap (apt install bubblewrap / dnf install bubblewrap)"
     } else if why.contains(account::RANGE_VAR) {
-        "give the agent a range of free uids for its sandboxes"
+        "set the agent's OUTPOST_SANDBOX_UIDS to FIRST-LAST, free uids"
     } else if why.contains("uid map")
         || why.contains("Permission denied")
         || why.contains("RTM_NEWADDR")
@@ -95,7 +95,7 @@ fn probe_bwrap() -> Result<PathBuf, String> {
         .unwrap_or("/bin/true");
     let mut cmd = Command::new(&bwrap);
     if account::needed() {
-        let first = *account::range()?.start();
+        let first = *account::range(None)?.start();
         let probe = account::Account {
             uid: first,
             gid: first,

@@ -83,6 +83,9 @@ fn validate(spec: &SandboxSpec, root: &Path) -> Result<(), AgentError> {
     for entry in &spec.allow_hosts {
         egress::check_entry(entry).map_err(bad)?;
     }
+    if let Some(uids) = spec.sandbox_uids {
+        account::range(Some(uids)).map_err(bad)?;
+    }
     if !spec.allow_hosts.is_empty() && spec.network {
         return Err(bad(
             "allow_hosts goes with network: false (network: true reaches everything)".into(),
@@ -207,7 +210,10 @@ pub fn create_in_daemon(spec: SandboxSpec) -> Result<SandboxInfo, AgentError> {
             .iter()
             .filter_map(|d| Some(d.record()?.account?.uid))
             .collect();
-        Some(account::pick(&taken).map_err(|m| error(ErrorKind::Unavailable, m))?)
+        Some(
+            account::pick(&taken, spec.sandbox_uids)
+                .map_err(|m| error(ErrorKind::Unavailable, m))?,
+        )
     } else {
         None
     };

@@ -49,6 +49,7 @@ pub fn config(target: SshTarget, state: &Path) -> Config {
             target: Target::Ssh(target),
             slurm: None,
             allow_hosts: Vec::new(),
+            sandbox_uids: None,
         },
         SandboxConfig::local(),
     ];
