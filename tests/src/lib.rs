@@ -202,6 +202,18 @@ impl Sshd {
         )
     }
 
+    /// The same entry logging in as root (the tests run as root), with the
+    /// agent's state in `remote_dir`.
+    pub fn root_sandbox_toml(&self, name: &str, remote_dir: &Path) -> String {
+        format!(
+            "[[sandbox]]\nname = \"{name}\"\nhost = \"{}\"\nport = {}\nuser = \"root\"\nkey_file = \"{}\"\nremote_dir = \"{}\"\n",
+            self.host(),
+            self.port,
+            self.client_key.display(),
+            remote_dir.display()
+        )
+    }
+
     /// The namespace sshd runs in, when started with [`Sshd::start_in_netns`].
     pub fn netns(&self) -> Option<&Netns> {
         self.netns.as_ref()

@@ -362,19 +362,54 @@ async fn isolated_sandboxes_over_ssh_contain_and_expire() {
     }
     let sshd = outpost_e2e::Sshd::start();
     let (env, _config) = common::mcp_client::isolated_env(&sshd);
-    let (client, _home) = start(&env).await;
+    contain_and_expire(&env, false).await;
+}
+
+/// The same over SSH as root, as GPU rentals hand out: bwrap is reached and
+/// its commands run as a uid of their own, so root's keys and
+/// `/etc/shadow` stay unread; Landlock is refused, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn isolated_sandboxes_over_ssh_as_root_contain_and_expire() {
+    if !bwrap_usable() {
+        outpost_e2e::skip("bwrap cannot run here (scripts/setup-test-env installs it)");
+        return;
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        outpost_e2e::skip("a root login needs the tests to run as root");
+        return;
+    }
+    let sshd = outpost_e2e::Sshd::start();
+    let state = outpost_e2e::TempDir::new("root-login-state");
+    let config = outpost_e2e::TempDir::new("root-login-config");
+    let path = config.path().join("config.toml");
+    std::fs::write(&path, sshd.root_sandbox_toml("box", state.path())).unwrap();
+    let env = vec![("OUTPOST_CONFIG", path.display().to_string())];
+    contain_and_expire(&env, true).await;
+}
+
+async fn contain_and_expire(env: &[(&'static str, String)], as_root: bool) {
+    let (client, _home) = start(env).await;
 
     // A secret in the login's home, and a listener outside every sandbox.
     let secret = format!(".ssh/outpost-secret-{}", std::process::id());
     let (err, r) = call(
         &client,
         "exec_bash",
-        json!({"command": format!("mkdir -p ~/.ssh && echo SECRET > ~/{secret} && echo $HOME"),
+        json!({"command": format!("mkdir -p -m 700 ~/.ssh && echo SECRET > ~/{secret} && echo $HOME"),
                "sandbox_name": "box"}),
     )
     .await;
     assert!(!err, "{r}");
     let home = r["stdout"].as_str().unwrap().trim().to_string();
+    // Gone however the test ends (as root, it is in root's own ~/.ssh).
+    struct Planted(String);
+    impl Drop for Planted {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let _planted = Planted(format!("{home}/{secret}"));
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || for _c in listener.incoming() {});
@@ -431,6 +466,10 @@ async fn isolated_sandboxes_over_ssh_contain_and_expire() {
                    "ttl_s": 600}),
         )
         .await;
+        if as_root && isolation == "landlock" {
+            assert!(err && made.to_string().contains("as root"), "{made}");
+            continue;
+        }
         if err && isolation == "landlock" && made.to_string().contains("Landlock") {
             outpost_e2e::skip(&format!("Landlock: {made}"));
             continue;
@@ -464,6 +503,12 @@ async fn isolated_sandboxes_over_ssh_contain_and_expire() {
         } else {
             assert_ne!(r["exit_code"], 0, "{isolation}: {r}");
             assert!(!r["stdout"].as_str().unwrap().contains("SECRET"));
+            if as_root {
+                let r = sh("id -u; cat /etc/shadow".into()).await;
+                let uid: u64 = r["stdout"].as_str().unwrap().trim().parse().unwrap_or(0);
+                assert!(uid >= 1_900_000_000, "{isolation}: {r}");
+                assert_ne!(r["exit_code"], 0, "read /etc/shadow: {r}");
+            }
             let r = sh(connect.clone()).await;
             assert_ne!(r["exit_code"], 0, "{isolation} reached the network: {r}");
             let r = sh(format!(
@@ -580,7 +625,6 @@ async fn isolated_sandboxes_over_ssh_contain_and_expire() {
         "{:?}",
         created.elapsed()
     );
-    let _ = std::fs::remove_file(format!("{home}/{secret}"));
     let _ = std::fs::remove_file(&shm);
 }
 

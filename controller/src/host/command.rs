@@ -8,7 +8,7 @@
 //! Everything crosses that one stream, so the target needs nothing but a
 //! POSIX shell and the usual tools: the probe and the agent's start are shell
 //! commands as over SSH, and the agent is copied in as the stdin of a `cat`
-//! (temp name, size checked, mode 0700, renamed), with no SFTP, `kubectl cp`
+//! (temp name, size checked, mode 0755, renamed), with no SFTP, `kubectl cp`
 //! or shared filesystem. The agent's link is the child process's pipes, as
 //! for the `local` sandbox (`local::spawn_agent`).
 
@@ -151,7 +151,7 @@ pub fn substitute(template: &[String], command: &str) -> Vec<String> {
 /// The shell command that installs its stdin at `to`: `dirs` made (mode 0700
 /// by the umask, in order), the bytes written to `tmp` beside `to`, their
 /// count checked against `size` (a stream cut short must not install half an
-/// agent), mode 0700, renamed over `to`. On any failure the temp file is
+/// agent), mode 0755 (see [`super::AGENT_MODE`]), renamed over `to`. On any failure the temp file is
 /// removed and the command exits non-zero, so `to` appears whole or not at
 /// all.
 pub fn copy_in_command(dirs: &[String], to: &str, tmp: &str, size: u64) -> String {
@@ -165,7 +165,7 @@ pub fn copy_in_command(dirs: &[String], to: &str, tmp: &str, size: u64) -> Strin
     format!(
         "umask 077 && {mkdir}{{ cat > {tmp} && n=$(wc -c < {tmp}) && \
          {{ [ $n -eq {size} ] || {{ echo \"only $n of {size} bytes arrived\" >&2; false; }}; }} && \
-         chmod 700 {tmp} && mv -f -- {tmp} {to} || {{ rm -f -- {tmp}; exit 1; }}; }}"
+         chmod 755 {tmp} && mv -f -- {tmp} {to} || {{ rm -f -- {tmp}; exit 1; }}; }}"
     )
 }
 
@@ -298,7 +298,7 @@ mod tests {
         host.copy_in(&from, &dirs, &to).await.unwrap();
         assert_eq!(std::fs::read(&to).unwrap(), bytes);
         let mode = |p: &str| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode(&to), 0o700);
+        assert_eq!(mode(&to), 0o755);
         assert_eq!(mode(&dirs[0]), 0o700);
         assert_eq!(mode(&dirs[1]), 0o700);
         // Only the agent is left: no temp file.

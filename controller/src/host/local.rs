@@ -61,7 +61,8 @@ fn shell(command: &str) -> tokio::process::Command {
     cmd
 }
 
-/// Temp name beside `to`, mode 0700, flushed, renamed over it.
+/// Temp name beside `to`, mode 0755 (see [`super::AGENT_MODE`]), flushed,
+/// renamed over it.
 fn copy_file(from: &Path, dirs: &[String], to: &str) -> Result<(), String> {
     for dir in dirs {
         match std::fs::DirBuilder::new().mode(0o700).create(dir) {
@@ -75,7 +76,7 @@ fn copy_file(from: &Path, dirs: &[String], to: &str) -> Result<(), String> {
     let written = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
-        .mode(0o700)
+        .mode(super::AGENT_MODE)
         .open(&tmp)
         .and_then(|mut f| f.write_all(&bytes).and_then(|()| f.sync_all()));
     match written.and_then(|()| std::fs::rename(&tmp, to)) {

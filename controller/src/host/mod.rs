@@ -29,6 +29,12 @@ pub mod memory;
 pub mod srun;
 pub mod ssh;
 
+/// Mode of an installed agent binary: executable by every uid, so an agent
+/// running as root can start it inside its sandboxes, whose commands run as
+/// uids of their own. Nothing in it is secret; the directories above it
+/// stay 0700.
+pub const AGENT_MODE: u32 = 0o755;
+
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;

@@ -60,7 +60,7 @@ pub(super) async fn upload(
         return Err(format!("writing {tmp}: {e}"));
     }
     let mut attrs = russh_sftp::protocol::FileAttributes::empty();
-    attrs.permissions = Some(0o700);
+    attrs.permissions = Some(crate::host::AGENT_MODE);
     sftp.set_metadata(tmp.clone(), attrs)
         .await
         .map_err(|e| format!("chmod {tmp}: {e}"))?;
