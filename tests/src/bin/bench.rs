@@ -595,37 +595,49 @@ async fn sandboxes() {
     let home = scratch.path().join("home");
     std::fs::create_dir_all(&home).unwrap();
     let config = write_config(scratch.path(), "bench", &[&sshd]);
+    // The same host logged into as root: its sandboxes run on uids of
+    // their own.
+    let root_state = scratch.path().join("root-state");
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str(&sshd.root_sandbox_toml("root0", &root_state));
+    std::fs::write(&config, text).unwrap();
     let client = mcp_client(&home, Some(&config)).await;
     // Warm: connection, agent, daemon, the isolation probe.
-    exec_true_in(&client, "bench0", "true", 5).await;
-    let made = tool(
-        &client,
-        "create_sandbox",
-        json!({"host": "bench0", "isolation": "bwrap"}),
-    )
-    .await;
-    tool(
-        &client,
-        "delete_sandbox",
-        json!({"sandbox_name": made["sandbox_name"]}),
-    )
-    .await;
-
-    let mut create = Vec::new();
-    let mut first_exec = Vec::new();
-    for _ in 0..CREATE_ROUNDS {
-        let t = Instant::now();
+    for host in ["bench0", "root0"] {
+        exec_true_in(&client, host, "true", 5).await;
         let made = tool(
             &client,
             "create_sandbox",
-            json!({"host": "bench0", "isolation": "bwrap", "network": false}),
+            json!({"host": host, "isolation": "bwrap"}),
         )
         .await;
-        create.push(t.elapsed());
-        let name = made["sandbox_name"].as_str().unwrap().to_string();
-        exec_true_in(&client, &name, "true", 1).await;
-        first_exec.push(t.elapsed());
-        tool(&client, "delete_sandbox", json!({"sandbox_name": name})).await;
+        tool(
+            &client,
+            "delete_sandbox",
+            json!({"sandbox_name": made["sandbox_name"]}),
+        )
+        .await;
+    }
+
+    let (mut create, mut create_root) = (Vec::new(), Vec::new());
+    let mut first_exec = Vec::new();
+    for _ in 0..CREATE_ROUNDS {
+        for (host, times) in [("bench0", &mut create), ("root0", &mut create_root)] {
+            let t = Instant::now();
+            let made = tool(
+                &client,
+                "create_sandbox",
+                json!({"host": host, "isolation": "bwrap", "network": false}),
+            )
+            .await;
+            times.push(t.elapsed());
+            let name = made["sandbox_name"].as_str().unwrap().to_string();
+            exec_true_in(&client, &name, "true", 1).await;
+            if host == "bench0" {
+                first_exec.push(t.elapsed());
+            }
+            tool(&client, "delete_sandbox", json!({"sandbox_name": name})).await;
+        }
     }
 
     let bwrap = tool(
@@ -640,30 +652,43 @@ async fn sandboxes() {
         json!({"host": "bench0", "isolation": "landlock"}),
     )
     .await;
-    let (bwrap, landlock) = (
+    let root_bwrap = tool(
+        &client,
+        "create_sandbox",
+        json!({"host": "root0", "isolation": "bwrap"}),
+    )
+    .await;
+    let (bwrap, landlock, root_bwrap) = (
         bwrap["sandbox_name"].as_str().unwrap().to_string(),
         landlock["sandbox_name"].as_str().unwrap().to_string(),
+        root_bwrap["sandbox_name"].as_str().unwrap().to_string(),
     );
     let per_command = "bwrap --unshare-user --unshare-pid --unshare-ipc --unshare-uts --die-with-parent \
         --new-session --ro-bind / / --dev /dev --proc /proc --tmpfs /tmp -- true";
     // Interleaved, so drift hits all alike.
     let (mut host, mut inside, mut ll, mut fresh) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut root_host, mut root_inside) = (Vec::new(), Vec::new());
     for _ in 0..EXEC_ROUNDS / 10 {
         host.push(exec_true_in(&client, "bench0", "true", 10).await);
         inside.push(exec_true_in(&client, &bwrap, "true", 10).await);
         ll.push(exec_true_in(&client, &landlock, "true", 10).await);
         fresh.push(exec_true_in(&client, "bench0", per_command, 10).await);
+        root_host.push(exec_true_in(&client, "root0", "true", 10).await);
+        root_inside.push(exec_true_in(&client, &root_bwrap, "true", 10).await);
     }
     let (host, inside, ll, fresh) = (median(host), median(inside), median(ll), median(fresh));
-    for name in [&bwrap, &landlock] {
+    let (root_host, root_inside) = (median(root_host), median(root_inside));
+    for name in [&bwrap, &landlock, &root_bwrap] {
         tool(&client, "delete_sandbox", json!({"sandbox_name": name})).await;
     }
     let egress = egress_cost(&client).await;
     client.cancel().await.ok();
 
     println!();
-    println!("isolated sandboxes over SSH (unprivileged bwrap), warm client");
+    println!(
+        "isolated sandboxes over SSH (unprivileged bwrap; root's on uids of their own), warm client"
+    );
     println!(
         "  create_sandbox (bwrap, no network)       median {}  p90 {}",
         ms(median(create.clone())),
@@ -686,6 +711,17 @@ async fn sandboxes() {
         "  exec_bash('true') in a landlock sandbox  median {}  (+{})",
         ms(ll),
         ms(ll.saturating_sub(host))
+    );
+    println!(
+        "  as root: create_sandbox (bwrap, own uid) median {}  p90 {}",
+        ms(median(create_root.clone())),
+        ms(pct(create_root, 0.9))
+    );
+    println!(
+        "  as root: exec_bash('true') host / bwrap  median {} / {}  (+{})",
+        ms(root_host),
+        ms(root_inside),
+        ms(root_inside.saturating_sub(root_host))
     );
     println!(
         "  exec_bash(a new bwrap per command)       median {}  (+{})",
