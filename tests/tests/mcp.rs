@@ -1146,14 +1146,20 @@ async fn mcp_drop_in_calls_and_the_tool_list() {
         assert_eq!(r["status"], "not_needed");
     }
 
+    // What only reads says so (clients auto-approve it); nothing states a
+    // default (destructive, open world), which would cost every session.
     let tools = client.list_all_tools().await.unwrap();
     for t in &tools {
-        let hints = t.annotations.as_ref();
-        assert!(
-            hints.is_some_and(|a| a.read_only_hint.is_some() || a.destructive_hint.is_some()),
-            "{} has no annotations",
-            t.name
-        );
+        let hints = t.annotations.clone().unwrap_or_default();
+        let reads = t.name.starts_with("list_")
+            || t.name.starts_with("check_")
+            || t.name.starts_with("read_")
+            || t.name.starts_with("get_");
+        if reads {
+            assert_eq!(hints.read_only_hint, Some(true), "{}", t.name);
+        }
+        assert_ne!(hints.destructive_hint, Some(true), "{}", t.name);
+        assert_ne!(hints.open_world_hint, Some(true), "{}", t.name);
     }
     client.cancel().await.unwrap();
 
@@ -1167,9 +1173,12 @@ async fn mcp_drop_in_calls_and_the_tool_list() {
     );
     // 14,000 since the isolated sandbox tools (create, get_sandbox_status,
     // renew, delete: about 2,500 characters) joined the list; 16,000 since
-    // execute_code, install_package and create_run_close (about 1,700).
+    // execute_code, install_package and create_run_close (about 1,700);
+    // 12,000 since rarely needed tools, Slurm's parameters (without a
+    // cluster) and the default hints left the default list. Raising it
+    // needs a line in the README saying why.
     assert!(
-        size <= 16_000,
+        size <= 12_000,
         "the default tool list grew to {size} characters"
     );
     client.cancel().await.unwrap();

@@ -556,7 +556,7 @@ fn seconds_ticker(progress: &Progress, timeout_s: f64, what: &'static str) -> Ti
 #[tool_router(router = code_router, vis = "pub(super)")]
 impl OutpostServer {
     #[tool(
-        description = "Run Python or bash in a context that keeps its state between calls, like a notebook; figures come back as images."
+        description = "Python or bash in a context that keeps its state, like a notebook; figures come back as images."
     )]
     async fn execute_code(
         &self,

@@ -277,7 +277,7 @@ fn outcome_output(outcome: Result<Outcome, CallError>) -> Result<ExecOutput, Str
 #[tool_router(router = exec_router, vis = "pub(super)")]
 impl OutpostServer {
     #[tool(
-        description = "Run a bash command; timeout_s kills its process tree. Near the client's call limit: returns running and job, and runs on."
+        description = "Run bash; timeout_s kills its process tree. At the client's call limit it answers running and job, and runs on."
     )]
     async fn exec_bash(
         &self,

@@ -272,9 +272,7 @@ pub struct CancelledTransfer {
 
 #[tool_router(router = files_router, vis = "pub(super)")]
 impl OutpostServer {
-    #[tool(
-        description = "Push a local file or tree to a sandbox by delta; big pushes go on in the background."
-    )]
+    #[tool(description = "Push a local file or tree by delta; big pushes go on in the background.")]
     async fn sync_local_to_remote(
         &self,
         Parameters(p): Parameters<PushParams>,
@@ -308,7 +306,7 @@ impl OutpostServer {
         )))
     }
 
-    #[tool(description = "Cancel a background transfer; nothing half-written remains.")]
+    #[tool(description = "Cancel a background transfer; nothing half-written stays.")]
     async fn cancel_file_transfer_task(
         &self,
         Parameters(p): Parameters<CancelTaskParams>,

@@ -142,9 +142,7 @@ fn shaped(
 
 #[tool_router(router = isolated_router, vis = "pub(super)")]
 impl OutpostServer {
-    #[tool(
-        description = "Make an isolated, expiring sandbox; its sandbox_name works in every tool."
-    )]
+    #[tool(description = "Make an isolated, expiring sandbox for every tool's sandbox_name.")]
     async fn create_sandbox(
         &self,
         Parameters(p): Parameters<CreateParams>,

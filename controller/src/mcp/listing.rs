@@ -14,16 +14,17 @@
 //!   value): the agent reads the values in every result
 //!   anyway, and at about 20 characters a field the types would cost more
 //!   than all the tools' descriptions together; fields are named
-//!   [`NAMED_LEVELS`] deep (`list_sandboxes` names each sandbox's fields,
-//!   not what its `resources` hold);
+//!   [`NAMED_LEVELS`] deep (`list_sandboxes` names `sandboxes`, not each
+//!   sandbox's fields);
 //! * a `$defs` entry used once is written where it is used;
 //! * remote-sandbox-mcp parameters that are refused or have nothing left to
 //!   do are accepted but not listed, and `exec_bash_background`'s watch
 //!   settings are listed with the watch tools ([`unlisted`]);
-//! * every tool gets annotations, so clients can auto-approve the read-only
-//!   ones ([`hints`]);
+//! * every tool that only reads, never destroys or is idempotent says so,
+//!   so clients can auto-approve it ([`hints`]); the defaults go unsaid;
 //! * a tool that is only another name of a listed one is callable but not
-//!   listed ([`UNLISTED_TOOLS`]).
+//!   listed ([`UNLISTED_TOOLS`]), and rarely needed ones are callable but
+//!   listed only with the advanced tools ([`LISTED_WHEN_ADVANCED`]).
 //!
 //! Also [`unknown_argument`]: a call naming an argument its tool does not
 //! take is refused, so a typo never loses a setting silently.
@@ -39,8 +40,9 @@ use serde_json::Value;
 pub(super) type Unlisted = HashMap<String, Vec<&'static str>>;
 
 /// Makes every tool of `router` compact and annotated; `advanced`: the
-/// watch tools are listed too. Returns what each tool takes unlisted.
-pub(super) fn finish<S>(router: &mut ToolRouter<S>, advanced: bool) -> Unlisted {
+/// watch tools are listed too; `slurm`: a Slurm cluster is configured, so
+/// its parameters are listed. Returns what each tool takes unlisted.
+pub(super) fn finish<S>(router: &mut ToolRouter<S>, advanced: bool, slurm: bool) -> Unlisted {
     let mut unlisted_by_tool = Unlisted::new();
     for route in router.map.values_mut() {
         let tool = &mut route.attr;
@@ -49,6 +51,15 @@ pub(super) fn finish<S>(router: &mut ToolRouter<S>, advanced: bool) -> Unlisted 
             // Only what the tool takes: hiding a name it lacks would make
             // that name accepted, and silently dropped.
             let hidden: Vec<&'static str> = unlisted(&tool.name, advanced)
+                .chain(
+                    if slurm {
+                        &[][..]
+                    } else {
+                        slurm_only(&tool.name)
+                    }
+                    .iter()
+                    .copied(),
+                )
                 .filter(|name| properties.remove(*name).is_some())
                 .collect();
             if !hidden.is_empty() {
@@ -59,7 +70,9 @@ pub(super) fn finish<S>(router: &mut ToolRouter<S>, advanced: bool) -> Unlisted 
         if let Some(output) = &tool.output_schema {
             tool.output_schema = Some(Arc::new(compact(output, Part::Result)));
         }
-        tool.annotations = Some(hints(&tool.name));
+        let hints = hints(&tool.name);
+        // Nothing said is the defaults (destructive, open world).
+        tool.annotations = (hints != ToolAnnotations::new()).then_some(hints);
     }
     unlisted_by_tool
 }
@@ -68,9 +81,23 @@ pub(super) fn finish<S>(router: &mut ToolRouter<S>, advanced: bool) -> Unlisted 
 /// for agents that guess them.
 pub(super) const UNLISTED_TOOLS: &[&str] = &["close_sandbox"];
 
-/// Whether `tools/list` names `tool`.
-pub(super) fn is_listed(tool: &str) -> bool {
-    !UNLISTED_TOOLS.contains(&tool)
+/// Tools every client may call but only the advanced listing names: what
+/// an agent rarely needs (a sandbox's own status is in list_sandboxes, its
+/// TTL is set at creation, GPUs come with `create_sandbox(gpus)`, a job's
+/// name with its start), and one call that create_sandbox, execute_code
+/// and delete_sandbox make up. Every session pays for the default list.
+pub(super) const LISTED_WHEN_ADVANCED: &[&str] = &[
+    "get_sandbox_status",
+    "renew_sandbox",
+    "reserve_gpus",
+    "release_gpus",
+    "list_background_tasks",
+    "create_run_close",
+];
+
+/// Whether `tools/list` names `tool`; `advanced`: the advanced listing.
+pub(super) fn is_listed(tool: &str, advanced: bool) -> bool {
+    !UNLISTED_TOOLS.contains(&tool) && (advanced || !LISTED_WHEN_ADVANCED.contains(&tool))
 }
 
 /// remote-sandbox-mcp's job parameters that are refused (hooks come from
@@ -90,6 +117,7 @@ const INERT_OR_REFUSED: &[&str] = &[
 /// `exec_bash_background`'s settings for the watch tools, which only those
 /// who list the watch tools need to read about.
 const WATCH_SETTINGS: &[&str] = &[
+    "watch",
     "watch_name",
     "run_id",
     "metadata_json",
@@ -105,6 +133,16 @@ const WATCH_SETTINGS: &[&str] = &[
     "alert_after_failures",
 ];
 
+/// `tool`'s parameters for a Slurm cluster: listed only where one is
+/// configured (a call with them elsewhere is told they are Slurm's).
+fn slurm_only(tool: &str) -> &'static [&'static str] {
+    match tool {
+        "exec_bash_background" => &["scheduler", "gpus", "time", "partition"],
+        "create_sandbox" => &["time", "partition"],
+        _ => &[],
+    }
+}
+
 /// The parameters `tool` takes but does not list.
 fn unlisted(tool: &str, advanced: bool) -> impl Iterator<Item = &'static str> {
     let (inert, watch) = match tool {
@@ -113,6 +151,8 @@ fn unlisted(tool: &str, advanced: bool) -> impl Iterator<Item = &'static str> {
             if advanced { &[][..] } else { WATCH_SETTINGS },
         ),
         "exec_bash_background_watch" | "watch_background_task" => (INERT_OR_REFUSED, &[][..]),
+        // A job's watch id is its name; only the watch tools hand one out.
+        "check_background_task" if !advanced => (&[][..], &["watch_id"][..]),
         _ => (&[][..], &[][..]),
     };
     inert.iter().chain(watch).copied()
@@ -144,8 +184,9 @@ fn compact(schema: &JsonObject, part: Part) -> JsonObject {
     top
 }
 
-/// How many levels of a result's fields its schema names.
-const NAMED_LEVELS: usize = 2;
+/// How many levels of a result's fields its schema names: the top, where
+/// a field's name says what it holds; below it the values speak.
+const NAMED_LEVELS: usize = 1;
 
 /// Leaves the objects below [`NAMED_LEVELS`] open; `schema` describes a
 /// value `level` fields down.
@@ -383,7 +424,7 @@ pub(super) fn unknown_tool<S>(name: &str, router: &ToolRouter<S>) -> String {
         .map
         .keys()
         .map(|k| k.as_ref())
-        .filter(|k| is_listed(k))
+        .filter(|k| is_listed(k, true))
         .collect();
     listed.sort_unstable();
     let closest = listed
@@ -397,8 +438,9 @@ pub(super) fn unknown_tool<S>(name: &str, router: &ToolRouter<S>) -> String {
     }
 }
 
-/// Each tool's behaviour hints. A tool missing here gets none (the
-/// end-to-end tests require every listed tool to have some).
+/// Each tool's behaviour hints, where they differ from what MCP assumes of
+/// a tool that says nothing (not read-only, destructive, not idempotent,
+/// open world). A tool missing here is taken as that.
 fn hints(tool: &str) -> ToolAnnotations {
     let base = ToolAnnotations::new();
     match tool {
@@ -429,8 +471,9 @@ fn hints(tool: &str) -> ToolAnnotations {
         | "exec_bash_background_watch"
         | "execute_code"
         | "install_package"
-        | "create_run_close" => base.destructive(true).open_world(true),
-        "watch_background_task" => base.destructive(true).open_world(true),
+        // (Destructive and open-world are the defaults: not said.)
+        | "create_run_close"
+        | "watch_background_task" => base,
         // Kill, overwrite or delete; doing it twice changes nothing more.
         "cancel_background_task"
         | "cancel_file_transfer_task"
@@ -439,15 +482,14 @@ fn hints(tool: &str) -> ToolAnnotations {
         | "sync_local_to_remote_background"
         | "sync_remote_to_local"
         | "write_remote_file"
-        | "upload_files" => base.destructive(true).idempotent(true).open_world(false),
+        | "upload_files" => base.idempotent(true).open_world(false),
         "select_sandbox" | "release_gpus" | "renew_sandbox" => {
             base.destructive(false).idempotent(true).open_world(false)
         }
         "reserve_gpus" | "create_sandbox" => base.destructive(false).open_world(false),
         // Interrupt, restart or remove a context: its state is lost.
-        "code_contexts" => base.destructive(true).idempotent(true).open_world(false),
-        "delete_sandbox" | "close_sandbox" => {
-            base.destructive(true).idempotent(true).open_world(false)
+        "code_contexts" | "delete_sandbox" | "close_sandbox" => {
+            base.idempotent(true).open_world(false)
         }
         _ => base,
     }
@@ -497,7 +539,7 @@ mod tests {
     }
 
     #[test]
-    fn results_keep_every_field_and_their_nesting_and_lose_the_rest() {
+    fn results_name_their_top_level_fields_and_lose_the_rest() {
         let schema = object(json!({
             "type": "object",
             "description": "A result.",
@@ -534,10 +576,10 @@ mod tests {
                     "hosts": {},
                     "env": {"type": "object", "additionalProperties": {}},
                     "last": {"$ref": "#/$defs/Row"},
-                    "once": {"properties": {"n": {}}},
+                    "once": {},
                     "kind": {"anyOf": [{}, {}]},
                     "groups": {"items": {"$ref": "#"}},
-                    "deep": {"properties": {"two": {}}}
+                    "deep": {}
                 },
                 "$defs": {"Row": {"properties": {"state": {}}}}
             })
@@ -548,7 +590,7 @@ mod tests {
     fn refused_and_inert_parameters_are_accepted_but_not_listed() {
         let schema = object(json!({"type": "object", "properties": {
             "command": {"type": "string"}, "webhook_url": {"type": "string"},
-            "run_id": {"type": "string"}}}));
+            "run_id": {"type": "string"}, "partition": {"type": "string"}}}));
         let mut router = ToolRouter::<()>::new();
         router.add_route(rmcp::handler::server::router::tool::ToolRoute::new_dyn(
             Tool::new("exec_bash_background", "Start.", Arc::new(schema)),
@@ -556,7 +598,8 @@ mod tests {
         ));
         let listed = |advanced: bool| {
             let mut router = router.clone();
-            let unlisted = finish(&mut router, advanced);
+            // No Slurm cluster configured: its parameters are hidden too.
+            let unlisted = finish(&mut router, advanced, false);
             let tool = router.get("exec_bash_background").unwrap().clone();
             let names: Vec<String> = tool.input_schema["properties"]
                 .as_object()
@@ -570,8 +613,9 @@ mod tests {
         assert_eq!(names, ["command"]);
         let hidden = &unlisted["exec_bash_background"];
         // Only names the tool takes are hidden, so only those are accepted.
-        assert_eq!(hidden, &["webhook_url", "run_id"]);
-        let args = object(json!({"command": "x", "webhook_url": "u", "run_id": "r"}));
+        assert_eq!(hidden, &["webhook_url", "run_id", "partition"]);
+        let args =
+            object(json!({"command": "x", "webhook_url": "u", "run_id": "r", "partition": "p"}));
         assert_eq!(unknown_argument(&tool, hidden, &args), None);
         assert_eq!(
             unknown_argument(&tool, hidden, &object(json!({"codex_command": "x"}))).unwrap(),
@@ -584,7 +628,10 @@ mod tests {
         // Listing the watch tools lists the watch settings too.
         let (names, unlisted, _) = listed(true);
         assert_eq!(names, ["command", "run_id"]);
-        assert_eq!(unlisted["exec_bash_background"], ["webhook_url"]);
+        assert_eq!(
+            unlisted["exec_bash_background"],
+            ["webhook_url", "partition"]
+        );
     }
 
     #[test]
@@ -629,13 +676,14 @@ mod tests {
     }
 
     #[test]
-    fn read_only_tools_say_so() {
+    fn read_only_tools_say_so_and_defaults_go_unsaid() {
         assert_eq!(hints("list_sandboxes").read_only_hint, Some(true));
-        let exec = hints("exec_bash");
-        assert_eq!(
-            (exec.destructive_hint, exec.open_world_hint),
-            (Some(true), Some(true))
-        );
-        assert_eq!(hints("cancel_background_task").idempotent_hint, Some(true));
+        // Destructive and open-world: what a client assumes of a tool that
+        // says nothing.
+        assert_eq!(hints("exec_bash"), ToolAnnotations::new());
+        let cancel = hints("cancel_background_task");
+        assert_eq!(cancel.idempotent_hint, Some(true));
+        assert_eq!(cancel.destructive_hint, None);
+        assert_eq!(hints("create_sandbox").destructive_hint, Some(false));
     }
 }

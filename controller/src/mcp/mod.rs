@@ -160,7 +160,8 @@ impl Shared {
             tool_router.merge(OutpostServer::bulk_files_router());
             tool_router.merge(OutpostServer::code_contexts_router());
         }
-        let unlisted = listing::finish(&mut tool_router, fleet.config.expose_advanced_tools);
+        let slurm = fleet.config.sandboxes.iter().any(|s| s.slurm.is_some());
+        let unlisted = listing::finish(&mut tool_router, fleet.config.expose_advanced_tools, slurm);
         Arc::new(Shared {
             tool_router: Arc::new(tool_router),
             unlisted,
@@ -465,7 +466,7 @@ impl ServerHandler for OutpostServer {
             .tool_router
             .list_all()
             .into_iter()
-            .filter(|t| listing::is_listed(&t.name))
+            .filter(|t| listing::is_listed(&t.name, self.fleet.config.expose_advanced_tools))
             .collect();
         let mut result = rmcp::model::ListToolsResult::with_all_items(listed);
         if cache_hints {
@@ -763,7 +764,14 @@ mod tests {
         assert!(!basic.iter().any(|n| n.contains("watch")), "{basic:?}");
         // Another name of delete_sandbox: routed, never listed.
         assert!(basic.contains(&"close_sandbox".to_string()));
-        assert!(!listing::is_listed("close_sandbox") && listing::is_listed("delete_sandbox"));
+        assert!(
+            !listing::is_listed("close_sandbox", true)
+                && listing::is_listed("delete_sandbox", false)
+        );
+        assert!(
+            !listing::is_listed("renew_sandbox", false)
+                && listing::is_listed("renew_sandbox", true)
+        );
         let all = names(true);
         assert_eq!(all.len(), basic.len() + 17, "{all:?}");
         for tool in [

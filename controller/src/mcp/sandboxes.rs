@@ -104,7 +104,7 @@ pub struct StatusResult {
 #[tool_router(router = sandboxes_router, vis = "pub(super)")]
 impl OutpostServer {
     #[tool(
-        description = "Sandboxes and connections (live isolated ones under their host); check_resources adds CPU/memory/GPU use and idle_score (0 busy, 1 idle)."
+        description = "Sandboxes, their connections and isolated ones; check_resources adds CPU/memory/GPU use and idle_score (1: idle)."
     )]
     async fn list_sandboxes(
         &self,
@@ -119,9 +119,7 @@ impl OutpostServer {
         }))
     }
 
-    #[tool(
-        description = "Set the default sandbox; \"auto\": the idlest meeting the min_*/max_* limits."
-    )]
+    #[tool(description = "Set the default sandbox; \"auto\": the idlest within min_*/max_*.")]
     async fn select_sandbox(
         &self,
         Parameters(p): Parameters<SelectParams>,
