@@ -123,10 +123,9 @@ pub async fn call<H: ClientHandler>(
     let is_error = result.is_error.unwrap_or(false);
     if let (false, Some(value)) = (is_error, &result.structured_content)
         && let Some(schema) = output_schema(client, tool).await
+        && let Err(e) = fits(&schema, &schema, value, "$")
     {
-        if let Err(e) = fits(&schema, &schema, value, "$") {
-            panic!("{tool}'s result does not fit its output schema: {e}\nresult: {value}");
-        }
+        panic!("{tool}'s result does not fit its output schema: {e}\nresult: {value}");
     }
     let value = result.structured_content.clone().unwrap_or_else(|| {
         json!(
