@@ -398,6 +398,48 @@ fn a_root_agents_bwrap_sandbox_runs_as_a_uid_of_its_own() {
     bwrap_contains_and_works(Host::new("sbx-root-all"));
 }
 
+/// Landlock for a root login, where the agent's state dir is one other
+/// uids may pass (0711 all the way): its commands run as a uid of their
+/// own, the home stays unread, and what they write is theirs.
+#[test]
+fn a_root_agents_landlock_sandbox_runs_as_a_uid_of_its_own() {
+    // SAFETY: getuid cannot fail.
+    if unsafe { libc::getuid() } != 0 {
+        skip("needs root");
+        return;
+    }
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let mut host = Host::new("sbx-root-ll");
+    let state = host.home.path().join(".outpost");
+    std::fs::create_dir_all(&state).unwrap();
+    for dir in [host.home.path(), state.as_path()] {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711)).unwrap();
+    }
+    let info = match host.call(Request::SandboxCreate(spec(Isolation::Landlock, true))) {
+        Response::Sandbox(info) => info,
+        Response::Error(e) if e.message.contains("Landlock") && !e.message.contains("as root") => {
+            skip(&format!("no Landlock here: {}", e.message));
+            return;
+        }
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(info.isolation, Isolation::Landlock);
+    let r = host.sh(&info.id, "id -u; echo mine > made");
+    assert_eq!(r.exit_code, Some(0), "{}", err(&r));
+    let uid: u32 = out(&r).trim().parse().unwrap();
+    assert!(uid >= 1_900_000_000, "{uid}");
+    let made = Path::new(&info.work_dir).join("made");
+    assert_eq!(std::fs::metadata(&made).unwrap().uid(), uid);
+    let secret = host.home.path().join(".ssh/id_ed25519");
+    let r = host.sh(&info.id, &format!("cat {}", secret.display()));
+    assert!(
+        !out(&r).contains("SECRET") && r.exit_code != Some(0),
+        "{r:?}"
+    );
+    let r = host.sh(&info.id, "cat /etc/shadow");
+    assert_ne!(r.exit_code, Some(0), "{r:?}");
+}
+
 fn bwrap_contains_and_works(mut host: Host) {
     let info = host.create(spec(Isolation::Auto, false));
     assert_eq!(info.isolation, Isolation::Bwrap, "{info:?}");

@@ -72,7 +72,9 @@ fn landlock_barrier() -> Option<String> {
         return None;
     }
     let state = paths::state_dir()?;
-    let barrier = account::barrier_above(&state.join("sandboxes").join("x"), None)?;
+    // The sandboxes dir itself is made passable (0711) with its first
+    // sandbox of a uid of its own.
+    let barrier = account::barrier_above(&state.join("sandboxes"), None)?;
     Some(format!(
         "as root, Landlock's commands run as a uid of their own and could not pass {} (only its owner may enter it); use bwrap",
         barrier.display()

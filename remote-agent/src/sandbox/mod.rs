@@ -227,9 +227,11 @@ pub fn create_in_daemon(spec: SandboxSpec) -> Result<SandboxInfo, AgentError> {
                 account::give(&dir, account)?;
             }
             // Searchable, not readable: Landlock's commands reach their own
-            // dirs by path (bwrap's are bound from descriptors).
+            // dirs by path (bwrap's holder has them staged).
             use std::os::unix::fs::PermissionsExt;
-            fs::set_permissions(&dirs.dir, fs::Permissions::from_mode(0o711))?;
+            for dir in [&root, &dirs.dir] {
+                fs::set_permissions(dir, fs::Permissions::from_mode(0o711))?;
+            }
         }
         dirs.set_expires_ms(now_ms() + spec.ttl_ms)?;
         let record = Record {
