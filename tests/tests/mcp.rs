@@ -1181,6 +1181,24 @@ async fn mcp_drop_in_calls_and_the_tool_list() {
         size <= 12_000,
         "the default tool list grew to {size} characters"
     );
+    // A client that validates results (the Python SDK builds a validator
+    // per call) pays per schema node: each tool's stay small.
+    fn nodes(v: &serde_json::Value) -> usize {
+        match v {
+            serde_json::Value::Object(m) => 1 + m.values().map(nodes).sum::<usize>(),
+            serde_json::Value::Array(a) => 1 + a.iter().map(nodes).sum::<usize>(),
+            _ => 0,
+        }
+    }
+    for t in &tools {
+        let output = t
+            .output_schema
+            .as_ref()
+            .map_or(0, |s| nodes(&serde_json::Value::Object((**s).clone())));
+        let input = nodes(&serde_json::Value::Object((*t.input_schema).clone()));
+        assert!(output <= 32, "{}'s result schema has {output} nodes", t.name);
+        assert!(input <= 32, "{}'s parameter schema has {input} nodes", t.name);
+    }
     client.cancel().await.unwrap();
 }
 
