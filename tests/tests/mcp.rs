@@ -1196,8 +1196,16 @@ async fn mcp_drop_in_calls_and_the_tool_list() {
             .as_ref()
             .map_or(0, |s| nodes(&serde_json::Value::Object((**s).clone())));
         let input = nodes(&serde_json::Value::Object((*t.input_schema).clone()));
-        assert!(output <= 32, "{}'s result schema has {output} nodes", t.name);
-        assert!(input <= 32, "{}'s parameter schema has {input} nodes", t.name);
+        assert!(
+            output <= 32,
+            "{}'s result schema has {output} nodes",
+            t.name
+        );
+        assert!(
+            input <= 32,
+            "{}'s parameter schema has {input} nodes",
+            t.name
+        );
     }
     client.cancel().await.unwrap();
 }
