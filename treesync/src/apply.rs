@@ -67,8 +67,8 @@ use crate::cache::{StatCache, Written};
 use crate::chunk::{self, CHUNKED_MIN_SIZE};
 use crate::codec;
 use crate::filter::TEMP_PREFIX;
+use crate::parallel::hash_in_parallel;
 use crate::relpath;
-use crate::scan::hash_in_parallel;
 use crate::sys::{self, Stat};
 
 /// A part's data decompresses to at most this much.

@@ -19,6 +19,7 @@ pub mod cache;
 pub mod chunk;
 pub mod codec;
 pub mod filter;
+mod parallel;
 pub mod plan;
 pub mod relpath;
 pub mod scan;

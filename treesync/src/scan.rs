@@ -20,7 +20,6 @@ use std::fs::File;
 use std::io::{self, Read};
 use std::os::fd::AsFd;
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use outpost_protocol::{
     ChunkRef, EntryKind, FilterSpec, Partial, PathProblem, ScanSummary, TreeEntry,
@@ -30,6 +29,7 @@ use crate::apply;
 use crate::cache::StatCache;
 use crate::chunk::{self, CHUNKED_MIN_SIZE};
 use crate::filter::{Filter, TEMP_PREFIX};
+use crate::parallel::hash_in_parallel;
 use crate::sys::{self, DirStream, Stat};
 
 #[derive(Debug, Clone)]
@@ -462,62 +462,6 @@ fn run_jobs(root: &Path, entries: &[TreeEntry], stats: &[Stat], jobs: &[usize]) 
         let i = jobs[j];
         hash_one(root, &entries[i].path, &stats[i], buf)
     })
-}
-
-/// Runs `hash(buf, j)` for every `j` below `count` (files of `bytes` in
-/// all) and returns the results in that order: on several threads once
-/// there is real work, many files (per-file latency overlaps) or many bytes
-/// (hashing runs on several cores). Each thread reuses one read buffer.
-pub(crate) fn hash_in_parallel<T: Send>(
-    count: usize,
-    bytes: u64,
-    hash: impl Fn(&mut Vec<u8>, usize) -> T + Sync,
-) -> Vec<T> {
-    let threads = if count >= 32 || (count >= 2 && bytes >= 16 << 20) {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-            .clamp(1, 8)
-            .min(count)
-    } else {
-        1
-    };
-    if threads <= 1 {
-        let mut buf = Vec::new();
-        return (0..count).map(|j| hash(&mut buf, j)).collect();
-    }
-    let next = AtomicUsize::new(0);
-    let mut results: Vec<Option<T>> = (0..count).map(|_| None).collect();
-    std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|_| {
-                s.spawn(|| {
-                    let mut buf = Vec::new();
-                    let mut done = Vec::new();
-                    loop {
-                        let j = next.fetch_add(1, Ordering::Relaxed);
-                        if j >= count {
-                            return done;
-                        }
-                        done.push((j, hash(&mut buf, j)));
-                    }
-                })
-            })
-            .collect();
-        for handle in handles {
-            let done = handle
-                .join()
-                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-            for (j, result) in done {
-                results[j] = Some(result);
-            }
-        }
-    });
-    // Every index was taken by a thread that returned (a panic resumed).
-    results
-        .into_iter()
-        .map(|r| r.expect("every job has a result"))
-        .collect()
 }
 
 /// Hashes one file with a single pass over its content, provided it is still
