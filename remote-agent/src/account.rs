@@ -25,7 +25,7 @@ use std::collections::{HashMap, HashSet};
 use std::io;
 use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{LazyLock, Mutex};
 
 use serde::{Deserialize, Serialize};
 
@@ -252,12 +252,11 @@ impl Drop for ActingAs {
 
 /// The accounts of the sandbox roots this process opened, by descriptor
 /// number (`/proc/self/fd/N`), so the file engine acts as their owner.
-static ROOT_OWNERS: Mutex<Option<HashMap<i32, Account>>> = Mutex::new(None);
+static ROOT_OWNERS: LazyLock<Mutex<HashMap<i32, Account>>> = LazyLock::new(Mutex::default);
 
 /// Notes who owns the sandbox root opened as descriptor `fd`.
 pub fn note_root(fd: i32, account: Option<Account>) {
     let mut owners = ROOT_OWNERS.lock().unwrap_or_else(|p| p.into_inner());
-    let owners = owners.get_or_insert_with(HashMap::new);
     match account {
         Some(a) => owners.insert(fd, a),
         None => owners.remove(&fd),
@@ -278,7 +277,6 @@ pub fn act_for_root(root: &Path) -> Option<ActingAs> {
     let account = ROOT_OWNERS
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .as_ref()?
         .get(&fd)
         .copied();
     act_as(account)
