@@ -31,7 +31,7 @@ pub use messages::*;
 
 /// Version of the message layout. The controller refuses an agent that reports
 /// another version and installs the matching agent instead.
-pub const PROTOCOL_VERSION: u32 = 16;
+pub const PROTOCOL_VERSION: u32 = 17;
 
 /// Written once by the agent before its first frame. Starts with NUL and ESC so no
 /// shell banner or MOTD can contain it by accident.

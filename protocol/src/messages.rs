@@ -782,6 +782,18 @@ pub struct ExecRequest {
     /// Send `Response::ExecProgress` this often (at least 100 ms apart, the
     /// first one period in) until the command ends. None: no progress.
     pub progress_ms: Option<u32>,
+    /// Still running after this long, the command becomes the background job
+    /// `job` instead of ending (answered by `ExecHandedOver`). None: it runs
+    /// inline to its end. Not with `stream`.
+    pub hand_over: Option<HandOver>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HandOver {
+    pub after_ms: u64,
+    /// The job's name, chosen by the caller so that a call dropped while the
+    /// answer is on its way can still cancel the job.
+    pub job: String,
 }
 
 /// How far a running command has got (not final): what a person watching
@@ -874,6 +886,18 @@ pub enum Response {
     CodeRan(CodeExecution),
     /// Answer to `CodeContexts` and `CodeControl`.
     CodeContexts(Vec<CodeContextInfo>),
+    /// Answer to an `Exec` with `hand_over` still running at its time: from
+    /// now on the background job `job`; `so_far` holds its output until now.
+    ExecHandedOver {
+        job: String,
+        so_far: ExecResult,
+    },
+    /// Answer to an `Exec` with `hand_over` that could not become a job (a
+    /// full disk, say): it was stopped then, and `why` says why.
+    ExecCutShort {
+        result: ExecResult,
+        why: String,
+    },
 }
 
 impl Response {

@@ -26,6 +26,7 @@ fn sample_messages() -> (Hello, Vec<ClientMessage>, Vec<AgentMessage>) {
                 output_limit: 20_000,
                 stream: true,
                 progress_ms: None,
+                hand_over: None,
             }),
         },
         ClientMessage::Request {

@@ -22,18 +22,19 @@ use outpost_protocol::limits::{
     MAX_EXEC_OUTPUT_LIMIT, MAX_STDIN_LEN, MIN_PROGRESS_MS, OUTPUT_CHUNK_LEN, PROGRESS_LINE_LEN,
 };
 use outpost_protocol::{
-    AgentError, CapturedOutput, ErrorKind, ExecProgress, ExecRequest, ExecResult, OutputStream,
-    RequestId, Response,
+    AgentError, CapturedOutput, ErrorKind, ExecProgress, ExecRequest, ExecResult, HandOver,
+    OutputStream, RequestId, Response,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 use tokio::sync::watch;
 
 use crate::capture::Capture;
+use crate::handover::{self, Running};
 use crate::outbox::Outbox;
 use crate::proctree::{self, TOKEN_VAR};
 use crate::sandbox::Scope;
-use crate::{guard, paths};
+use crate::{guard, paths, supervisor};
 
 /// After the main process exits, how long leftover background processes may
 /// hold the pipes open before the result goes out without waiting for EOF.
@@ -50,6 +51,8 @@ enum Ending {
     Exited,
     TimedOut,
     Cancelled,
+    /// Still running at its `hand_over` time.
+    HandedOver,
 }
 
 /// A validated request, ready to spawn.
@@ -64,6 +67,8 @@ struct Plan {
     limit: usize,
     stream: bool,
     progress: Option<Duration>,
+    /// When it becomes a job, and under which name (see [`crate::supervisor`]).
+    hand_over: Option<HandOver>,
 }
 
 fn error(kind: ErrorKind, message: impl Into<String>) -> AgentError {
@@ -104,6 +109,14 @@ fn plan(req: ExecRequest, sandbox: Option<Scope>) -> Result<Plan, AgentError> {
     if req.cwd.as_deref().is_some_and(|c| c.contains('\0')) {
         return Err(bad("cwd contains a NUL byte".into()));
     }
+    if let Some(h) = &req.hand_over {
+        if req.stream {
+            return Err(bad("hand_over cannot be combined with stream".into()));
+        }
+        if !crate::jobs::store::valid_name(&h.job) {
+            return Err(bad(format!("invalid job name {:?}", h.job)));
+        }
+    }
     let cwd = match &sandbox {
         Some(scope) => scope.cwd(req.cwd.as_deref())?,
         None => paths::resolve_cwd(req.cwd.as_deref()),
@@ -138,6 +151,7 @@ fn plan(req: ExecRequest, sandbox: Option<Scope>) -> Result<Plan, AgentError> {
         progress: req
             .progress_ms
             .map(|ms| Duration::from_millis(ms.max(MIN_PROGRESS_MS).into())),
+        hand_over: req.hand_over,
     })
 }
 
@@ -180,16 +194,14 @@ pub fn new_token() -> String {
     )
 }
 
-fn spawn(plan: &Plan, token: &str) -> Result<Child, AgentError> {
+fn spawn(plan: &Plan, token: &str) -> Result<Running, AgentError> {
     let shell = paths::shell();
     let mut cmd = match &plan.sandbox {
-        Some(scope) => Command::from(
-            scope
-                .command(shell, &plan.command, &plan.cwd, &plan.env)
-                .map_err(|e| error(ErrorKind::SpawnFailed, e))?,
-        ),
+        Some(scope) => scope
+            .command(shell, &plan.command, &plan.cwd, &plan.env)
+            .map_err(|e| error(ErrorKind::SpawnFailed, e))?,
         None => {
-            let mut cmd = Command::new(shell);
+            let mut cmd = std::process::Command::new(shell);
             cmd.arg("-c")
                 .arg(&plan.command)
                 .current_dir(&plan.cwd)
@@ -197,16 +209,36 @@ fn spawn(plan: &Plan, token: &str) -> Result<Child, AgentError> {
             cmd
         }
     };
-    cmd.env(TOKEN_VAR, token)
-        .stdin(if plan.stdin.is_some() {
-            Stdio::piped()
+    cmd.env(TOKEN_VAR, token);
+    let failed = |e: io::Error| {
+        let message = if e.kind() == io::ErrorKind::NotFound && !shell.exists() {
+            format!("shell not found: {}", shell.display())
         } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        // Last resort if this task is ever dropped mid-flight.
-        .kill_on_drop(true);
+            format!(
+                "cannot start {} in {}: {e}",
+                shell.display(),
+                plan.cwd.display()
+            )
+        };
+        error(ErrorKind::SpawnFailed, message)
+    };
+    if plan.hand_over.is_some() {
+        // A sandbox's command starts from the environment it was given.
+        let program = supervisor::Program::of(&cmd, plan.sandbox.is_none());
+        return supervisor::start(&program, plan.stdin.is_some())
+            .and_then(Running::supervised)
+            .map_err(failed);
+    }
+    let mut cmd = Command::from(cmd);
+    cmd.stdin(if plan.stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    // Last resort if this task is ever dropped mid-flight.
+    .kill_on_drop(true);
     let agent = std::process::id() as libc::pid_t;
     // SAFETY: child_setup and getppid only make async-signal-safe calls,
     // and the error is built without allocating.
@@ -222,18 +254,9 @@ fn spawn(plan: &Plan, token: &str) -> Result<Child, AgentError> {
             Ok(())
         });
     }
-    cmd.spawn().map_err(|e| {
-        let message = if e.kind() == io::ErrorKind::NotFound && !shell.exists() {
-            format!("shell not found: {}", shell.display())
-        } else {
-            format!(
-                "cannot start {} in {}: {e}",
-                shell.display(),
-                plan.cwd.display()
-            )
-        };
-        error(ErrorKind::SpawnFailed, message)
-    })
+    let child = cmd.spawn().map_err(failed)?;
+    Running::direct(child)
+        .ok_or_else(|| error(ErrorKind::Internal, "spawned child lacks its pipes"))
 }
 
 /// Resolves when a command that is still starting reaches its deadline or
@@ -472,24 +495,18 @@ pub async fn run(
         let egress = plan.sandbox.as_ref().and_then(Scope::egress_watermark);
         let token = new_token();
         // Under the guard from before the spawn until the command ended (or
-        // was killed), so that a dying serve never leaves it running.
+        // was killed, or became a job), so that a dying serve never leaves
+        // it running.
         let supervised = guard::watch(&token);
-        let mut child = match spawn(&plan, &token) {
-            Ok(child) => child,
+        let running = match spawn(&plan, &token) {
+            Ok(running) => running,
             Err(e) => {
                 supervised.ended();
                 return Err(e);
             }
         };
-        let (Some(pid), Some(stdout), Some(stderr)) =
-            (child.id(), child.stdout.take(), child.stderr.take())
-        else {
-            supervised.ended();
-            return Err(error(ErrorKind::Internal, "spawned child lacks its pipes"));
-        };
-        let pid = pid as i32;
-        supervised.rooted(pid);
-        Ok((plan, token, supervised, child, pid, stdout, stderr, egress))
+        supervised.rooted(running.pid);
+        Ok((plan, token, supervised, running, egress))
     });
     let launched = tokio::select! {
         launched = &mut launching => launched,
@@ -497,9 +514,11 @@ pub async fn run(
             // Still starting at its deadline or cancel: answer now, and end
             // whatever the start gives once it returns.
             tokio::spawn(async move {
-                if let Ok(Ok((_, token, supervised, mut child, pid, ..))) = launching.await {
+                if let Ok(Ok((_, token, supervised, running, _))) = launching.await {
+                    let Running { pid, mut process, .. } = running;
                     let _ = tokio::task::spawn_blocking(move || proctree::terminate(pid, &token)).await;
-                    let _ = tokio::time::timeout(STUCK, child.wait()).await;
+                    let _ = tokio::time::timeout(STUCK, process.wait()).await;
+                    process.release().await;
                     supervised.ended();
                 }
             });
@@ -515,19 +534,29 @@ pub async fn run(
             });
         }
     };
-    let (plan, token, supervised, mut child, pid, stdout, stderr, egress) = match launched {
+    let (plan, token, guarded, running, egress) = match launched {
         Ok(Ok(launched)) => launched,
         Ok(Err(e)) => return Response::Error(e),
         Err(_) => return Response::Error(error(ErrorKind::Internal, "the spawn panicked")),
     };
+    let Running {
+        pid,
+        stdin,
+        stdout,
+        stderr,
+        mut process,
+    } = running;
 
     // Stdin is fed by its own task so a command that never reads it cannot
     // stall output capture; EPIPE from a command that exits early is normal.
-    let feeder = match (child.stdin.take(), plan.stdin) {
-        (Some(mut pipe), Some(data)) => Some(tokio::spawn(async move {
-            let _ = pipe.write_all(&data).await;
-            let _ = pipe.shutdown().await;
-        })),
+    let feeder = match (stdin, &plan.stdin) {
+        (Some(mut pipe), Some(data)) => {
+            let data = data.clone();
+            Some(tokio::spawn(async move {
+                let _ = pipe.write_all(&data).await;
+                let _ = pipe.shutdown().await;
+            }))
+        }
         _ => None,
     };
 
@@ -546,6 +575,7 @@ pub async fn run(
     let mut err_sink = sink(OutputStream::Stderr);
     let (stop_tx, stop_rx) = watch::channel(false);
 
+    let mut guarded = Some(guarded);
     let mut status: Option<ExitStatus> = None;
     let ending = {
         let mut pumps = pin!(async {
@@ -555,12 +585,17 @@ pub async fn run(
             )
         });
         let mut pumps_done = false;
-        let mut deadline = pin!(async {
-            match plan.timeout {
+        let at = |after: Option<Duration>| async move {
+            match after {
                 Some(t) => tokio::time::sleep_until((started + t).into()).await,
                 None => std::future::pending().await,
             }
-        });
+        };
+        let mut deadline = pin!(at(plan.timeout));
+        let mut hand_over = pin!(at(plan
+            .hand_over
+            .as_ref()
+            .map(|h| Duration::from_millis(h.after_ms))));
         let mut cancelled = pin!(async {
             // A dropped sender means nobody can cancel any more.
             if cancel.wait_for(|c| *c).await.is_err() {
@@ -570,13 +605,14 @@ pub async fn run(
 
         let mut ending = loop {
             tokio::select! {
-                st = child.wait() => {
-                    status = st.ok();
+                st = process.wait() => {
+                    status = st;
                     break Ending::Exited;
                 }
                 _ = &mut pumps, if !pumps_done => pumps_done = true,
                 _ = &mut deadline => break Ending::TimedOut,
                 _ = &mut cancelled => break Ending::Cancelled,
+                _ = &mut hand_over => break Ending::HandedOver,
                 _ = ticker.tick(), if plan.progress.is_some() => {
                     // Never waits: a full queue skips this report, so the
                     // deadline and a cancel are always heard.
@@ -588,63 +624,91 @@ pub async fn run(
         // The command may have finished just as the deadline or the cancel
         // came; then it ended on its own and its leftovers are not ours to kill.
         if ending != Ending::Exited
-            && let Ok(Some(st)) = child.try_wait()
+            && let Some(st) = process.try_wait().await
         {
             status = Some(st);
             ending = Ending::Exited;
         }
 
-        if ending != Ending::Exited {
-            // The child is not reaped yet, so its pid still names its process
-            // group and session while the tree is being killed.
-            let token = token.clone();
-            let mut kill = pin!(tokio::task::spawn_blocking(move || {
-                proctree::terminate(pid, &token)
-            }));
-            // Keep reading meanwhile: a dying process may print, and must not
-            // block on a full pipe.
-            loop {
+        if ending == Ending::HandedOver {
+            // The pipes go with the pumps, unread past this point: the job's
+            // shim reads on from here.
+        } else {
+            if ending != Ending::Exited {
+                // The child is not reaped yet, so its pid still names its
+                // process group and session while the tree is being killed.
+                let token = token.clone();
+                let mut kill = pin!(tokio::task::spawn_blocking(move || {
+                    proctree::terminate(pid, &token)
+                }));
+                // Keep reading meanwhile: a dying process may print, and must
+                // not block on a full pipe.
+                loop {
+                    tokio::select! {
+                        _ = &mut kill => break,
+                        _ = &mut pumps, if !pumps_done => pumps_done = true,
+                    }
+                }
+                status = tokio::time::timeout(STUCK, process.wait())
+                    .await
+                    .ok()
+                    .flatten();
+            }
+            // Ended on its own or killed: what is left (`cmd &`) is not the
+            // guard's to kill, even while the output is still drained.
+            if let Some(guarded) = guarded.take() {
+                guarded.ended();
+            }
+
+            if !pumps_done {
+                let grace = tokio::time::sleep(EOF_GRACE);
                 tokio::select! {
-                    _ = &mut kill => break,
-                    _ = &mut pumps, if !pumps_done => pumps_done = true,
+                    _ = &mut pumps => pumps_done = true,
+                    _ = grace => {}
                 }
             }
-            status = match tokio::time::timeout(STUCK, child.wait()).await {
-                Ok(st) => st.ok(),
-                Err(_) => None,
-            };
-        }
-        // Ended on its own or killed: what is left (`cmd &`) is not the
-        // guard's to kill, even while the output is still drained.
-        supervised.ended();
-
-        if !pumps_done {
-            let grace = tokio::time::sleep(EOF_GRACE);
-            tokio::select! {
-                _ = &mut pumps => pumps_done = true,
-                _ = grace => {}
+            if !pumps_done {
+                let _ = stop_tx.send(true);
+                let _ = tokio::time::timeout(STUCK, &mut pumps).await;
             }
-        }
-        if !pumps_done {
-            let _ = stop_tx.send(true);
-            let _ = tokio::time::timeout(STUCK, &mut pumps).await;
         }
         ending
     };
     if let Some(feeder) = feeder {
         feeder.abort();
     }
-
-    Response::ExecDone(ExecResult {
-        exit_code: status.and_then(|s| s.code()),
-        signal: status.and_then(|s| s.signal()),
-        timed_out: ending == Ending::TimedOut,
-        cancelled: ending == Ending::Cancelled,
-        stdout: out_sink.finish(),
-        stderr: err_sink.finish(),
-        duration_ms: started.elapsed().as_millis() as u64,
-        egress_denied: egress.map(|w| w.since()).unwrap_or_default(),
+    let result =
+        |status: Option<ExitStatus>, ending: Ending, out: CapturedOutput, err| ExecResult {
+            exit_code: status.and_then(|s| s.code()),
+            signal: status.and_then(|s| s.signal()),
+            timed_out: ending == Ending::TimedOut,
+            cancelled: ending == Ending::Cancelled,
+            stdout: out,
+            stderr: err,
+            duration_ms: started.elapsed().as_millis() as u64,
+            egress_denied: egress.as_ref().map(|w| w.since()).unwrap_or_default(),
+        };
+    let Some(guarded) = guarded.filter(|_| ending == Ending::HandedOver) else {
+        process.release().await;
+        return Response::ExecDone(result(status, ending, out_sink.finish(), err_sink.finish()));
+    };
+    let so_far = result(None, ending, out_sink.finish(), err_sink.finish());
+    handover::hand_over(handover::Handing {
+        job: plan.hand_over.map(|h| h.job).unwrap_or_default(),
+        command: plan.command,
+        cwd: plan.cwd,
+        env: plan.env,
+        timeout_ms: plan.timeout.map(|t| t.as_millis() as u64),
+        sandbox: plan.sandbox,
+        token,
+        pid,
+        process,
+        guarded,
+        so_far,
+        started,
+        cancel,
     })
+    .await
 }
 
 #[cfg(test)]
@@ -690,6 +754,7 @@ mod tests {
             output_limit: 100,
             stream: false,
             progress_ms: None,
+            hand_over: None,
         }
     }
 

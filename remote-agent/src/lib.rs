@@ -27,6 +27,7 @@ mod files;
 mod flock;
 mod gpu;
 mod guard;
+mod handover;
 mod heap;
 mod identity;
 mod jobs;
@@ -37,6 +38,7 @@ mod paths;
 mod proctree;
 mod sandbox;
 pub mod serve;
+mod supervisor;
 
 /// `outpost-agent diagnose`: prints a report about this host and the
 /// agent's state; returns the exit code.
@@ -53,6 +55,12 @@ pub fn daemon(started_by: Option<&str>) -> i32 {
 /// `outpost-agent shim <dir>`: supervises one background job.
 pub fn shim(dir: &std::path::Path, resume: bool) -> i32 {
     jobs::shim::run(dir, resume)
+}
+
+/// `outpost-agent shim --adopt <dir> <pid> <elapsed_ms>`: an exec's
+/// supervisor turned into the shim of the job it became.
+pub fn adopt(dir: &std::path::Path, pid: i32, elapsed_ms: u64) -> i32 {
+    jobs::shim::adopt(dir, pid, elapsed_ms)
 }
 
 /// `outpost-agent keeper <dir> [--adopt]`: sets up and ends one sandbox.

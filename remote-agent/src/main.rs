@@ -39,6 +39,11 @@ fn main() -> ExitCode {
         ["daemon", "--started-by", how] => outpost_agent::daemon(Some(how)),
         ["shim", dir] => outpost_agent::shim(Path::new(dir), false),
         ["shim", dir, "--resume"] => outpost_agent::shim(Path::new(dir), true),
+        // Not in the usage: an exec's supervisor becomes this (see supervisor.rs).
+        ["shim", "--adopt", dir, pid, elapsed_ms] => match (pid.parse(), elapsed_ms.parse()) {
+            (Ok(pid), Ok(elapsed_ms)) => outpost_agent::adopt(Path::new(dir), pid, elapsed_ms),
+            _ => 2,
+        },
         // Not in the usage: only `serve` starts it, with a pipe on stdin.
         ["guard"] => outpost_agent::guard(),
         ["keeper", dir] => outpost_agent::keeper(Path::new(dir), false),

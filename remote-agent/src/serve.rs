@@ -19,8 +19,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use outpost_protocol::{
-    AgentError, ClientMessage, DecodeEvent, ErrorKind, FrameDecoder, PathProblem, ProtocolError,
-    Request, RequestId, Response, ScanSummary, decode, encode_frame,
+    AgentError, ClientMessage, DecodeEvent, ErrorKind, ExecRequest, FrameDecoder, PathProblem,
+    ProtocolError, Request, RequestId, Response, ScanSummary, decode, encode_frame,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::signal::unix::{SignalKind, signal};
@@ -549,6 +549,15 @@ async fn answer_boxed(
     };
     let outbox = outbox.clone();
     match body {
+        // Inside another program there is no job to hand over to: it runs
+        // to its end.
+        Request::Exec(req) if !shared.options.own_process => {
+            let req = ExecRequest {
+                hand_over: None,
+                ..req
+            };
+            exec::run(id, req, &outbox, cancel, scope).await
+        }
         Request::Exec(req) => exec::run(id, req, &outbox, cancel, scope).await,
         Request::Ping => Response::Pong,
         Request::Metrics => metrics(shared).await,
@@ -863,6 +872,7 @@ mod tests {
                 output_limit: 10,
                 stream: false,
                 progress_ms: None,
+                hand_over: None,
             }),
         });
         p.truncate(5);

@@ -25,6 +25,7 @@ fn exec(command: &str) -> ExecRequest {
         output_limit: 10_000,
         stream: false,
         progress_ms: None,
+        hand_over: None,
     }
 }
 

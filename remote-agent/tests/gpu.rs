@@ -720,6 +720,7 @@ fn a_sandbox_holds_its_gpus_for_its_life() {
         output_limit: 1000,
         stream: false,
         progress_ms: None,
+        hand_over: None,
     };
     let inside = Request::InSandbox {
         id: info.id.clone(),
@@ -791,6 +792,7 @@ fn a_bwrap_sandbox_sees_exactly_its_leased_gpu() {
             output_limit: 1000,
             stream: false,
             progress_ms: None,
+            hand_over: None,
         };
         id += 1;
         let inside = Request::InSandbox {

@@ -169,6 +169,7 @@ fn exec(command: &str) -> ExecRequest {
         output_limit: 64 * 1024,
         stream: false,
         progress_ms: None,
+        hand_over: None,
     }
 }
 

@@ -23,6 +23,7 @@ fn ex(command: &str) -> ExecRequest {
         output_limit: 1 << 20,
         stream: false,
         progress_ms: None,
+        hand_over: None,
     }
 }
 

@@ -188,20 +188,23 @@ async fn codex_gets_an_answer_within_a_minute_and_the_whole_output_after() {
 }
 
 /// On a host whose disk is full no job can be recorded, yet an exec with a
-/// budget still runs (inline, saying so): the `rm` that would free the disk
-/// must not be refused.
+/// budget still runs: inline, as every exec starts, so the `rm` that would
+/// free the disk is never refused; one still running at the budget is
+/// stopped then, saying why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_full_disk_still_runs_an_exec_inline() {
+async fn a_full_disk_still_runs_an_exec_and_stops_it_at_the_budget() {
     let sshd = Sshd::start();
     let (client, _home, _config) = server("claude-code", &sshd, "").await;
-    // Connected, its jobs daemon started, then its jobs dir made full.
+    // Connected, a job recorded (so its jobs dir exists), then that dir
+    // made full.
     let (r, _) = exec(
         &client,
         "box",
-        json!({"command": "true", "background_after_s": 30}),
+        json!({"command": "sleep 1", "background_after_s": 0.2}),
     )
     .await;
-    assert_eq!(r["exit_code"], 0, "{r}");
+    let job = job_of(&r);
+    assert_eq!(wait_end(&client, "box", &job).await["exit_code"], 0);
     let jobs = sshd.remote_dir().join("jobs");
     let mounted = std::process::Command::new("mount")
         .args(["-t", "tmpfs", "-o", "size=64k,mode=0777", "tmpfs"])
@@ -221,6 +224,20 @@ async fn a_full_disk_still_runs_an_exec_inline() {
     let _unmount = Unmount(jobs.clone());
     let fill = jobs.join("fill");
     let _ = std::fs::write(&fill, vec![0u8; 1 << 20]);
+    let (r, took) = exec(
+        &client,
+        "box",
+        json!({"command": "echo begun; sleep 30", "background_after_s": 1}),
+    )
+    .await;
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    let note = r["note"].as_str().unwrap_or_default();
+    assert!(
+        note.contains("background job") && note.contains("no room"),
+        "{r}"
+    );
+    assert_eq!(r["stdout"], "begun\n", "{r}");
+    assert!(r.get("job").is_none(), "{r}");
     let (r, _) = exec(
         &client,
         "box",
@@ -232,10 +249,6 @@ async fn a_full_disk_still_runs_an_exec_inline() {
         (&json!(0), &json!("freed\n")),
         "{r}"
     );
-    let note = r["note"].as_str().unwrap_or_default();
-    assert!(
-        note.contains("ran inline") && note.contains("no room"),
-        "{r}"
-    );
+    assert!(r.get("note").is_none(), "{r}");
     client.cancel().await.unwrap();
 }

@@ -195,6 +195,7 @@ pub(super) async fn diagnose(fleet: &Fleet, host: Option<String>) -> Result<Exit
         output_limit: outpost_protocol::limits::MAX_EXEC_OUTPUT_LIMIT,
         stream: false,
         progress_ms: None,
+        hand_over: None,
     };
     let result = session.exec(req, |_, _| {}).await?;
     print!("{}", result.stdout.to_text());

@@ -5,9 +5,10 @@
 //! [`crate::ops::exec`].
 //!
 //! A command whose timeout is longer than the client will wait for the call
-//! ([`super::budget`]) runs as a job ([`exec::run_within`]): if it still
-//! runs when the client's patience is nearly spent, the call answers with
-//! the job's name, the output so far and the call that follows it.
+//! ([`super::budget`]) runs inline like any other, but handed over as a job
+//! ([`exec::run_within`]) if it still runs when the client's patience is
+//! nearly spent: the call then answers with the job's name, the output so
+//! far and the call that follows it.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -21,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use super::OutpostServer;
 use super::progress::{AGENT_EVERY_MS, Progress, Report};
-use crate::ops::exec::{JobProgress, Outcome};
+use crate::ops::exec::Outcome;
 use crate::ops::{exec, human_bytes};
 use crate::policy::Planned;
 use crate::session::CallError;
@@ -170,12 +171,6 @@ pub(super) fn exec_report(seen: Option<ExecProgress>, timeout_s: Option<f64>) ->
         human_bytes(p.stdout_bytes + p.stderr_bytes)
     );
     running_report(elapsed, timeout_s, &so_far, &p.last_line)
-}
-
-/// A job's progress as the notification for an exec that runs as one.
-fn job_report(p: JobProgress, timeout_s: Option<f64>) -> Report {
-    let elapsed = p.elapsed.as_secs_f64();
-    running_report(elapsed, timeout_s, &human_bytes(p.bytes), &p.last_line)
 }
 
 /// `N s, <so far>: <last line>`, counting toward the timeout.
@@ -337,21 +332,12 @@ impl OutpostServer {
                 if let Some(budget) =
                     budget.filter(|b| timeout_s.is_none_or(|t| t > b.as_secs_f64()))
                 {
-                    let latest: Arc<Mutex<Option<JobProgress>>> = Arc::default();
-                    let _ticker = progress.every({
-                        let latest = latest.clone();
-                        move || {
-                            let seen = latest.lock().unwrap_or_else(|p| p.into_inner()).clone();
-                            async move {
-                                match seen {
-                                    Some(p) => job_report(p, timeout_s),
-                                    None => exec_report(None, timeout_s),
-                                }
-                            }
-                        }
-                    });
+                    let (_ticker, latest) = exec_ticker(&progress, timeout_s);
+                    if progress.wanted() {
+                        req.progress_ms = Some(AGENT_EVERY_MS);
+                    }
                     let deadline = called + budget;
-                    let outcome = exec::run_within(&session, req, deadline, JOB_LOOK, |p| {
+                    let outcome = exec::run_within(&session, req, deadline, |p| {
                         *latest.lock().unwrap_or_else(|p| p.into_inner()) = Some(p)
                     })
                     .await;
@@ -383,10 +369,6 @@ impl OutpostServer {
         }))
     }
 }
-
-/// Between two looks at an exec that runs as a job: as often as the agent
-/// reports an inline exec's progress, so notifications are as fresh.
-const JOB_LOOK: Duration = Duration::from_millis(AGENT_EVERY_MS as u64);
 
 impl OutpostServer {
     /// How long this call may take before `exec_bash` answers with a job

@@ -3,20 +3,18 @@
 //! result, and the outcomes of a fan-out grouped.
 //!
 //! Also [`run_within`]: a command that may outlast its caller's patience
-//! runs under the host's job supervisor from the start, so that when the
-//! caller must answer it can leave the command running as a background job,
-//! with nothing to move and no byte of output lost.
+//! runs inline, as any exec, under a supervisor on the host that can hand
+//! it over as a background job when the caller must answer, with no byte of
+//! output lost.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use outpost_protocol::{
-    ErrorKind, ExecRequest, ExecResult, JobSpec, JobState, JobWait, NO_ROOM_FOR_JOB, WatchSpec,
-};
+use outpost_protocol::{ExecProgress, ExecRequest, ExecResult, HandOver, Request};
 
 use super::jobs;
-use crate::session::{CallError, Session};
+use crate::session::{CallError, ExecEnd, Session};
 
 /// `exec_bash`'s default timeout, in seconds.
 pub const DEFAULT_TIMEOUT_S: f64 = 120.0;
@@ -65,6 +63,7 @@ pub fn request(cmd: &Command<'_>) -> Result<ExecRequest, String> {
         output_limit: cmd.max_output as u64,
         stream: cmd.stream,
         progress_ms: None,
+        hand_over: None,
     })
 }
 
@@ -136,140 +135,58 @@ pub enum Outcome {
     /// The command ended within the budget (or ran inline): the result an
     /// inline exec gives.
     Done(ExecResult),
-    /// The host had no room to record a job, so it ran inline, as a call
-    /// that cannot outlive its budget (why: the agent's words).
+    /// It could not become a job (a host with no room to record one), so
+    /// it was stopped at the budget (why: the agent's words).
     Inline { result: ExecResult, why: String },
     /// Still running when the budget was spent: from now on the background
     /// job `job`; `so_far` holds each stream's output up to now.
     Running { job: String, so_far: ExecResult },
-    /// The host stopped answering (or failed a request) once the job was
-    /// asked for; it may still run, under this name.
+    /// The host stopped answering while the command ran; it may have been
+    /// handed over and still run, under this name.
     Unknown { job: String, error: CallError },
 }
 
-/// A running command's figures between two looks at its job.
-#[derive(Debug, Clone, Default)]
-pub struct JobProgress {
-    pub elapsed: Duration,
-    /// Both streams together, so far.
-    pub bytes: u64,
-    /// The last non-empty line written (cut to the protocol's progress line
-    /// length).
-    pub last_line: String,
-}
-
-/// Runs `req` as a job with split streams and the request's own timeout,
-/// waits for it until `deadline` (telling `seen` how it goes about every
-/// `look`), and returns its result, or leaves it running as a background
-/// job. A host whose agent cannot run jobs (an in-process agent) runs it
-/// inline. If the returned future is dropped (the call was cancelled), the
-/// job is cancelled and removed.
+/// Runs `req` inline, telling `on_progress` how it goes when it asks for
+/// progress; if it still runs at `deadline`, the agent hands it over as a
+/// background job and it is left running. A host whose agent cannot run
+/// jobs (an in-process agent) runs it to its end. If the returned future is
+/// dropped (the call was cancelled), the command is cancelled, and so is
+/// its job if the hand-over crossed the cancel.
 pub async fn run_within(
     session: &Arc<Session>,
-    req: ExecRequest,
+    mut req: ExecRequest,
     deadline: Instant,
-    look: Duration,
-    mut seen: impl FnMut(JobProgress),
+    on_progress: impl FnMut(ExecProgress),
 ) -> Result<Outcome, CallError> {
-    let started = Instant::now();
-    let output_limit = req.output_limit;
-    // Named here, so that a call dropped while the job starts can still
-    // cancel it.
+    // Named here, so that a call dropped while the answer is on its way can
+    // still cancel the job.
     let job = job_name();
-    let spec = JobSpec {
-        name: Some(job.clone()),
-        command: req.command.clone(),
-        cwd: req.cwd.clone(),
-        env: req.env.clone(),
-        log_file: None,
-        watch: WatchSpec::default(),
-        timeout_ms: req.timeout_ms,
-        split_streams: true,
-        stdin: req.stdin.clone(),
-        // Set by the agent from the `InSandbox` a sandbox's request comes in.
-        sandbox: None,
-    };
-    let mut guard = CancelOnDrop(Some((Arc::clone(session), job.clone())));
-    match jobs::start(session, spec).await {
-        Ok(_) => {}
-        Err(CallError::Agent(e)) if e.kind == ErrorKind::Unsupported => {
-            guard.0 = None;
-            return session.exec(req, |_, _| {}).await.map(Outcome::Done);
-        }
-        // A full disk must not stop the `rm` that would free it.
-        Err(CallError::Agent(e))
-            if e.kind == ErrorKind::Unavailable && e.message.starts_with(NO_ROOM_FOR_JOB) =>
-        {
-            guard.0 = None;
-            let mut req = req;
-            let left = deadline.saturating_duration_since(Instant::now());
-            let left_ms = (left.as_millis() as u64).max(1000);
-            req.timeout_ms = Some(req.timeout_ms.map_or(left_ms, |t| t.min(left_ms)));
-            let result = session.exec(req, |_, _| {}).await?;
-            return Ok(Outcome::Inline {
-                result,
-                why: format!(
-                    "ran inline, killed after {:.0} s at most: {}",
-                    left_ms as f64 / 1000.0,
-                    e.message
-                ),
-            });
-        }
-        // The host may have started it before the connection failed.
-        Err(e) if e.is_connection() => {
-            guard.0 = None;
-            return Ok(Outcome::Unknown { job, error: e });
-        }
-        Err(e) => {
-            guard.0 = None;
-            return Err(e);
-        }
-    }
-    let unknown = |error: CallError| Outcome::Unknown {
+    let after = deadline.saturating_duration_since(Instant::now());
+    req.hand_over = Some(HandOver {
+        after_ms: after.as_millis() as u64,
         job: job.clone(),
-        error,
-    };
-    let mut progress = JobProgress::default();
-    let mut cursor = 0;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            break;
-        }
-        let wait = JobWait {
-            name: job.clone(),
-            cursor,
-            timeout_ms: left.min(look).as_millis() as u64,
-            pattern: None,
-            silence_ms: None,
-            max_bytes: LAST_LINE_SCAN,
-        };
-        let waited = match jobs::wait(session, wait).await {
-            Ok(w) => w,
-            Err(e) => {
-                guard.0 = None;
-                return Ok(unknown(e));
-            }
-        };
-        cursor = waited.cursor_after;
-        progress.elapsed = started.elapsed();
-        progress.bytes = waited.job.log_size;
-        if let Some(line) = last_line(&waited.output) {
-            progress.last_line = line;
-        }
-        seen(progress.clone());
-        if waited.job.state != JobState::Running {
-            break;
-        }
-    }
-    let collected = jobs::collect(session, &job, output_limit, true).await;
+    });
+    let limit_ms = req.timeout_ms.map_or(after.as_millis() as u64, |t| {
+        t.min(after.as_millis() as u64)
+    });
+    let mut guard = CancelOnDrop(Some((Arc::clone(session), job.clone())));
+    let ended = session
+        .exec_end(Request::Exec(req), Some(limit_ms), |_, _| {}, on_progress)
+        .await;
     guard.0 = None;
-    match collected {
-        Ok((info, so_far)) if info.state == JobState::Running => {
-            Ok(Outcome::Running { job, so_far })
-        }
-        Ok((_, result)) => Ok(Outcome::Done(result)),
-        Err(e) => Ok(unknown(e)),
+    match ended {
+        Ok(ExecEnd::Done(result)) => Ok(Outcome::Done(result)),
+        Ok(ExecEnd::HandedOver { job, so_far }) => Ok(Outcome::Running { job, so_far }),
+        Ok(ExecEnd::CutShort { result, why }) => Ok(Outcome::Inline {
+            result,
+            why: format!(
+                "stopped after {:.0} s, when it should have become a background job: {why}",
+                after.as_secs_f64()
+            ),
+        }),
+        // The host may have handed it over before the connection failed.
+        Err(e) if e.is_connection() => Ok(Outcome::Unknown { job, error: e }),
+        Err(e) => Err(e),
     }
 }
 
@@ -287,28 +204,9 @@ fn job_name() -> String {
     )
 }
 
-/// Output looked at per wait for the last line.
-const LAST_LINE_SCAN: u64 = 4096;
-
-/// The last non-empty line of `output`, cut to the progress line length.
-fn last_line(output: &[u8]) -> Option<String> {
-    let line = output
-        .split(|&b| b == b'\n' || b == b'\r')
-        .rfind(|l| !l.iter().all(u8::is_ascii_whitespace))?;
-    let mut text = String::from_utf8_lossy(line).into_owned();
-    let max = outpost_protocol::limits::PROGRESS_LINE_LEN;
-    if text.len() > max {
-        let cut = (0..=max)
-            .rev()
-            .find(|&i| text.is_char_boundary(i))
-            .unwrap_or(0);
-        text.truncate(cut);
-    }
-    Some(text)
-}
-
-/// Cancels and removes the job of a call that was dropped before it
-/// returned: a person who stops a call stops its command.
+/// Cancels the job of a call that was dropped before it returned, in case
+/// the hand-over crossed the cancel: a person who stops a call stops its
+/// command.
 struct CancelOnDrop(Option<(Arc<Session>, String)>);
 
 impl Drop for CancelOnDrop {
@@ -347,16 +245,6 @@ mod tests {
             ..Command::default()
         };
         assert!(request(&empty).is_err());
-    }
-
-    #[test]
-    fn last_lines_skip_blank_ones_and_are_cut() {
-        assert_eq!(last_line(b"a\nb\n\n  \n").as_deref(), Some("b"));
-        assert_eq!(last_line(b"50%\r60%\r").as_deref(), Some("60%"));
-        assert_eq!(last_line(b"\n"), None);
-        let long = "é".repeat(outpost_protocol::limits::PROGRESS_LINE_LEN);
-        let cut = last_line(long.as_bytes()).unwrap();
-        assert!(cut.len() <= outpost_protocol::limits::PROGRESS_LINE_LEN && cut.starts_with('é'));
     }
 
     #[test]

@@ -496,6 +496,7 @@ pub fn checkpoint_request(job: &JobInfo, max_bytes: u64) -> Option<(&'static str
         output_limit: limit,
         stream: false,
         progress_ms: None,
+        hand_over: None,
     };
     Some((source, req))
 }

@@ -87,6 +87,7 @@ pub async fn run_raw(
         output_limit: outpost_protocol::limits::MAX_EXEC_OUTPUT_LIMIT,
         stream: false,
         progress_ms: None,
+        hand_over: None,
     };
     let result = session
         .exec(req, |_, _| {})

@@ -321,19 +321,46 @@ impl Session {
         &self,
         request: Request,
         timeout_ms: Option<u64>,
+        on_output: impl FnMut(OutputStream, &[u8]),
+        on_progress: impl FnMut(ExecProgress),
+    ) -> Result<ExecResult, CallError> {
+        match self
+            .exec_end(request, timeout_ms, on_output, on_progress)
+            .await?
+        {
+            ExecEnd::Done(result) => Ok(result),
+            other => Err(CallError::Protocol(format!(
+                "unexpected answer to exec: {other:?}"
+            ))),
+        }
+    }
+
+    /// [`Session::exec_like`], for an exec that may be handed over as a job
+    /// (`hand_over`): how it ended. `limit_ms`: when the agent answers at
+    /// the latest (its timeout or its hand-over time).
+    pub async fn exec_end(
+        &self,
+        request: Request,
+        limit_ms: Option<u64>,
         mut on_output: impl FnMut(OutputStream, &[u8]),
         mut on_progress: impl FnMut(ExecProgress),
-    ) -> Result<ExecResult, CallError> {
-        // The agent enforces the timeout; this deadline only guards against an
+    ) -> Result<ExecEnd, CallError> {
+        // The agent enforces the limit; this deadline only guards against an
         // agent that stops answering without the heartbeat noticing.
-        let deadline = timeout_ms.map(|ms| Duration::from_millis(ms) + Duration::from_secs(15));
+        let deadline = limit_ms.map(|ms| Duration::from_millis(ms) + Duration::from_secs(15));
         let mut call = self.start(request).await?;
         let wait = async {
             loop {
                 match call.next().await? {
                     Response::Output { stream, data } => on_output(stream, &data),
                     Response::ExecProgress(p) => on_progress(p),
-                    Response::ExecDone(result) => return Ok(result),
+                    Response::ExecDone(result) => return Ok(ExecEnd::Done(result)),
+                    Response::ExecHandedOver { job, so_far } => {
+                        return Ok(ExecEnd::HandedOver { job, so_far });
+                    }
+                    Response::ExecCutShort { result, why } => {
+                        return Ok(ExecEnd::CutShort { result, why });
+                    }
                     Response::Error(e) => return Err(CallError::Agent(e)),
                     other => {
                         return Err(CallError::Protocol(format!(
@@ -429,4 +456,20 @@ impl Session {
             conn.close("disconnected by the controller".into());
         }
     }
+}
+
+/// How an exec that may be handed over as a job ended.
+#[derive(Debug)]
+pub enum ExecEnd {
+    Done(ExecResult),
+    /// Still running at its hand-over time: now the background job `job`.
+    HandedOver {
+        job: String,
+        so_far: ExecResult,
+    },
+    /// It could not become a job, so it was stopped then (why).
+    CutShort {
+        result: ExecResult,
+        why: String,
+    },
 }

@@ -104,6 +104,8 @@ pub(super) fn unexpected(what: &str, response: &Response) -> CallError {
         Response::Sandboxes(_) => "Sandboxes",
         Response::CodeRan(_) => "CodeRan",
         Response::CodeContexts(_) => "CodeContexts",
+        Response::ExecHandedOver { .. } => "ExecHandedOver",
+        Response::ExecCutShort { .. } => "ExecCutShort",
     };
     CallError::Protocol(format!("unexpected answer to {what}: {name}"))
 }

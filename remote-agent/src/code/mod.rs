@@ -111,6 +111,7 @@ pub async fn install(
         output_limit: req.output_limit,
         stream: false,
         progress_ms: req.progress_ms,
+        hand_over: None,
     };
     exec::run(id, exec, outbox, cancel, scope).await
 }

@@ -28,15 +28,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use outpost_protocol::{
-    AgentError, AgentMessage, ClientMessage, DecodeEvent, ErrorKind, FrameDecoder, JobSpec,
-    JobState, NO_ROOM_FOR_JOB, PROTOCOL_VERSION, Request, Response, decode, encode_frame,
+    AgentMessage, ClientMessage, DecodeEvent, ErrorKind, FrameDecoder, JobSpec, JobState,
+    PROTOCOL_VERSION, Request, Response, decode, encode_frame,
 };
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 
-use super::store::{self, ProcId, Record, ResumeRecord, Snapshot, error};
-use crate::sandbox::{self, Scope};
+use super::store::{self, ProcId, ResumeRecord, Snapshot, error};
+use crate::sandbox;
 use crate::{code, flock, paths, proctree};
 
 /// How long an idle daemon stays.
@@ -662,7 +662,8 @@ impl Daemon {
     /// answers once the job's main process exists.
     async fn start(self: &Arc<Self>, spec: JobSpec) -> Response {
         let root = self.root.clone();
-        let created = tokio::task::spawn_blocking(move || create(&root, spec)).await;
+        let created =
+            tokio::task::spawn_blocking(move || super::create::create(&root, spec, None)).await;
         let (name, dir) = match created {
             Ok(Ok(created)) => created,
             Ok(Err(e)) => return Response::Error(e),
@@ -901,218 +902,6 @@ fn prepare_resume(dir: &Path) -> bool {
     let _ = fs::remove_file(dir.join(store::LOST_REPORTED));
     let _ = fs::remove_file(dir.join(store::CHILD));
     true
-}
-
-/// Most bytes of text a job spec may carry: every job is kept and listed,
-/// so one job must never crowd the others out of a list answer.
-const MAX_SPEC_BYTES: usize = 1 << 20;
-
-/// The text a spec carries, in bytes.
-fn spec_bytes(spec: &JobSpec) -> usize {
-    let optional = [&spec.name, &spec.cwd, &spec.log_file]
-        .into_iter()
-        .chain(super::watch_texts(&spec.watch));
-    spec.command.len()
-        + spec
-            .env
-            .iter()
-            .map(|(k, v)| k.len() + v.len())
-            .sum::<usize>()
-        + optional
-            .map(|s| s.as_ref().map_or(0, String::len))
-            .sum::<usize>()
-}
-
-/// Validates a spec and creates its job dir with `spec.json`.
-fn create(
-    root: &Path,
-    mut spec: JobSpec,
-) -> Result<(String, PathBuf), outpost_protocol::AgentError> {
-    let bad = |m: String| error(ErrorKind::BadRequest, m);
-    // Kept in a file of its own, not in the record every list reads.
-    let stdin = spec.stdin.take();
-    if let Some(stdin) = &stdin
-        && stdin.len() > outpost_protocol::limits::MAX_STDIN_LEN
-    {
-        return Err(bad(format!(
-            "stdin of {} bytes exceeds the {}-byte limit; put it in a file and redirect from it",
-            stdin.len(),
-            outpost_protocol::limits::MAX_STDIN_LEN
-        )));
-    }
-    if spec.command.trim().is_empty() {
-        return Err(bad("the command is empty".into()));
-    }
-    if spec.command.contains('\0') {
-        return Err(bad("the command contains a NUL byte".into()));
-    }
-    let size = spec_bytes(&spec);
-    if size > MAX_SPEC_BYTES {
-        return Err(bad(format!(
-            "the job's command, environment and watch settings take {size} bytes, more than \
-             the {MAX_SPEC_BYTES} allowed; put long scripts or data in a file and refer to it"
-        )));
-    }
-    for (name, value) in &spec.env {
-        if name.is_empty() || name.contains(['=', '\0']) {
-            return Err(bad(format!("invalid environment variable name {name:?}")));
-        }
-        if value.contains('\0') {
-            return Err(bad(format!(
-                "environment variable {name} contains a NUL byte"
-            )));
-        }
-    }
-    for (what, value) in [
-        ("cwd", &spec.cwd),
-        ("log_file", &spec.log_file),
-        ("resume_command", &spec.watch.resume_command),
-    ] {
-        if value.as_deref().is_some_and(|v| v.contains('\0')) {
-            return Err(bad(format!("{what} contains a NUL byte")));
-        }
-    }
-    if let Some(name) = &spec.name
-        && !store::valid_name(name)
-    {
-        return Err(bad(format!(
-            "invalid job name {name:?}: use 1 to 64 of A-Z a-z 0-9 . _ -"
-        )));
-    }
-    // A sandbox's job starts inside it, and writes its log only there.
-    let scope = spec.sandbox.as_deref().map(Scope::of).transpose()?;
-    if scope.is_some() {
-        sandbox::check_env(&spec.env)?;
-    }
-    let cwd = match &scope {
-        Some(scope) => scope.cwd(spec.cwd.as_deref())?,
-        None => paths::resolve_cwd(spec.cwd.as_deref()),
-    };
-    if scope.as_ref().is_none_or(|s| s.same_inside(&cwd)) && !cwd.is_dir() {
-        return Err(error(
-            ErrorKind::SpawnFailed,
-            format!("cwd not found: {}", cwd.display()),
-        ));
-    }
-    let custom_log = match (spec.log_file.as_deref(), &scope) {
-        (None, _) => None,
-        // The shim writes it from outside the sandbox: a path the sandbox
-        // controls (a symlink planted there) must never be its target.
-        (Some(_), Some(_)) => {
-            return Err(bad(
-                "log_file is not available in a sandbox: its log is read with read_background_log"
-                    .into(),
-            ));
-        }
-        (Some(p), None) => Some({
-            let home = paths::home_dir();
-            let path = paths::expand_tilde(p, home.as_deref());
-            match home {
-                Some(h) if path.is_relative() => h.join(path),
-                _ => path,
-            }
-        }),
-    };
-    if let Some(log) = &custom_log
-        && let Some(parent) = log.parent()
-    {
-        fs::create_dir_all(parent).map_err(|e| {
-            error(
-                ErrorKind::SpawnFailed,
-                format!("cannot create {}: {e}", parent.display()),
-            )
-        })?;
-    }
-
-    // Names are claimed by mkdir, which is atomic: a user's name that
-    // exists is refused, a generated one is drawn again.
-    let (name, dir) = match &spec.name {
-        Some(name) => {
-            let dir = root.join(name);
-            match fs::DirBuilder::new().mode(0o700).create(&dir) {
-                Ok(()) => (name.clone(), dir),
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                    return Err(bad(format!("a job named {name} exists")));
-                }
-                Err(e) => return Err(write_failed(format!("cannot create {}", dir.display()), &e)),
-            }
-        }
-        None => {
-            let mut tries = 0;
-            loop {
-                let name = store::generated_name();
-                let dir = root.join(&name);
-                match fs::DirBuilder::new().mode(0o700).create(&dir) {
-                    Ok(()) => break (name, dir),
-                    Err(e) if e.kind() == io::ErrorKind::AlreadyExists && tries < 100 => {
-                        tries += 1;
-                    }
-                    Err(e) => {
-                        let what = format!("cannot create a job dir in {}", root.display());
-                        return Err(write_failed(what, &e));
-                    }
-                }
-            }
-        }
-    };
-    if let Some(stdin) = stdin
-        && let Err(e) = store::write_atomic(&dir.join(store::STDIN), &stdin, false)
-    {
-        let _ = fs::remove_dir_all(&dir);
-        return Err(write_failed("cannot write the job's stdin".into(), &e));
-    }
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let log = match (custom_log, &scope) {
-        (Some(log), _) => log,
-        (None, Some(scope)) => {
-            let logs = scope.dirs.logs();
-            match fs::DirBuilder::new().mode(0o700).create(&logs) {
-                Err(e) if e.kind() != io::ErrorKind::AlreadyExists => {
-                    let _ = fs::remove_dir_all(&dir);
-                    return Err(write_failed(
-                        format!("cannot create {}", logs.display()),
-                        &e,
-                    ));
-                }
-                _ => logs.join(&name),
-            }
-        }
-        (None, None) => dir.join(store::LOG),
-    };
-    let record = Record {
-        log,
-        spec,
-        created_unix: store::now_unix(),
-        created_ns: u64::try_from(nanos).unwrap_or(u64::MAX),
-        cwd,
-        token: format!("job.{name}.{nanos:x}"),
-        egress_from: scope
-            .as_ref()
-            .and_then(Scope::egress_watermark)
-            .map(|w| w.from),
-    };
-    // An exec call's job is flushed only if it outlives its call (see the
-    // shim); anything else must survive a crash from the start.
-    let durable = !record.spec.split_streams;
-    store::write_json(&dir.join(store::SPEC), &record, durable).map_err(|e| {
-        let _ = fs::remove_dir_all(&dir);
-        write_failed("cannot write the job record".into(), &e)
-    })?;
-    Ok((name, dir))
-}
-
-/// A job's files could not be written: on a full disk or quota, an error
-/// that says so ([`NO_ROOM_FOR_JOB`]), so the caller can run it inline.
-fn write_failed(what: String, e: &io::Error) -> AgentError {
-    match e.kind() {
-        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded => error(
-            ErrorKind::Unavailable,
-            format!("{NO_ROOM_FOR_JOB}: {what}: {e}"),
-        ),
-        _ => error(ErrorKind::Internal, format!("{what}: {e}")),
-    }
 }
 
 /// Starts the shim of the job in `dir` and waits until the job's main

@@ -17,6 +17,8 @@
 //! them on blocking threads.
 
 pub mod client;
+mod create;
+pub use create::record_handed_over;
 pub mod daemon;
 pub mod logfile;
 pub mod shim;
@@ -478,9 +480,12 @@ pub fn collect(req: &JobCollect) -> Result<Response, AgentError> {
     let limit = req
         .output_limit
         .min(outpost_protocol::limits::MAX_EXEC_OUTPUT_LIMIT);
-    let stream = |file: &str| {
+    let omitted: [u64; 2] = store::read_json(&dir.join(store::OMITTED)).unwrap_or_default();
+    let stream = |file: &str, before: u64| {
         let path = dir.join(file);
-        head_and_tail(&path, limit).map_err(|e| io_error(&path, e))
+        let mut out = head_and_tail(&path, limit).map_err(|e| io_error(&path, e))?;
+        out.omitted += before;
+        Ok::<_, AgentError>(out)
     };
     let exit = snap.exit.as_ref();
     let result = ExecResult {
@@ -488,8 +493,8 @@ pub fn collect(req: &JobCollect) -> Result<Response, AgentError> {
         signal: exit.and_then(|e| e.signal),
         timed_out: exit.is_some_and(|e| e.timed_out),
         cancelled: snap.state == JobState::Cancelled,
-        stdout: stream(store::STDOUT)?,
-        stderr: stream(store::STDERR)?,
+        stdout: stream(store::STDOUT, omitted[0])?,
+        stderr: stream(store::STDERR, omitted[1])?,
         duration_ms: exit
             .and_then(|e| e.duration_ms)
             .unwrap_or_else(|| store::now_unix().saturating_sub(snap.record.created_unix) * 1000),

@@ -18,11 +18,11 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::Path;
-use std::process::{Child, ChildStderr, ChildStdout, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
@@ -34,9 +34,34 @@ use crate::exec;
 use crate::paths;
 use crate::proctree::{self, TOKEN_VAR};
 use crate::sandbox::Scope;
+use crate::supervisor;
 
 /// Runs the shim to the job's end; the process exit code.
 pub fn run(dir: &Path, resume: bool) -> i32 {
+    detach();
+    finish(dir, supervise(dir, resume))
+}
+
+/// `shim --adopt`: the supervisor of an exec handed over as a job (see
+/// [`crate::supervisor`]), already the parent of `pid`, which has run for
+/// `elapsed_ms`; its pipes and the control socket wait at fixed descriptors.
+pub fn adopt(dir: &Path, pid: i32, elapsed_ms: u64) -> i32 {
+    detach();
+    finish(dir, supervise_adopted(dir, pid, elapsed_ms))
+}
+
+fn finish(dir: &Path, outcome: Result<(), String>) -> i32 {
+    match outcome {
+        Ok(()) => 0,
+        Err(message) => {
+            eprintln!("outpost-agent shim {}: {message}", dir.display());
+            let _ = store::write_atomic(&dir.join(store::SPAWN_ERROR), message.as_bytes(), false);
+            1
+        }
+    }
+}
+
+fn detach() {
     // SAFETY: setsid and signal are plain syscalls; the shim is single-threaded.
     unsafe {
         // Fails only if already a session leader, which is just as good.
@@ -49,14 +74,61 @@ pub fn run(dir: &Path, resume: bool) -> i32 {
     }
     // Hold no directory (and so no mount) busy.
     let _ = std::env::set_current_dir("/");
-    match supervise(dir, resume) {
-        Ok(()) => 0,
-        Err(message) => {
-            eprintln!("outpost-agent shim {}: {message}", dir.display());
-            let _ = store::write_atomic(&dir.join(store::SPAWN_ERROR), message.as_bytes(), false);
-            1
+}
+
+fn supervise_adopted(dir: &Path, pid: i32, elapsed_ms: u64) -> Result<(), String> {
+    let root = dir.parent().ok_or("the job dir has no parent")?;
+    // SAFETY: the supervisor left these descriptors open at these numbers
+    // for this process alone (see `crate::supervisor`).
+    let (mut control, out, err) = unsafe {
+        (
+            File::from_raw_fd(supervisor::CONTROL_FD),
+            OwnedFd::from_raw_fd(supervisor::STDOUT_FD),
+            OwnedFd::from_raw_fd(supervisor::STDERR_FD),
+        )
+    };
+    // `serve` read them without blocking; the pump blocks in poll and read.
+    for fd in [&out, &err] {
+        // SAFETY: fcntl on descriptors owned here.
+        unsafe {
+            let flags = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
+            libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK);
         }
     }
+    let me = ProcId::of(std::process::id() as i32).ok_or("cannot read /proc/self/stat")?;
+    store::write_json(&dir.join(store::SHIM), &me, false)
+        .map_err(|e| format!("cannot write {}: {e}", store::SHIM))?;
+    let record: Record = store::read_json(&dir.join(store::SPEC))
+        .ok_or_else(|| format!("cannot read {}", store::SPEC))?;
+    let log = append_to(&record.log)?;
+    let files = [
+        append_to(&dir.join(store::STDOUT))?,
+        append_to(&dir.join(store::STDERR))?,
+    ];
+    if let Some(id) = ProcId::of(pid) {
+        store::write_json(&dir.join(store::CHILD), &id, true)
+            .map_err(|e| format!("cannot write {}: {e}", store::CHILD))?;
+    }
+    let pump = Pump::start(out, err, log, files);
+    // In charge from here on: `serve` answers its call.
+    let _ = control.write_all(b"r\0\0\0\0");
+    drop(control);
+    let started = Instant::now();
+    let timeout = record
+        .spec
+        .timeout_ms
+        .map(|t| Duration::from_millis(t.saturating_sub(elapsed_ms)));
+    let (status, timed_out) = wait_within(pid, timeout, &record.token);
+    pump.finish();
+    let duration_ms = elapsed_ms + started.elapsed().as_millis() as u64;
+    record_exit(
+        root,
+        dir,
+        record.spec.split_streams,
+        status,
+        timed_out,
+        duration_ms,
+    )
 }
 
 fn supervise(dir: &Path, resume: bool) -> Result<(), String> {
@@ -127,7 +199,9 @@ fn supervise(dir: &Path, resume: bool) -> Result<(), String> {
     })?;
     let started = Instant::now();
     let pump = match (split, child.stdout.take(), child.stderr.take()) {
-        (Some((log, files)), Some(out), Some(err)) => Some(Pump::start(out, err, log, files)),
+        (Some((log, files)), Some(out), Some(err)) => {
+            Some(Pump::start(out.into(), err.into(), log, files))
+        }
         _ => None,
     };
     let pid = child.id() as i32;
@@ -157,11 +231,32 @@ fn supervise(dir: &Path, resume: bool) -> Result<(), String> {
     let _ = std::io::stdout().flush();
 
     let timeout = record.spec.timeout_ms.map(Duration::from_millis);
-    let (status, timed_out) = wait_within(&mut child, timeout, &record.token);
+    let (status, timed_out) = wait_within(pid, timeout, &record.token);
     let duration_ms = started.elapsed().as_millis() as u64;
     if let Some(pump) = pump {
         pump.finish();
     }
+    drop(child);
+    record_exit(
+        root,
+        dir,
+        record.spec.split_streams,
+        status,
+        timed_out,
+        duration_ms,
+    )
+}
+
+/// Writes the exit record (durably once the job is a background job's) and
+/// reports the end.
+fn record_exit(
+    root: &Path,
+    dir: &Path,
+    split: bool,
+    status: Option<ExitStatus>,
+    timed_out: bool,
+    duration_ms: u64,
+) -> Result<(), String> {
     let exit = ExitRecord {
         exit_code: status.and_then(|s| s.code()),
         signal: status.and_then(|s| s.signal()),
@@ -171,7 +266,7 @@ fn supervise(dir: &Path, resume: bool) -> Result<(), String> {
     };
     // An exec call's job that its call is still waiting for need not
     // survive a crash (the call would not either): no flush for it.
-    let durable = !record.spec.split_streams || dir.join(store::DETACHED).exists();
+    let durable = !split || dir.join(store::DETACHED).exists();
     store::write_json(&dir.join(store::EXIT), &exit, durable)
         .map_err(|e| format!("cannot write {}: {e}", store::EXIT))?;
     store::report_end(root, dir, &exit);
@@ -194,15 +289,10 @@ fn append_to(path: &Path) -> Result<File, String> {
 
 /// Reaps the job's main process; with a timeout, terminates the whole tree
 /// first if the main process is still running then. Whether the timeout did.
-fn wait_within(
-    child: &mut Child,
-    timeout: Option<Duration>,
-    token: &str,
-) -> (Option<ExitStatus>, bool) {
+fn wait_within(pid: i32, timeout: Option<Duration>, token: &str) -> (Option<ExitStatus>, bool) {
     let Some(timeout) = timeout else {
-        return (reap(child), false);
+        return (reap(pid), false);
     };
-    let pid = child.id() as i32;
     // The timer kills only while the main process is unreaped, so its pid
     // (and with it the job's process group and session) cannot be reused:
     // the main thread waits without reaping, then takes the lock.
@@ -228,23 +318,22 @@ fn wait_within(
     proctree::wait_unreaped(pid);
     *exited.lock().unwrap_or_else(|p| p.into_inner()) = true;
     drop(done);
-    let status = reap(child);
+    let status = reap(pid);
     let _ = timer.join();
     (status, timed_out.load(Ordering::SeqCst))
 }
 
-fn reap(child: &mut Child) -> Option<ExitStatus> {
+fn reap(pid: i32) -> Option<ExitStatus> {
+    let mut status = 0;
     loop {
-        match child.wait() {
-            Ok(status) => return Some(status),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => {
-                eprintln!(
-                    "outpost-agent shim: cannot wait for pid {}: {e}",
-                    child.id()
-                );
-                return None;
-            }
+        // SAFETY: waitpid on our own child, into a local.
+        if unsafe { libc::waitpid(pid, &mut status, 0) } == pid {
+            return Some(ExitStatus::from_raw(status));
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            eprintln!("outpost-agent shim: cannot wait for pid {pid}: {e}");
+            return None;
         }
     }
 }
@@ -264,7 +353,7 @@ struct Pump {
 }
 
 impl Pump {
-    fn start(out: ChildStdout, err: ChildStderr, log: File, files: [File; 2]) -> Pump {
+    fn start(out: OwnedFd, err: OwnedFd, log: File, files: [File; 2]) -> Pump {
         let stop = Arc::new(AtomicBool::new(false));
         let (done, finished) = mpsc::channel::<()>();
         let thread = {
@@ -290,11 +379,8 @@ impl Pump {
     }
 }
 
-fn pump(out: ChildStdout, err: ChildStderr, mut log: File, files: [File; 2], stop: &AtomicBool) {
-    let mut pipes: [Option<File>; 2] = [
-        Some(File::from(OwnedFd::from(out))),
-        Some(File::from(OwnedFd::from(err))),
-    ];
+fn pump(out: OwnedFd, err: OwnedFd, mut log: File, files: [File; 2], stop: &AtomicBool) {
+    let mut pipes: [Option<File>; 2] = [Some(File::from(out)), Some(File::from(err))];
     let mut files = files;
     let mut drained = [0usize; 2];
     let mut buf = vec![0u8; 64 * 1024];

@@ -61,6 +61,9 @@ pub const DETACHED: &str = "detached";
 pub const LOST_REPORTED: &str = "lost-reported";
 /// Why a shim could not start the command (it then exits without `exit.json`).
 pub const SPAWN_ERROR: &str = "spawn-error";
+/// `[stdout, stderr]` bytes an exec left out of the output it kept before
+/// it was handed over as this job (its files hold only head and tail).
+pub const OMITTED: &str = "omitted.json";
 const EVENTS: &str = "events.jsonl";
 const EVENTS_LOCK: &str = "events.lock";
 

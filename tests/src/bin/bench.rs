@@ -828,65 +828,105 @@ async fn egress_cost(client: &Client) -> [(f64, f64); 2] {
 async fn long_calls() {
     use std::io::{BufRead, BufReader, Write};
     const ROUNDS: usize = 400;
+    let sshd = Sshd::start();
     let home = TempDir::new("bench-calls");
-    let mut server = Command::new(target_bin("outpost"))
-        .arg("mcp")
-        .env_clear()
-        .env("HOME", home.path())
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn outpost mcp");
-    let mut to = server.stdin.take().unwrap();
-    let mut from = BufReader::new(server.stdout.take().unwrap());
-    let mut ask = |id: usize, msg: serde_json::Value| {
-        writeln!(to, "{msg}").unwrap();
-        to.flush().unwrap();
-        let mut line = String::new();
-        loop {
-            line.clear();
-            from.read_line(&mut line).unwrap();
-            let answer: serde_json::Value = serde_json::from_str(&line).unwrap();
-            if answer["id"] == id {
-                return answer;
+    let config = home.path().join("config.toml");
+    std::fs::write(&config, sshd.sandbox_toml("box")).unwrap();
+    // A client named claude-code has no call budget: every exec runs inline.
+    // Any other name has one, so its execs are armed to be handed over as
+    // jobs at the budget, and `timeout_s: 30` (under every budget) is not.
+    let mut medians = std::collections::HashMap::new();
+    for client in ["claude-code", "codex-mcp-client"] {
+        let mut server = Command::new(target_bin("outpost"))
+            .arg("mcp")
+            .env_clear()
+            .env("HOME", home.path())
+            .env("OUTPOST_CONFIG", &config)
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn outpost mcp");
+        let mut to = server.stdin.take().unwrap();
+        let mut from = BufReader::new(server.stdout.take().unwrap());
+        let mut ask = |id: usize, msg: serde_json::Value| {
+            writeln!(to, "{msg}").unwrap();
+            to.flush().unwrap();
+            let mut line = String::new();
+            loop {
+                line.clear();
+                from.read_line(&mut line).unwrap();
+                let answer: serde_json::Value = serde_json::from_str(&line).unwrap();
+                if answer["id"] == id {
+                    return answer;
+                }
             }
-        }
-    };
-    ask(
-        0,
-        json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {},
-            "clientInfo": {"name": "bench", "version": "1"}}}),
-    );
-    let (mut with, mut without, mut as_job) = (Vec::new(), Vec::new(), Vec::new());
-    for id in 1..=3 * ROUNDS {
-        let mut params =
-            json!({"name": "exec_bash", "arguments": {"command": "true", "timeout_s": 30}});
-        match id % 3 {
-            0 => params["_meta"] = json!({"progressToken": id}),
-            1 => params["arguments"] = json!({"command": "true"}),
-            _ => {}
-        }
-        let t = Instant::now();
-        let answer = ask(
-            id,
-            json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params}),
+        };
+        ask(
+            0,
+            json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18", "capabilities": {},
+                "clientInfo": {"name": client, "version": "1"}}}),
         );
-        let took = t.elapsed();
-        assert_eq!(answer["result"]["structuredContent"]["exit_code"], 0);
-        if id > 60 {
-            match id % 3 {
-                0 => &mut with,
-                1 => &mut as_job,
-                _ => &mut without,
+        let mut id = 0;
+        for sandbox in ["local", "box"] {
+            let (mut with, mut without, mut fits) = (Vec::new(), Vec::new(), Vec::new());
+            for round in 0..3 * ROUNDS {
+                id += 1;
+                let mut arguments = json!({"command": "true", "sandbox_name": sandbox});
+                let mut params = json!({"name": "exec_bash"});
+                match round % 3 {
+                    0 => params["_meta"] = json!({"progressToken": id}),
+                    1 => arguments["timeout_s"] = json!(30),
+                    _ => {}
+                }
+                params["arguments"] = arguments;
+                let t = Instant::now();
+                let answer = ask(
+                    id,
+                    json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params}),
+                );
+                let took = t.elapsed();
+                assert_eq!(answer["result"]["structuredContent"]["exit_code"], 0, "{answer}");
+                if round >= 60 {
+                    match round % 3 {
+                        0 => &mut with,
+                        1 => &mut fits,
+                        _ => &mut without,
+                    }
+                    .push(took);
+                }
             }
-            .push(took);
+            medians.insert((client, sandbox, "plain"), median(without));
+            medians.insert((client, sandbox, "progress"), median(with));
+            medians.insert((client, sandbox, "fits"), median(fits));
         }
+        drop(to);
+        let _ = server.wait();
     }
-    drop(to);
-    let _ = server.wait();
+    println!();
+    println!("long calls: exec_bash('true') by client name ({ROUNDS} calls each, medians)");
+    for (sandbox, label) in [("local", "local"), ("box", "over SSH")] {
+        let m = |client, kind| medians[&(client, sandbox, kind)];
+        let (claude, codex) = (m("claude-code", "plain"), m("codex-mcp-client", "plain"));
+        println!(
+            "  {label:9} claude-code {}   codex (hand-over armed) {}   ratio {:.2}x",
+            ms(claude),
+            ms(codex),
+            codex.as_secs_f64() / claude.as_secs_f64()
+        );
+        println!(
+            "  {label:9} codex with timeout_s 30 (not armed) {}   ratio armed/not {:.2}x",
+            ms(m("codex-mcp-client", "fits")),
+            codex.as_secs_f64() / m("codex-mcp-client", "fits").as_secs_f64()
+        );
+        println!(
+            "  {label:9} claude-code with a progressToken {}   ratio with/without {:.2}x",
+            ms(m("claude-code", "progress")),
+            m("claude-code", "progress").as_secs_f64() / claude.as_secs_f64()
+        );
+    }
 
     let stdio = mcp_client(home.path(), None).await;
     let http_server = McpHttp::start();
@@ -905,21 +945,7 @@ async fn long_calls() {
     stdio.cancel().await.ok();
     http.cancel().await.ok();
 
-    let (w, wo, j) = (median(with), median(without), median(as_job));
     let (h, s) = (median(over_http), median(over_stdio));
-    println!();
-    println!("long calls: exec_bash('true') on the local sandbox ({ROUNDS} calls each)");
-    println!("  with a progressToken       median {}", ms(w));
-    println!("  without                    median {}", ms(wo));
-    println!(
-        "  ratio with/without         {:.2}x",
-        w.as_secs_f64() / wo.as_secs_f64()
-    );
-    println!("  run as a job               median {}", ms(j));
-    println!(
-        "  ratio job/inline           {:.2}x",
-        j.as_secs_f64() / wo.as_secs_f64()
-    );
     println!("  Streamable HTTP (rmcp)     median {}", ms(h));
     println!("  stdio (rmcp)               median {}", ms(s));
     println!(

@@ -73,6 +73,7 @@ pub fn req(command: &str) -> ExecRequest {
         output_limit: 20_000,
         stream: false,
         progress_ms: None,
+        hand_over: None,
     }
 }
 

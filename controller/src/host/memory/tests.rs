@@ -30,6 +30,7 @@ fn exec(command: &str) -> ExecRequest {
         output_limit: 64 * 1024,
         stream: false,
         progress_ms: None,
+        hand_over: None,
     }
 }
 
@@ -99,6 +100,7 @@ fn sleeper() -> Request {
     Request::Exec(ExecRequest {
         stream: true,
         progress_ms: None,
+        hand_over: None,
         ..exec("echo $$; exec sleep 30")
     })
 }
@@ -123,6 +125,7 @@ async fn exec_round_trip() {
             ExecRequest {
                 stream: true,
                 progress_ms: None,
+                hand_over: None,
                 ..exec("echo one; echo two")
             },
             |stream, data| {
