@@ -168,6 +168,7 @@ pub fn start(program: &Program, with_stdin: bool) -> io::Result<Started> {
         (exec_r.as_raw_fd(), EXEC_ERR_READ),
         (exec_w.as_raw_fd(), EXEC_ERR_WRITE),
     ];
+    let mut stack = vec![0u128; STACK_LEN / 16];
     let prepared = Prepared {
         path: path.as_ptr(),
         argv: argv.as_ptr(),
@@ -176,6 +177,7 @@ pub fn start(program: &Program, with_stdin: bool) -> io::Result<Started> {
         self_exe: self_exe.as_ptr(),
         sources,
         null: null.as_raw_fd(),
+        stack: stack.as_mut_ptr().cast(),
     };
 
     // SAFETY: all signals blocked around the fork, so the child runs no
@@ -341,6 +343,8 @@ struct Prepared {
     /// (descriptor now, descriptor in the supervisor).
     sources: [(RawFd, RawFd); 8],
     null: RawFd,
+    /// [`STACK_LEN`] bytes, 16-aligned at both ends.
+    stack: *mut u8,
 }
 
 extern "C" fn on_child(_: libc::c_int) {}
@@ -427,10 +431,15 @@ unsafe fn supervise(p: &Prepared) -> ! {
         }
         close_from(FIRST_FREE);
 
-        let child = libc::fork();
-        if child == 0 {
-            run_command(p);
-        }
+        // Like posix_spawn: the command shares this process's memory, on a
+        // stack of its own, until its exec, so nothing is copied for it.
+        let top = p.stack.add(STACK_LEN).cast::<libc::c_void>();
+        let child = libc::clone(
+            command_entry,
+            top,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            (p as *const Prepared).cast_mut().cast(),
+        );
         if child < 0 {
             tagged(CONTROL_FD, b'E', errno());
             libc::_exit(0);
@@ -591,7 +600,16 @@ unsafe fn become_shim(p: &Prepared, words: &[u8]) {
     }
 }
 
-/// The command: runs in the supervisor's fork, never returns.
+extern "C" fn command_entry(prepared: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `clone` passes the supervisor's `Prepared`, which lives while
+    // the supervisor waits for this process to exec or exit.
+    unsafe { run_command(&*prepared.cast::<Prepared>()) }
+}
+
+/// The command's stack until its exec.
+const STACK_LEN: usize = 64 * 1024;
+
+/// The command: runs in the supervisor's clone, never returns.
 unsafe fn run_command(p: &Prepared) -> ! {
     // SAFETY: async-signal-safe calls only, as in `supervise`.
     unsafe {

@@ -252,7 +252,7 @@ impl Keeper {
             }
             Isolation::Landlock => {
                 notes.push("landlock: the host's processes and mounts stay visible".into());
-                let abi = isolation::rungs().landlock.clone().unwrap_or(0);
+                let abi = isolation::landlock_abi().unwrap_or(0);
                 if abi < isolation::LANDLOCK_UNIX_ABI {
                     notes.push(
                         "no unix sockets but socketpair (this kernel's Landlock cannot fence named ones)"

@@ -888,7 +888,10 @@ async fn long_calls() {
                     json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params}),
                 );
                 let took = t.elapsed();
-                assert_eq!(answer["result"]["structuredContent"]["exit_code"], 0, "{answer}");
+                assert_eq!(
+                    answer["result"]["structuredContent"]["exit_code"], 0,
+                    "{answer}"
+                );
                 if round >= 60 {
                     match round % 3 {
                         0 => &mut with,
