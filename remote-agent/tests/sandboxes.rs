@@ -622,6 +622,27 @@ fn landlock_rung_contains_and_works() {
     assert_eq!(info.isolation, Isolation::Landlock);
     assert!(info.note.is_some());
     contained(&mut host, &info);
+    // Commands take the rules their keeper built once, from it alone: a
+    // descriptor from anyone else at that socket is refused, and the rules
+    // are built again (had it been taken, no command could run).
+    let socket = Path::new(&info.work_dir)
+        .with_file_name("meta")
+        .join("landlock.sock");
+    assert!(socket.exists(), "{}", socket.display());
+    std::fs::remove_file(&socket).unwrap();
+    let impostor = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    std::fs::set_permissions(&socket, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let served = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = served.clone();
+    std::thread::spawn(move || {
+        let null = std::fs::File::open("/dev/null").unwrap();
+        for stream in impostor.incoming().flatten() {
+            send_fd(&stream, std::os::fd::AsRawFd::as_raw_fd(&null));
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    contained(&mut host, &info);
+    assert!(served.load(std::sync::atomic::Ordering::SeqCst) > 0);
     // No named unix sockets where Landlock cannot fence them (ABI < 9);
     // socketpair still works.
     let r = host.sh(
@@ -1182,4 +1203,30 @@ fn install_package_fetches_from_an_allowed_index_only() {
         panic!("installed without a network");
     };
     assert!(e.message.contains("allow_hosts"), "{}", e.message);
+}
+
+/// Sends `fd` over `stream` (SCM_RIGHTS), as a keeper hands its rules.
+fn send_fd(stream: &std::os::unix::net::UnixStream, fd: i32) {
+    use std::os::fd::AsRawFd;
+    let mut byte = [0u8; 1];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    // SAFETY: a msghdr over live buffers, one cmsg within `control`.
+    unsafe {
+        let space = libc::CMSG_SPACE(4) as usize;
+        let mut control = vec![0u8; space];
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.as_mut_ptr().cast();
+        msg.msg_controllen = space as _;
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(4) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<i32>(), fd);
+        libc::sendmsg(stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL);
+    }
 }

@@ -22,6 +22,7 @@ use std::os::unix::ffi::OsStrExt;
 
 use super::isolation::{self, Namespaces};
 use super::limits;
+use super::ruleset;
 use super::store::{self, Dirs};
 
 const FAILED: i32 = 125;
@@ -109,8 +110,15 @@ fn run(dir: &Path, cwd: &Path, argv: &[String]) -> Result<i32, String> {
             Ok(wait_for(child))
         }
         Isolation::Landlock => {
+            // Fetched while still able to reach the sandbox's meta dir.
+            let prebuilt = dirs
+                .keeper()
+                .and_then(|k| ruleset::fetch(&dirs.meta().join(ruleset::SOCKET), k.pid));
             become_its_account(&record)?;
-            isolation::apply_landlock(&dirs, record.spec.network, &setup.hidden)?;
+            match prebuilt {
+                Some(rules) => isolation::restrict(&rules, record.spec.network)?,
+                None => isolation::apply_landlock(&dirs, record.spec.network, &setup.hidden)?,
+            }
             Err(become_command(&mut command, cwd, None, false))
         }
         _ => Err(become_command(&mut command, cwd, None, false)),

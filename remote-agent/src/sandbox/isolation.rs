@@ -482,9 +482,19 @@ pub fn drop_privileges() -> std::io::Result<()> {
 /// harmless devices; with `network` off, no TCP bind or connect, and a
 /// seccomp filter refusing IPv4 and IPv6 sockets altogether.
 pub fn apply_landlock(dirs: &Dirs, network: bool, hidden: &[PathBuf]) -> Result<(), String> {
+    restrict(&landlock_ruleset(dirs, network, hidden)?, network)
+}
+
+/// The ruleset [`apply_landlock`] applies, not yet applied (a keeper builds
+/// it once and hands it to each command: see [`super::ruleset`]).
+pub fn landlock_ruleset(
+    dirs: &Dirs,
+    network: bool,
+    hidden: &[PathBuf],
+) -> Result<std::os::fd::OwnedFd, String> {
     use landlock::{
         ABI, Access, AccessFs, AccessNet, CompatLevel, Compatible, PathBeneath, PathFd, Ruleset,
-        RulesetAttr, RulesetCreatedAttr, RulesetStatus, Scope,
+        RulesetAttr, RulesetCreatedAttr, Scope,
     };
     // Best effort up to ABI 9, which also guards connecting to named unix
     // sockets (an ssh-agent's, say); older kernels get what they have.
@@ -528,9 +538,22 @@ pub fn apply_landlock(dirs: &Dirs, network: bool, hidden: &[PathBuf]) -> Result<
                 .map_err(fail)?;
         }
     }
-    let status = created.restrict_self().map_err(fail)?;
-    if status.ruleset == RulesetStatus::NotEnforced {
-        return Err("landlock: not enforced by this kernel".into());
+    let fd: Option<std::os::fd::OwnedFd> = created.into();
+    fd.ok_or_else(|| "landlock: not enforced by this kernel".to_string())
+}
+
+/// Restricts this process (and what it execs) by `ruleset`, then filters
+/// its sockets.
+pub fn restrict(ruleset: &std::os::fd::OwnedFd, network: bool) -> Result<(), String> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: plain syscalls on a descriptor we hold.
+    unsafe {
+        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+            return Err(format!("no_new_privs: {}", std::io::Error::last_os_error()));
+        }
+        if libc::syscall(libc::SYS_landlock_restrict_self, ruleset.as_raw_fd(), 0) != 0 {
+            return Err(format!("landlock: {}", std::io::Error::last_os_error()));
+        }
     }
     // The ABI alone: `rungs()` would also probe bwrap by running it, for
     // every command.

@@ -23,6 +23,7 @@ use super::egress;
 use super::gpu_nodes;
 use super::isolation::{self, AGENT_INSIDE};
 use super::limits;
+use super::ruleset;
 use super::staging::Staging;
 use super::store::{self, Dirs, End, Setup};
 use crate::jobs::store::{ProcId, now_unix, write_atomic, write_json};
@@ -263,6 +264,12 @@ impl Keeper {
                 if spec.gpus > 0 {
                     notes.push("GPUs are assigned, not fenced".into());
                 }
+                // Built once here rather than by every command.
+                let rules = isolation::landlock_ruleset(&self.dirs, spec.network, &setup.hidden)
+                    .inspect_err(|_| self.release(&setup))?;
+                ruleset::serve(&self.dirs.meta().join(ruleset::SOCKET), rules)
+                    .map_err(|e| format!("cannot serve its Landlock rules: {e}"))
+                    .inspect_err(|_| self.release(&setup))?;
             }
             _ => {
                 notes.push("not isolated: its own directories only".into());

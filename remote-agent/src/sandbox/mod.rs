@@ -25,6 +25,7 @@ pub mod gpu_nodes;
 pub mod isolation;
 pub mod keeper;
 pub mod limits;
+pub mod ruleset;
 pub mod staging;
 pub mod store;
 
