@@ -30,6 +30,23 @@ use crate::jobs::store::{ProcId, now_unix, write_atomic, write_json};
 use crate::{account, flock, leases, paths};
 
 const TICK: Duration = Duration::from_millis(50);
+/// Sent by `delete` so the keeper looks at once rather than at its next tick.
+pub const NUDGE: libc::c_int = libc::SIGUSR1;
+
+/// Sleeps for `tick`, or until nudged (or a stop signal is handled).
+fn sleep_or_nudge(tick: Duration) {
+    // SAFETY: sigtimedwait on a set built here, with no siginfo wanted.
+    unsafe {
+        let mut nudge: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut nudge);
+        libc::sigaddset(&mut nudge, NUDGE);
+        let timeout = libc::timespec {
+            tv_sec: tick.as_secs() as libc::time_t,
+            tv_nsec: tick.subsec_nanos() as libc::c_long,
+        };
+        libc::sigtimedwait(&nudge, std::ptr::null_mut(), &timeout);
+    }
+}
 const MEMORY_EVERY: Duration = Duration::from_millis(250);
 const DISK_EVERY: Duration = Duration::from_secs(2);
 /// How long the holder gets to come up.
@@ -47,6 +64,13 @@ extern "C" fn on_stop(sig: libc::c_int) {
 pub fn main(dir: &Path, adopt: bool) -> i32 {
     // SAFETY: plain syscalls; the handler only stores an atomic.
     unsafe {
+        // Blocked before any thread starts, so every thread inherits it and
+        // the main loop alone takes it (see `sleep_or_nudge`); children get
+        // an empty mask from `Command`.
+        let mut nudge: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut nudge);
+        libc::sigaddset(&mut nudge, NUDGE);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &nudge, std::ptr::null_mut());
         libc::setsid();
         libc::signal(libc::SIGHUP, libc::SIG_IGN);
         libc::signal(libc::SIGPIPE, libc::SIG_IGN);
@@ -449,7 +473,7 @@ impl Keeper {
             used
         });
         loop {
-            std::thread::sleep(TICK);
+            sleep_or_nudge(TICK);
             let stop = STOP.load(Ordering::SeqCst);
             if stop != 0 {
                 self.teardown(
@@ -670,7 +694,7 @@ fn kill_until_gone(id: &str, setup: &Setup, which: impl Fn(&crate::proctree::Sta
             eprintln!("outpost-agent keeper {id}: processes survived SIGKILL: {left:?}");
             return;
         }
-        std::thread::sleep(Duration::from_millis(10));
+        std::thread::sleep(Duration::from_millis(2));
     }
 }
 

@@ -529,6 +529,10 @@ pub fn delete(id: &str) -> Result<Response, AgentError> {
     if dirs.end().is_none() {
         crate::jobs::store::write_atomic(&dirs.meta().join(store::DELETE), b"", false)
             .map_err(|e| error(ErrorKind::Internal, format!("cannot delete {id}: {e}")))?;
+        if let Some(k) = dirs.keeper().filter(|k| k.alive()) {
+            // SAFETY: a signal to the recorded, still living keeper.
+            unsafe { libc::kill(k.pid, keeper::NUDGE) };
+        }
         let deadline = Instant::now() + END_WAIT;
         while dirs.end().is_none() {
             let keeper_alive = dirs.keeper().is_some_and(|k| k.alive());
@@ -536,7 +540,7 @@ pub fn delete(id: &str) -> Result<Response, AgentError> {
                 keeper::end_here(&dirs, SandboxState::Deleted);
                 break;
             }
-            std::thread::sleep(Duration::from_millis(5));
+            std::thread::sleep(Duration::from_millis(2));
         }
     }
     info(&dirs)

@@ -620,7 +620,7 @@ async fn sandboxes() {
     }
 
     let (mut create, mut create_root) = (Vec::new(), Vec::new());
-    let mut first_exec = Vec::new();
+    let (mut first_exec, mut delete) = (Vec::new(), Vec::new());
     for _ in 0..CREATE_ROUNDS {
         for (host, times) in [("bench0", &mut create), ("root0", &mut create_root)] {
             let t = Instant::now();
@@ -636,7 +636,11 @@ async fn sandboxes() {
             if host == "bench0" {
                 first_exec.push(t.elapsed());
             }
+            let t = Instant::now();
             tool(&client, "delete_sandbox", json!({"sandbox_name": name})).await;
+            if host == "bench0" {
+                delete.push(t.elapsed());
+            }
         }
     }
 
@@ -697,6 +701,11 @@ async fn sandboxes() {
     println!(
         "  create → first exec_bash result          median {}  (E2B advertises ~150 ms for a cloud sandbox)",
         ms(median(first_exec))
+    );
+    println!(
+        "  delete_sandbox (bwrap)                   median {}  p90 {}",
+        ms(median(delete.clone())),
+        ms(pct(delete, 0.9))
     );
     println!(
         "  exec_bash('true') on the host            median {}",
