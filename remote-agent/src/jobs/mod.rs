@@ -22,6 +22,7 @@ pub use create::record_handed_over;
 pub mod daemon;
 pub mod logfile;
 pub mod shim;
+mod socket_dir;
 pub mod store;
 
 use std::fs::File;
