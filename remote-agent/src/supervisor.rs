@@ -88,6 +88,8 @@ impl Program {
 /// A started command under its supervisor.
 pub struct Supervised {
     pub pid: i32,
+    /// The supervisor, a child of `serve` that `serve` reaps.
+    supervisor: i32,
     control: UnixStream,
     received: Vec<u8>,
     status: Option<ExitStatus>,
@@ -96,6 +98,7 @@ pub struct Supervised {
 /// A started command's descriptors before the runtime owns them.
 pub struct Started {
     pub pid: i32,
+    supervisor: i32,
     stdin: Option<OwnedFd>,
     stdout: OwnedFd,
     stderr: OwnedFd,
@@ -214,12 +217,36 @@ pub fn start(program: &Program, with_stdin: bool) -> io::Result<Started> {
     match tag[0] {
         b'P' => Ok(Started {
             pid: value,
+            supervisor: pid,
             stdin,
             stdout: out_r,
             stderr: err_r,
             control,
         }),
-        _ => Err(io::Error::from_raw_os_error(value)),
+        _ => {
+            // It ends right after saying so.
+            // SAFETY: waitpid on our own child.
+            unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
+            Err(io::Error::from_raw_os_error(value))
+        }
+    }
+}
+
+/// Supervisors that ended or will end soon (or became a job's shim), each a
+/// child of `serve`: reaped without waiting, at every later look, so none
+/// stays a zombie for long.
+static ENDING: std::sync::Mutex<Vec<i32>> = std::sync::Mutex::new(Vec::new());
+
+fn reap_ending(more: i32) {
+    let mut ending = ENDING.lock().unwrap_or_else(|p| p.into_inner());
+    ending.push(more);
+    // SAFETY: waitpid without blocking, on children of this process.
+    ending.retain(|&pid| unsafe { libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG) } == 0);
+}
+
+impl Drop for Supervised {
+    fn drop(&mut self) {
+        reap_ending(self.supervisor);
     }
 }
 
@@ -237,6 +264,7 @@ impl Started {
         Ok((
             Supervised {
                 pid: self.pid,
+                supervisor: self.supervisor,
                 control: UnixStream::from_std(self.control)?,
                 received: Vec::new(),
                 status: None,

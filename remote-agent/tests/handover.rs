@@ -174,6 +174,23 @@ fn a_handed_over_exec_keeps_every_byte_and_its_exit_code() {
     assert_eq!(String::from_utf8_lossy(&whole(&r.stdout)), "hi\nin\n0 1 2 ");
     let jobs = host.home.path().join(".outpost/jobs");
     assert!(!jobs.join("never-a").exists());
+
+    // Supervisors are serve's children: none is left a zombie for long.
+    for id in 10..40 {
+        agent.run(id, handing("true", 5_000, "never-b"));
+    }
+    let serve = agent.child.id() as i32;
+    let zombies = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+        .filter(|stat| {
+            let after = stat.rsplit_once(") ").map_or("", |(_, rest)| rest);
+            let fields: Vec<&str> = after.split_whitespace().collect();
+            fields.first() == Some(&"Z") && fields.get(1) == Some(&serve.to_string().as_str())
+        })
+        .count();
+    assert!(zombies <= 1, "{zombies} zombie supervisors");
 }
 
 /// Handed over, the job is no longer the connection's: serve SIGKILLed
