@@ -381,6 +381,44 @@ fn a_root_agents_bwrap_sandbox_runs_as_a_uid_of_its_own() {
         std::fs::read_to_string(&job_uid).unwrap().trim(),
         uid.to_string()
     );
+    // An exec handed over as a job at its budget goes on inside, as that
+    // uid, and its job records every byte and its exit code.
+    let handing = ExecRequest {
+        timeout_ms: Some(30_000),
+        hand_over: Some(outpost_protocol::HandOver {
+            after_ms: 300,
+            job: "handed".into(),
+        }),
+        ..exec("echo a; sleep 1; id -u; exit 4")
+    };
+    match host.inside(&id, Request::Exec(handing)) {
+        Response::ExecHandedOver { job, so_far } => {
+            assert_eq!((job.as_str(), out(&so_far).as_str()), ("handed", "a\n"));
+        }
+        other => panic!("expected ExecHandedOver, got {other:?}"),
+    }
+    let wait = outpost_protocol::JobWait {
+        name: "handed".into(),
+        cursor: 0,
+        timeout_ms: 10_000,
+        pattern: None,
+        silence_ms: None,
+        max_bytes: 0,
+    };
+    host.inside(&id, Request::JobWait(wait));
+    let collect = outpost_protocol::JobCollect {
+        name: "handed".into(),
+        output_limit: 1000,
+        remove_if_ended: false,
+        detach: false,
+    };
+    match host.inside(&id, Request::JobCollect(collect)) {
+        Response::JobCollected { result, .. } => {
+            assert_eq!(result.exit_code, Some(4), "{result:?}");
+            assert_eq!(out(&result), format!("a\n{uid}\n"));
+        }
+        other => panic!("expected JobCollected, got {other:?}"),
+    }
     // Another sandbox gets another uid: from the host config's range when
     // it names one; a range that is no range is refused.
     let other = host.create(SandboxSpec {
