@@ -16,6 +16,7 @@
 //! package installed there imports in the next run without a restart.
 
 pub mod contexts;
+mod worker;
 
 use std::path::{Path, PathBuf};
 
