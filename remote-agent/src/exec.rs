@@ -30,9 +30,9 @@ use tokio::process::Command;
 use tokio::sync::watch;
 
 use crate::capture::Capture;
-use crate::handover::{self, Running};
 use crate::outbox::Outbox;
 use crate::proctree::{self, TOKEN_VAR};
+use crate::running::{Process, Running};
 use crate::sandbox::Scope;
 use crate::{guard, paths, supervisor};
 
@@ -155,29 +155,6 @@ fn plan(req: ExecRequest, sandbox: Option<Scope>) -> Result<Plan, AgentError> {
     })
 }
 
-/// Runs in the child between fork and exec: only async-signal-safe calls.
-pub fn child_setup() -> io::Result<()> {
-    // SAFETY: setsid, signal and sigprocmask are async-signal-safe.
-    unsafe {
-        // Own session: pgid == sid == pid, so the whole group can be signalled
-        // and the command is detached from the agent's terminal, if any.
-        if libc::setsid() == -1 {
-            return Err(io::Error::last_os_error());
-        }
-        // Ignored signals survive exec; the agent ignores SIGPIPE (Rust does),
-        // and a command must see the defaults a login shell would.
-        for sig in 1..65 {
-            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
-                libc::signal(sig, libc::SIG_DFL);
-            }
-        }
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
-    }
-    Ok(())
-}
-
 /// A token naming one exec's process tree. It must be unique among the
 /// processes on the host, not secret: agent pid + per-agent counter + clock.
 /// (No getrandom: the portable build links against glibc 2.17, which lacks it.)
@@ -244,7 +221,7 @@ fn spawn(plan: &Plan, token: &str) -> Result<Running, AgentError> {
     // and the error is built without allocating.
     unsafe {
         cmd.pre_exec(move || {
-            child_setup()?;
+            supervisor::child_setup()?;
             // Run after the chdir: a start stuck on a hung filesystem may
             // outlive the session (which then no longer waits for it), and
             // a command whose agent is gone would run unsupervised.
@@ -476,14 +453,61 @@ async fn pump<R: AsyncRead + Unpin>(
     }
 }
 
-/// Runs one exec request to its final response.
+/// A command still running at its `hand_over` time, and what the job
+/// needs to know of it.
+pub struct Handing {
+    pub job: String,
+    pub command: String,
+    pub cwd: PathBuf,
+    pub env: Vec<(String, String)>,
+    pub timeout_ms: Option<u64>,
+    pub sandbox: Option<Scope>,
+    pub token: String,
+    pub pid: i32,
+    pub process: Process,
+    pub guarded: guard::Supervised,
+    pub so_far: ExecResult,
+    pub started: Instant,
+    pub cancel: watch::Receiver<bool>,
+}
+
+/// How [`run_or_hand_over`] ended: its final response, or a command still
+/// running at its `hand_over` time, for [`crate::handover`] to make a job.
+#[allow(clippy::large_enum_variant)] // the answer is the common case: no box for it
+pub enum Ran {
+    Answer(Response),
+    HandOver(Box<Handing>),
+}
+
+/// Runs one exec request, which has no `hand_over`, to its final response.
 pub async fn run(
+    id: RequestId,
+    req: ExecRequest,
+    outbox: &Outbox,
+    cancel: watch::Receiver<bool>,
+    sandbox: Option<Scope>,
+) -> Response {
+    let req = ExecRequest {
+        hand_over: None,
+        ..req
+    };
+    match run_or_hand_over(id, req, outbox, cancel, sandbox).await {
+        Ran::Answer(response) => response,
+        Ran::HandOver(_) => Response::Error(error(
+            ErrorKind::Internal,
+            "an exec without hand_over reached a hand-over",
+        )),
+    }
+}
+
+/// Runs one exec request to its final response, or to its hand-over.
+pub async fn run_or_hand_over(
     id: RequestId,
     req: ExecRequest,
     outbox: &Outbox,
     mut cancel: watch::Receiver<bool>,
     sandbox: Option<Scope>,
-) -> Response {
+) -> Ran {
     let started = Instant::now();
     let timeout = req.timeout_ms.map(Duration::from_millis);
     // The cwd check and the fork (which waits for the child's chdir and
@@ -522,7 +546,7 @@ pub async fn run(
                     supervised.ended();
                 }
             });
-            return Response::ExecDone(ExecResult {
+            return Ran::Answer(Response::ExecDone(ExecResult {
                 exit_code: None,
                 signal: None,
                 timed_out: ending == Ending::TimedOut,
@@ -531,13 +555,18 @@ pub async fn run(
                 stderr: CapturedOutput::default(),
                 duration_ms: started.elapsed().as_millis() as u64,
                 egress_denied: Vec::new(),
-            });
+            }));
         }
     };
     let (plan, token, guarded, running, egress) = match launched {
         Ok(Ok(launched)) => launched,
-        Ok(Err(e)) => return Response::Error(e),
-        Err(_) => return Response::Error(error(ErrorKind::Internal, "the spawn panicked")),
+        Ok(Err(e)) => return Ran::Answer(Response::Error(e)),
+        Err(_) => {
+            return Ran::Answer(Response::Error(error(
+                ErrorKind::Internal,
+                "the spawn panicked",
+            )));
+        }
     };
     let Running {
         pid,
@@ -690,10 +719,15 @@ pub async fn run(
         };
     let Some(guarded) = guarded.filter(|_| ending == Ending::HandedOver) else {
         process.release().await;
-        return Response::ExecDone(result(status, ending, out_sink.finish(), err_sink.finish()));
+        return Ran::Answer(Response::ExecDone(result(
+            status,
+            ending,
+            out_sink.finish(),
+            err_sink.finish(),
+        )));
     };
     let so_far = result(None, ending, out_sink.finish(), err_sink.finish());
-    handover::hand_over(handover::Handing {
+    Ran::HandOver(Box::new(Handing {
         job: plan.hand_over.map(|h| h.job).unwrap_or_default(),
         command: plan.command,
         cwd: plan.cwd,
@@ -707,8 +741,7 @@ pub async fn run(
         so_far,
         started,
         cancel,
-    })
-    .await
+    }))
 }
 
 #[cfg(test)]

@@ -1,109 +1,18 @@
-//! An exec that becomes a background job when its call's budget runs out,
-//! and the two ways [`crate::exec`] holds a running command: as a direct
-//! child of `serve`, or under a [supervisor](crate::supervisor) that can
-//! hand it over.
+//! An exec that becomes a background job when its call's budget runs out:
+//! [`crate::exec`] says when ([`Handing`]), `serve` calls [`hand_over`],
+//! which records the job and turns the command's
+//! [supervisor](crate::supervisor) into its shim.
 
-use std::io;
-use std::path::PathBuf;
-use std::process::ExitStatus;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use outpost_protocol::{ExecResult, JobSpec, Response, WatchSpec};
-use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::process::Child;
-use tokio::sync::watch;
 
-use crate::guard;
+pub use crate::exec::Handing;
 use crate::proctree;
-use crate::sandbox::Scope;
-use crate::supervisor::{Started, Supervised};
+use crate::running::Process;
 
 /// Upper bound on waits that only a wedged kernel could exceed.
 const STUCK: Duration = Duration::from_secs(2);
-
-/// A command just started, with its pipes.
-pub struct Running {
-    pub pid: i32,
-    pub stdin: Option<Box<dyn AsyncWrite + Send + Unpin>>,
-    pub stdout: Box<dyn AsyncRead + Send + Unpin>,
-    pub stderr: Box<dyn AsyncRead + Send + Unpin>,
-    pub process: Process,
-}
-
-impl Running {
-    pub fn direct(mut child: Child) -> Option<Running> {
-        Some(Running {
-            pid: child.id()? as i32,
-            stdin: child
-                .stdin
-                .take()
-                .map(|p| Box::new(p) as Box<dyn AsyncWrite + Send + Unpin>),
-            stdout: Box::new(child.stdout.take()?),
-            stderr: Box::new(child.stderr.take()?),
-            process: Process::Direct(child),
-        })
-    }
-
-    /// Hands the descriptors to the runtime (on one of its threads).
-    pub fn supervised(started: Started) -> io::Result<Running> {
-        let (supervised, stdin, stdout, stderr) = started.into_parts()?;
-        Ok(Running {
-            pid: supervised.pid,
-            stdin: stdin.map(|p| Box::new(p) as Box<dyn AsyncWrite + Send + Unpin>),
-            stdout: Box::new(stdout),
-            stderr: Box::new(stderr),
-            process: Process::Supervised(supervised),
-        })
-    }
-}
-
-pub enum Process {
-    Direct(Child),
-    Supervised(Supervised),
-}
-
-impl Process {
-    /// The exit status once the command exited; cancel-safe. A supervised
-    /// command stays unreaped until [`Process::release`].
-    pub async fn wait(&mut self) -> Option<ExitStatus> {
-        match self {
-            Process::Direct(child) => child.wait().await.ok(),
-            Process::Supervised(s) => s.wait().await,
-        }
-    }
-
-    pub async fn try_wait(&mut self) -> Option<ExitStatus> {
-        match self {
-            Process::Direct(child) => child.try_wait().ok().flatten(),
-            Process::Supervised(s) => s.try_wait().await,
-        }
-    }
-
-    /// Done with it: a supervised command is reaped and its supervisor ends.
-    pub async fn release(self) {
-        if let Process::Supervised(s) = self {
-            s.release().await;
-        }
-    }
-}
-
-/// A command still running at its `hand_over` time, and what the job
-/// needs to know of it.
-pub struct Handing {
-    pub job: String,
-    pub command: String,
-    pub cwd: PathBuf,
-    pub env: Vec<(String, String)>,
-    pub timeout_ms: Option<u64>,
-    pub sandbox: Option<Scope>,
-    pub token: String,
-    pub pid: i32,
-    pub process: Process,
-    pub guarded: guard::Supervised,
-    pub so_far: ExecResult,
-    pub started: Instant,
-    pub cancel: watch::Receiver<bool>,
-}
 
 /// Records the job, gives the command to it and answers `ExecHandedOver`;
 /// if it cannot, stops the command and answers `ExecCutShort` with why.

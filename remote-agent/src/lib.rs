@@ -36,6 +36,7 @@ mod metrics;
 mod outbox;
 mod paths;
 mod proctree;
+mod running;
 mod sandbox;
 pub mod serve;
 mod supervisor;

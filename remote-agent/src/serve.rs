@@ -30,7 +30,9 @@ use tokio::task::JoinSet;
 use crate::files::Appliers;
 use crate::metrics::Monitor;
 use crate::outbox::{self, Outbox};
-use crate::{cleanup, code, exec, files, gpu, guard, heap, identity, jobs, leases, sandbox};
+use crate::{
+    cleanup, code, exec, files, gpu, guard, handover, heap, identity, jobs, leases, sandbox,
+};
 
 /// How long shutdown waits for cancelled commands to report.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(2);
@@ -558,7 +560,10 @@ async fn answer_boxed(
             };
             exec::run(id, req, &outbox, cancel, scope).await
         }
-        Request::Exec(req) => exec::run(id, req, &outbox, cancel, scope).await,
+        Request::Exec(req) => match exec::run_or_hand_over(id, req, &outbox, cancel, scope).await {
+            exec::Ran::Answer(response) => response,
+            exec::Ran::HandOver(handing) => handover::hand_over(*handing).await,
+        },
         Request::Ping => Response::Pong,
         Request::Metrics => metrics(shared).await,
         Request::GpuLease(_) | Request::GpuRelease { .. } if scope.is_some() => error(

@@ -659,7 +659,7 @@ unsafe fn run_command(p: &Prepared) -> ! {
             send(EXEC_ERR_WRITE, &e.to_le_bytes());
             libc::_exit(127)
         };
-        if crate::exec::child_setup().is_err() {
+        if child_setup().is_err() {
             fail(errno());
         }
         if libc::chdir(p.cwd) != 0 {
@@ -693,4 +693,27 @@ unsafe fn close_from(first: RawFd) {
             libc::close(fd);
         }
     }
+}
+
+/// Runs in the child between fork and exec: only async-signal-safe calls.
+pub fn child_setup() -> io::Result<()> {
+    // SAFETY: setsid, signal and sigprocmask are async-signal-safe.
+    unsafe {
+        // Own session: pgid == sid == pid, so the whole group can be signalled
+        // and the command is detached from the agent's terminal, if any.
+        if libc::setsid() == -1 {
+            return Err(io::Error::last_os_error());
+        }
+        // Ignored signals survive exec; the agent ignores SIGPIPE (Rust does),
+        // and a command must see the defaults a login shell would.
+        for sig in 1..65 {
+            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+        }
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
+    }
+    Ok(())
 }

@@ -29,24 +29,21 @@ use outpost_protocol::{
 };
 use tokio::sync::watch;
 
+pub use super::worker::{GRACE, START_WAIT};
 use super::worker::{Worker, signal_run};
 use super::{error, validate_context};
 use crate::proctree;
 use crate::sandbox;
 
-/// How long a run may go on after its interrupt before the context restarts.
-pub const GRACE: Duration = Duration::from_secs(2);
-/// How long a new worker may take to say it is ready.
-pub const START_WAIT: Duration = Duration::from_secs(30);
 /// Idle host contexts end after this long (a sandbox's live as long as it).
 const HOST_IDLE: Duration = Duration::from_secs(3600);
 /// Contexts one host or sandbox may hold.
 const MAX_CONTEXTS: usize = 32;
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(super) struct Key {
-    pub(super) sandbox: Option<String>,
-    pub(super) name: String,
+struct Key {
+    sandbox: Option<String>,
+    name: String,
 }
 
 /// Every context this daemon holds.
@@ -412,7 +409,7 @@ impl Context {
         }
         if slot.is_none() {
             let generation = self.status().generation;
-            let worker = Worker::start(&self.key, self.language).await?;
+            let worker = Worker::start(self.key.sandbox.as_deref(), self.language).await?;
             let stale = {
                 let mut status = self.status();
                 let stale = status.generation != generation || self.removed.load(Ordering::SeqCst);

@@ -1,8 +1,8 @@
 //! Code contexts: interpreters that keep their state between runs, for
 //! `execute_code`. The job daemon holds them ([`contexts`]), so they outlive
 //! the SSH connection and the controller; `serve` only forwards `CodeRun`,
-//! `CodeContexts` and `CodeControl` to it
-//! ([`crate::jobs::client::ask_code`]), and answers `CodeInstall` itself by
+//! `CodeContexts` and `CodeControl` to it (the job daemon's client does),
+//! and answers `CodeInstall` itself by
 //! running pip or uv like any command ([`install`]).
 //!
 //! The workers are carried in this binary: [`PYTHON_WORKER`] runs under the

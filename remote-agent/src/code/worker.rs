@@ -20,7 +20,10 @@ use tokio::net::unix::pipe;
 use tokio::process::{Child, Command};
 use tokio::sync::Notify;
 
-use super::contexts::{GRACE, Key, START_WAIT};
+/// How long a run may go on after its interrupt before the context restarts.
+pub const GRACE: Duration = Duration::from_secs(2);
+/// How long a new worker may take to say it is ready.
+pub const START_WAIT: Duration = Duration::from_secs(30);
 use super::{BASH_WORKER, PYTHON_BOOT, PYTHON_WORKER, error, sh_quote};
 use crate::capture::Capture;
 use crate::proctree::{self, TOKEN_VAR};
@@ -166,7 +169,10 @@ pub(super) enum End {
 }
 
 impl Worker {
-    pub(super) async fn start(key: &Key, language: CodeLanguage) -> Result<Worker, AgentError> {
+    pub(super) async fn start(
+        sandbox: Option<&str>,
+        language: CodeLanguage,
+    ) -> Result<Worker, AgentError> {
         let mark = new_mark()?;
         let token = format!("code-{}", exec::new_token());
         let spawn_failed = |m: String| error(ErrorKind::SpawnFailed, m);
@@ -182,7 +188,7 @@ impl Worker {
             ("MPLBACKEND".to_string(), "Agg".to_string()),
             ("PYTHONUNBUFFERED".to_string(), "1".to_string()),
         ];
-        let mut cmd = match &key.sandbox {
+        let mut cmd = match sandbox {
             Some(id) => {
                 let scope = Scope::of(id)?;
                 env.push((
@@ -220,7 +226,7 @@ impl Worker {
         // SAFETY: only async-signal-safe calls (fcntl, dup2, setsid, signal).
         unsafe {
             cmd.pre_exec(move || {
-                exec::child_setup()?;
+                crate::supervisor::child_setup()?;
                 place_fds(child_in, child_out)
             });
         }

@@ -30,7 +30,6 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::store::{self, ExitRecord, ProcId, Record};
-use crate::exec;
 use crate::paths;
 use crate::proctree::{self, TOKEN_VAR};
 use crate::sandbox::Scope;
@@ -188,7 +187,7 @@ fn supervise(dir: &Path, resume: bool) -> Result<(), String> {
     };
     // SAFETY: child_setup only makes async-signal-safe calls.
     unsafe {
-        cmd.pre_exec(exec::child_setup);
+        cmd.pre_exec(supervisor::child_setup);
     }
     let mut child = cmd.spawn().map_err(|e| {
         format!(
