@@ -340,9 +340,19 @@ impl Supervised {
             .write_all(&message)
             .await
             .map_err(|e| format!("the command's supervisor is gone: {e}"))?;
-        // An exit reported just before the request went out comes first.
+        // An exit reported just before the request went out comes first. A
+        // shim that cannot record itself in time (a hung filesystem) is given
+        // up on: the call is answered, and the command stopped.
+        let deadline = tokio::time::Instant::now() + ADOPT_WAIT;
         loop {
-            match self.next_message().await {
+            let next = tokio::time::timeout_at(deadline, self.next_message());
+            let Ok(next) = next.await else {
+                return Err(format!(
+                    "the job's shim did not take over within {} s",
+                    ADOPT_WAIT.as_secs()
+                ));
+            };
+            match next {
                 Some((b'r', _)) => return Ok(()),
                 Some((b'X', raw)) => self.status = Some(ExitStatus::from_raw(raw)),
                 Some((b'F', e)) => {
@@ -357,6 +367,9 @@ impl Supervised {
         }
     }
 }
+
+/// How long the shim may take to record itself and answer.
+const ADOPT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The most bytes of an adoption request.
 const ADOPT_MAX: usize = 4000;

@@ -94,16 +94,9 @@ fn supervise_adopted(dir: &Path, pid: i32, elapsed_ms: u64) -> Result<(), String
             libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK);
         }
     }
-    let me = ProcId::of(std::process::id() as i32).ok_or("cannot read /proc/self/stat")?;
-    store::write_json(&dir.join(store::SHIM), &me, false)
-        .map_err(|e| format!("cannot write {}: {e}", store::SHIM))?;
-    let record: Record = store::read_json(&dir.join(store::SPEC))
-        .ok_or_else(|| format!("cannot read {}", store::SPEC))?;
+    let record = take_charge(dir)?;
     let log = append_to(&record.log)?;
-    let files = [
-        append_to(&dir.join(store::STDOUT))?,
-        append_to(&dir.join(store::STDERR))?,
-    ];
+    let files = stream_files(dir)?;
     if let Some(id) = ProcId::of(pid) {
         store::write_json(&dir.join(store::CHILD), &id, true)
             .map_err(|e| format!("cannot write {}: {e}", store::CHILD))?;
@@ -133,11 +126,7 @@ fn supervise_adopted(dir: &Path, pid: i32, elapsed_ms: u64) -> Result<(), String
 fn supervise(dir: &Path, resume: bool) -> Result<(), String> {
     let root = dir.parent().ok_or("the job dir has no parent")?;
     let _ = std::fs::remove_file(dir.join(store::SPAWN_ERROR));
-    let me = ProcId::of(std::process::id() as i32).ok_or("cannot read /proc/self/stat")?;
-    store::write_json(&dir.join(store::SHIM), &me, false)
-        .map_err(|e| format!("cannot write {}: {e}", store::SHIM))?;
-    let record: Record = store::read_json(&dir.join(store::SPEC))
-        .ok_or_else(|| format!("cannot read {}", store::SPEC))?;
+    let record = take_charge(dir)?;
     let command = if resume {
         super::resume_command(&record.spec.watch).ok_or("the job has no resume command")?
     } else {
@@ -171,13 +160,7 @@ fn supervise(dir: &Path, resume: bool) -> Result<(), String> {
         });
     let split = if record.spec.split_streams {
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-        Some((
-            log,
-            [
-                append_to(&dir.join(store::STDOUT))?,
-                append_to(&dir.join(store::STDERR))?,
-            ],
-        ))
+        Some((log, stream_files(dir)?))
     } else {
         let log2 = log
             .try_clone()
@@ -275,6 +258,22 @@ fn record_exit(
         let _ = File::open(dir).and_then(|d| d.sync_all());
     }
     Ok(())
+}
+
+/// Records this process as the job's shim; the job's record.
+fn take_charge(dir: &Path) -> Result<Record, String> {
+    let me = ProcId::of(std::process::id() as i32).ok_or("cannot read /proc/self/stat")?;
+    store::write_json(&dir.join(store::SHIM), &me, false)
+        .map_err(|e| format!("cannot write {}: {e}", store::SHIM))?;
+    store::read_json(&dir.join(store::SPEC)).ok_or_else(|| format!("cannot read {}", store::SPEC))
+}
+
+/// A split job's stdout and stderr files, opened to append.
+fn stream_files(dir: &Path) -> Result<[File; 2], String> {
+    Ok([
+        append_to(&dir.join(store::STDOUT))?,
+        append_to(&dir.join(store::STDERR))?,
+    ])
 }
 
 fn append_to(path: &Path) -> Result<File, String> {

@@ -52,23 +52,46 @@ pub fn fetch(path: &Path, keeper_pid: i32) -> Option<OwnedFd> {
     receive_fd(&stream)
 }
 
-fn send_fd(stream: &UnixStream, fd: RawFd) -> io::Result<()> {
-    let mut byte = [0u8; 1];
-    let mut iov = libc::iovec {
-        iov_base: byte.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
-    // SAFETY: CMSG_SPACE is a pure computation.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
-    let mut control = vec![0u8; space];
-    // SAFETY: a zeroed msghdr pointing at live buffers of the given sizes;
-    // the one cmsg header is written within `control`.
-    unsafe {
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &mut iov;
+/// One byte of payload and room for one descriptor: what each side passes
+/// to `sendmsg` / `recvmsg`. The header points into `self`, so it is built
+/// where it is used.
+struct OneFd {
+    byte: [u8; 1],
+    iov: libc::iovec,
+    control: Vec<u8>,
+}
+
+impl OneFd {
+    fn new() -> OneFd {
+        // SAFETY: CMSG_SPACE is a pure computation.
+        let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+        OneFd {
+            byte: [0],
+            iov: libc::iovec {
+                iov_base: std::ptr::null_mut(),
+                iov_len: 1,
+            },
+            control: vec![0u8; space],
+        }
+    }
+
+    fn header(&mut self) -> libc::msghdr {
+        self.iov.iov_base = self.byte.as_mut_ptr().cast();
+        // SAFETY: a zeroed msghdr is valid; it points at buffers of `self`.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut self.iov;
         msg.msg_iovlen = 1;
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = space as _;
+        msg.msg_control = self.control.as_mut_ptr().cast();
+        msg.msg_controllen = self.control.len() as _;
+        msg
+    }
+}
+
+fn send_fd(stream: &UnixStream, fd: RawFd) -> io::Result<()> {
+    let mut one = OneFd::new();
+    let msg = one.header();
+    // SAFETY: the one cmsg header is written within `control`.
+    unsafe {
         let cmsg = libc::CMSG_FIRSTHDR(&msg);
         (*cmsg).cmsg_level = libc::SOL_SOCKET;
         (*cmsg).cmsg_type = libc::SCM_RIGHTS;
@@ -82,21 +105,10 @@ fn send_fd(stream: &UnixStream, fd: RawFd) -> io::Result<()> {
 }
 
 fn receive_fd(stream: &UnixStream) -> Option<OwnedFd> {
-    let mut byte = [0u8; 1];
-    let mut iov = libc::iovec {
-        iov_base: byte.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
-    // SAFETY: CMSG_SPACE is a pure computation.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
-    let mut control = vec![0u8; space];
-    // SAFETY: as in `send_fd`; a descriptor received is ours to own.
+    let mut one = OneFd::new();
+    let mut msg = one.header();
+    // SAFETY: recvmsg into `one`'s buffers; a descriptor received is ours.
     unsafe {
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = space as _;
         if libc::recvmsg(stream.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) != 1 {
             return None;
         }
