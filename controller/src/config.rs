@@ -1,4 +1,4 @@
-//! Configuration: which sandboxes exist and how to reach them.
+//! Configuration: which hosts exist and how to reach them.
 //!
 //! Sources, merged in this order:
 //! 1. The TOML file `$OUTPOST_CONFIG`, else `~/.config/outpost/config.toml` (optional).
@@ -31,7 +31,7 @@ pub use target::default_keys;
 use target::resolve;
 
 /// Name of the built-in sandbox that runs on the controller's own machine.
-pub const LOCAL_SANDBOX: &str = "local";
+pub const LOCAL_HOST: &str = "local";
 
 /// The agent's state directory on a host unless `remote_dir` says (`~` is
 /// the host's home).
@@ -40,9 +40,9 @@ pub const DEFAULT_REMOTE_DIR: &str = "~/.outpost";
 /// Live isolated sandboxes one user may have on a host, unless the file says.
 pub const DEFAULT_MAX_SANDBOXES_PER_HOST: u32 = 8;
 
-/// Reads `name` as a sandbox name: a configured sandbox (`configured`
+/// Reads `name` as a sandbox name: a configured host (`configured`
 /// says which names are), else `HOST/ID`, isolated sandbox ID made on the
-/// configured sandbox HOST. Returns the configured name and the id, if any;
+/// configured host HOST. Returns the configured name and the id, if any;
 /// None when it is neither. The id is not checked here ([`check_sandbox_id`]).
 pub fn split_sandbox_name(
     name: &str,
@@ -94,7 +94,9 @@ pub fn check_sandbox_id(id: &str) -> Result<(), String> {
 
 #[derive(Debug, Clone)]
 pub struct Config {
-    pub sandboxes: Vec<SandboxConfig>,
+    /// The configured hosts (each a `[[sandbox]]` entry, as remote-sandbox-mcp
+    /// calls them), `local` last.
+    pub hosts: Vec<HostConfig>,
     /// Outpost's own known_hosts, where accepted new host keys are recorded.
     pub known_hosts: PathBuf,
     /// The user's OpenSSH known_hosts, read but never written.
@@ -153,7 +155,7 @@ impl Default for Hooks {
 }
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct SandboxConfig {
+pub struct HostConfig {
     pub name: String,
     pub target: Target,
     /// Set for a cluster's login node: `create_sandbox` on it is a Slurm
@@ -264,10 +266,10 @@ pub struct SshTarget {
     pub unusable: Option<String>,
 }
 
-impl SandboxConfig {
+impl HostConfig {
     pub fn local() -> Self {
-        SandboxConfig {
-            name: LOCAL_SANDBOX.into(),
+        HostConfig {
+            name: LOCAL_HOST.into(),
             target: Target::Local,
             slurm: None,
             allow_hosts: Vec::new(),
@@ -289,7 +291,7 @@ impl SandboxConfig {
 /// One entry of `REMOTE_SANDBOX_LIST` or `[[sandbox]]` in the TOML file.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawSandbox {
+struct RawHost {
     name: Option<String>,
     host: Option<String>,
     /// Instead of SSH: an argv template with one `{command}` element that
@@ -332,7 +334,7 @@ struct RawFile {
     client_budget_s: BTreeMap<String, f64>,
     max_sandboxes_per_host: Option<u32>,
     #[serde(default)]
-    sandbox: Vec<RawSandbox>,
+    sandbox: Vec<RawHost>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -416,12 +418,12 @@ impl Config {
 
     /// A configuration with these sandboxes and defaults for the rest (for
     /// embedding and tests; users go through [`Config::load`]).
-    pub fn new(sandboxes: Vec<SandboxConfig>, known_hosts: PathBuf) -> Config {
+    pub fn new(hosts: Vec<HostConfig>, known_hosts: PathBuf) -> Config {
         let home = known_hosts
             .parent()
             .map_or_else(|| PathBuf::from(".outpost"), Path::to_path_buf);
         Config {
-            sandboxes,
+            hosts,
             known_hosts,
             user_known_hosts: None,
             connect_timeout: Duration::from_secs(10),
@@ -478,7 +480,7 @@ impl Config {
             None => (RawFile::default(), String::new()),
         };
 
-        let mut raw: Vec<RawSandbox> = file.sandbox;
+        let mut raw: Vec<RawHost> = file.sandbox;
         let from_file = raw.len();
         // Policies come from the file only: remote-sandbox-mcp's variables
         // describe hosts, never rules.
@@ -499,7 +501,7 @@ impl Config {
             .filter(|s| !s.is_empty())
             .collect::<Vec<_>>();
         if let Some(list) = env.var("REMOTE_SANDBOX_LIST") {
-            let parsed: Vec<RawSandbox> = serde_json::from_str(&list).context(
+            let parsed: Vec<RawHost> = serde_json::from_str(&list).context(
                 "REMOTE_SANDBOX_LIST must be a JSON array of {name?, host, port?, user, password? | key_file?, key_passphrase?}",
             )?;
             if parsed.iter().any(|r| r.policy.is_some()) {
@@ -517,7 +519,7 @@ impl Config {
                 ),
                 None => None,
             };
-            raw.push(RawSandbox {
+            raw.push(RawHost {
                 host: Some(host),
                 port,
                 user: env.var("REMOTE_USER"),
@@ -541,50 +543,50 @@ impl Config {
 
         let default_user = env.var("USER").unwrap_or_else(current_user);
         let strict_default = file.strict_host_keys.unwrap_or(false);
-        let mut sandboxes: Vec<SandboxConfig> = Vec::new();
+        let mut hosts: Vec<HostConfig> = Vec::new();
         for (i, mut r) in raw.into_iter().enumerate() {
             let slurm = r.slurm.take();
             let allow_hosts = r.allow_hosts.take().unwrap_or_default();
             let sandbox_uids = r.sandbox_uids.take();
-            let mut sandbox = resolve(
+            let mut host = resolve(
                 r,
                 ssh_config.as_ref(),
                 home.as_deref(),
                 &default_user,
                 strict_default,
             )?;
-            sandbox.allow_hosts = allow_hosts;
-            sandbox.sandbox_uids = sandbox_uids
+            host.allow_hosts = allow_hosts;
+            host.sandbox_uids = sandbox_uids
                 .as_deref()
                 .map(parse_uid_range)
                 .transpose()
-                .map_err(|e| anyhow::anyhow!("sandbox {:?}: {e}", sandbox.name))?;
-            sandbox.slurm = slurm
+                .map_err(|e| anyhow::anyhow!("sandbox {:?}: {e}", host.name))?;
+            host.slurm = slurm
                 .map(slurm::RawSlurm::resolve)
                 .transpose()
-                .map_err(|e| anyhow::anyhow!("sandbox {:?}: {e}", sandbox.name))?;
-            let taken = sandboxes.iter().position(|s| s.name == sandbox.name);
+                .map_err(|e| anyhow::anyhow!("sandbox {:?}: {e}", host.name))?;
+            let taken = hosts.iter().position(|s| s.name == host.name);
             // The file is the user's considered word; the remote-sandbox-mcp
             // variables are often left over from before it.
             if taken.is_some_and(|t| t < from_file) && i >= from_file {
                 tracing::warn!(
                     "sandbox {:?} is in the config file and the environment; the file's is used",
-                    sandbox.name
+                    host.name
                 );
                 continue;
             }
             if taken.is_some() {
                 bail!(
                     "two sandboxes are named {:?}; give each a distinct \"name\"",
-                    sandbox.name
+                    host.name
                 );
             }
-            sandboxes.push(sandbox);
+            hosts.push(host);
         }
-        if file.local.unwrap_or(true) && !sandboxes.iter().any(|s| s.name == LOCAL_SANDBOX) {
-            sandboxes.push(SandboxConfig::local());
+        if file.local.unwrap_or(true) && !hosts.iter().any(|s| s.name == LOCAL_HOST) {
+            hosts.push(HostConfig::local());
         }
-        if sandboxes.is_empty() {
+        if hosts.is_empty() {
             bail!("no sandbox configured and the local sandbox is disabled (local = false)");
         }
         let mut raw_policy = file.policy.unwrap_or_default();
@@ -652,7 +654,7 @@ impl Config {
             max_sandboxes_per_host: file
                 .max_sandboxes_per_host
                 .unwrap_or(DEFAULT_MAX_SANDBOXES_PER_HOST),
-            sandboxes,
+            hosts,
             known_hosts,
             home: outpost_home,
             user_known_hosts: home.map(|h| h.join(".ssh/known_hosts")),

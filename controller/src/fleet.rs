@@ -1,4 +1,4 @@
-//! The configured sandboxes, which one is active, and queries across all of them.
+//! The configured hosts, which one is active, and queries across all of them.
 //! Also the isolated sandboxes made on them, by name (`HOST/ID`, see
 //! [`Fleet::get`]).
 //!
@@ -60,7 +60,7 @@ impl HeldLease {
 
 /// One row of `list_sandboxes`.
 #[derive(Debug, Clone, Serialize)]
-pub struct SandboxStatus {
+pub struct HostStatus {
     pub name: String,
     pub host: String,
     pub port: u16,
@@ -73,9 +73,9 @@ pub struct SandboxStatus {
     pub resources: Option<Resources>,
 }
 
-impl SandboxStatus {
+impl HostStatus {
     /// The row once its host was measured (connected, or why not).
-    pub fn measured(mut self, resources: Result<Resources, String>) -> SandboxStatus {
+    pub fn measured(mut self, resources: Result<Resources, String>) -> HostStatus {
         self.connection_alive = resources.is_ok();
         (self.resources, self.connection_error) = match resources {
             Ok(r) => (Some(r), None),
@@ -106,7 +106,7 @@ pub fn allocation_job(login: &str, id: &str) -> Result<u64, String> {
 impl Fleet {
     /// The fleet of `config`, or why its policy does not compile.
     pub fn try_new(config: Config) -> anyhow::Result<Fleet> {
-        let names: Vec<String> = config.sandboxes.iter().map(|s| s.name.clone()).collect();
+        let names: Vec<String> = config.hosts.iter().map(|s| s.name.clone()).collect();
         let policy = Policy::compile(&config.policy, &names)?;
         Ok(Fleet::with_policy(config, policy))
     }
@@ -129,7 +129,7 @@ impl Fleet {
         });
         let agent_missing = ctx.artifacts.missing();
         let sessions: Vec<Arc<Session>> = config
-            .sandboxes
+            .hosts
             .iter()
             .map(|s| Arc::new(Session::new(s.clone(), ctx.clone())))
             .collect();
@@ -171,7 +171,7 @@ impl Fleet {
         self.active.read().unwrap().clone()
     }
 
-    /// The named session, or the active one: a configured sandbox, or an
+    /// The named session, or the active one: a configured host, or an
     /// isolated sandbox `HOST/ID` on one (a view of HOST's session, made on
     /// first use; whether the sandbox exists is for its host to say).
     pub fn get(&self, name: Option<&str>) -> Result<Arc<Session>, String> {
@@ -230,9 +230,9 @@ impl Fleet {
         Ok(())
     }
 
-    /// Status of every sandbox. With `check_resources`, every host is connected
+    /// Status of every configured host. With `check_resources`, every host is connected
     /// and measured concurrently, each within `deadline`.
-    pub async fn list(&self, check_resources: bool, deadline: Duration) -> Vec<SandboxStatus> {
+    pub async fn list(&self, check_resources: bool, deadline: Duration) -> Vec<HostStatus> {
         let active = self.active_name();
         let rows = self.sessions.iter().map(|session| {
             let active = &active;
@@ -250,11 +250,11 @@ impl Fleet {
         futures::future::join_all(rows).await
     }
 
-    /// A sandbox's row as it stands, without connecting: whether its
+    /// A host's row as it stands, without connecting: whether its
     /// connection is alive now, or why it closed.
-    pub fn status(session: &Session, active: &str) -> SandboxStatus {
+    pub fn status(session: &Session, active: &str) -> HostStatus {
         let (host, port, user) = session.config.address();
-        let mut row = SandboxStatus {
+        let mut row = HostStatus {
             name: session.name().to_string(),
             host,
             port,
@@ -272,7 +272,7 @@ impl Fleet {
         row
     }
 
-    /// Connects the named (or active) sandbox and reports whether it is alive
+    /// Connects the named (or active) host or sandbox and reports whether it is alive
     /// (an isolated one: whether its host answers inside it).
     pub async fn check(
         &self,
@@ -286,7 +286,7 @@ impl Fleet {
         Ok((session, err))
     }
 
-    /// Resources of one sandbox, connecting if needed, within `deadline`.
+    /// Resources of one host or sandbox, connecting if needed, within `deadline`.
     pub async fn resources(session: &Session, deadline: Duration) -> Result<Resources, String> {
         match tokio::time::timeout(deadline, session.metrics()).await {
             Ok(Ok(m)) => Ok(Resources::from_metrics(&m)),
@@ -295,9 +295,9 @@ impl Fleet {
         }
     }
 
-    /// Measures every configured sandbox concurrently; the idlest one that
+    /// Measures every configured host concurrently; the idlest one that
     /// meets `req`, with its resources, or why none fits. `answered` counts
-    /// the sandboxes measured (or given up on) so far.
+    /// the hosts measured (or given up on) so far.
     ///
     /// A Slurm cluster is a candidate only when `req` asks for GPUs, and
     /// only after every host: it fits when a partition has an idle node
@@ -358,7 +358,7 @@ impl Fleet {
             .ok_or_else(|| format!("no sandbox fits: {}", rejected.join("; ")))
     }
 
-    /// Runs `req` on each named sandbox concurrently.
+    /// Runs `req` on each named host or sandbox concurrently.
     pub async fn exec_many(
         &self,
         names: &[String],
@@ -374,7 +374,7 @@ impl Fleet {
         .await
     }
 
-    /// Reserves GPUs on the named (or active) configured sandbox.
+    /// Reserves GPUs on the named (or active) configured host.
     pub async fn reserve_gpus(
         &self,
         name: Option<&str>,

@@ -114,7 +114,7 @@ impl Rules {
 pub struct Policy {
     global: Rules,
     sandboxes: BTreeMap<String, Rules>,
-    /// Every configured sandbox: an isolated sandbox `HOST/ID` is under
+    /// Every configured host: an isolated sandbox `HOST/ID` is under
     /// the rules of HOST.
     configured: Vec<String>,
     /// The config file the rules came from, for messages.

@@ -292,12 +292,14 @@ fn leases(r: &mut String) {
 /// The job daemon: running or not, how it was (or would be) started, and
 /// whether jobs survive this user's logout.
 fn jobs(r: &mut String) {
-    use crate::jobs::{client, daemon, store};
+    use crate::daemon::{self, client};
+    use crate::jobs::store;
+    use crate::statefile;
     let Some(state) = paths::state_dir() else {
         field(r, "daemon", "unknown (no state directory)");
         return;
     };
-    let info: Option<daemon::DaemonInfo> = store::read_json(&daemon::info_path(&state));
+    let info: Option<daemon::DaemonInfo> = statefile::read_json(&daemon::info_path(&state));
     match info.filter(|i| i.process.alive()) {
         Some(i) => field(
             r,

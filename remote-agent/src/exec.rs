@@ -113,7 +113,7 @@ fn plan(req: ExecRequest, sandbox: Option<Scope>) -> Result<Plan, AgentError> {
         if req.stream {
             return Err(bad("hand_over cannot be combined with stream".into()));
         }
-        if !crate::jobs::store::valid_name(&h.job) {
+        if !crate::statefile::valid_name(&h.job) {
             return Err(bad(format!("invalid job name {:?}", h.job)));
         }
     }

@@ -58,7 +58,7 @@ pub async fn hand_over(h: Handing) -> Response {
                 Ok(()) => {
                     // The job's from now on: a dying serve must leave it be.
                     guarded.ended();
-                    crate::jobs::nudge();
+                    crate::daemon::client::nudge();
                     if *cancel.borrow() {
                         let name = job.clone();
                         let _ = tokio::task::spawn_blocking(move || crate::jobs::cancel(&name, 0))

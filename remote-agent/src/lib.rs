@@ -21,6 +21,7 @@ mod account;
 mod capture;
 mod cleanup;
 mod code;
+mod daemon;
 mod diagnose;
 mod exec;
 mod files;
@@ -39,6 +40,7 @@ mod proctree;
 mod running;
 mod sandbox;
 pub mod serve;
+mod statefile;
 mod supervisor;
 
 /// `outpost-agent diagnose`: prints a report about this host and the
@@ -50,7 +52,7 @@ pub fn diagnose() -> i32 {
 /// `outpost-agent daemon`: the per-user job daemon. `started_by` says how
 /// it was started (`None`: by a double fork).
 pub fn daemon(started_by: Option<&str>) -> i32 {
-    jobs::daemon::main(started_by.unwrap_or(jobs::client::STARTED_BY_FORK))
+    daemon::main(started_by.unwrap_or(daemon::client::STARTED_BY_FORK))
 }
 
 /// `outpost-agent shim <dir>`: supervises one background job.

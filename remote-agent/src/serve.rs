@@ -31,7 +31,7 @@ use crate::files::Appliers;
 use crate::metrics::Monitor;
 use crate::outbox::{self, Outbox};
 use crate::{
-    cleanup, code, exec, files, gpu, guard, handover, heap, identity, jobs, leases, sandbox,
+    cleanup, code, daemon, exec, files, gpu, guard, handover, heap, identity, jobs, leases, sandbox,
 };
 
 /// How long shutdown waits for cancelled commands to report.
@@ -252,7 +252,7 @@ fn first_words(shared: &Shared) {
     if shared.options.own_process {
         tokio::task::spawn_blocking(cleanup::remove_stale_versions);
         // Jobs left running or lost while no daemon watched get one again.
-        jobs::nudge();
+        daemon::client::nudge();
     }
 }
 
@@ -597,7 +597,7 @@ async fn answer_boxed(
         Request::SandboxCreate(spec) => {
             let mut cancel = cancel;
             let create =
-                jobs::client::ask_daemon(Request::SandboxCreate(spec), sandbox::CREATE_WAIT);
+                daemon::client::ask_daemon(Request::SandboxCreate(spec), sandbox::CREATE_WAIT);
             tokio::select! {
                 response = create => response,
                 Ok(_) = cancel.wait_for(|c| *c) => {
@@ -717,14 +717,14 @@ async fn answer_boxed(
             no_jobs()
         }
         request @ (Request::CodeRun(_) | Request::CodeContexts | Request::CodeControl { .. }) => {
-            jobs::client::ask_code(request, scope.as_ref(), cancel).await
+            daemon::client::ask_code(request, scope.as_ref(), cancel).await
         }
         Request::CodeInstall(req) => code::install(id, req, &outbox, cancel, scope).await,
         Request::JobStart(mut spec) => {
             if let Some(scope) = &scope {
                 spec.sandbox = Some(scope.dirs.id.clone());
             }
-            jobs::start(spec).await
+            daemon::client::start_job(spec).await
         }
         Request::JobStatus { name } => job_request(move || jobs::status(&name)).await,
         Request::JobList { state, limit } => job_request(move || jobs::list(state, limit)).await,
@@ -809,7 +809,7 @@ fn no_jobs() -> Response {
 async fn job_request(
     work: impl FnOnce() -> Result<Response, AgentError> + Send + 'static,
 ) -> Response {
-    jobs::nudge();
+    daemon::client::nudge();
     blocking(work).await
 }
 

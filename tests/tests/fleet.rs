@@ -9,17 +9,17 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use outpost::config::{Config, SandboxConfig, Target};
+use outpost::config::{Config, HostConfig, Target};
 use outpost::fleet::Fleet;
 use outpost::ops::sandboxes::select_auto;
 use outpost::resources::Requirements;
 use outpost_e2e::{Sshd, TempDir, target_bin};
 
 fn fleet_of(hosts: &[&Sshd], state: &TempDir, connect_timeout: Duration) -> Fleet {
-    let mut sandboxes: Vec<SandboxConfig> = hosts
+    let mut sandboxes: Vec<HostConfig> = hosts
         .iter()
         .enumerate()
-        .map(|(i, sshd)| SandboxConfig {
+        .map(|(i, sshd)| HostConfig {
             name: format!("h{i:02}"),
             target: Target::Ssh(target(sshd)),
             slurm: None,
@@ -27,7 +27,7 @@ fn fleet_of(hosts: &[&Sshd], state: &TempDir, connect_timeout: Duration) -> Flee
             sandbox_uids: None,
         })
         .collect();
-    sandboxes.push(SandboxConfig::local());
+    sandboxes.push(HostConfig::local());
     let mut config = Config::new(sandboxes, state.path().join("known_hosts"));
     config.connect_timeout = connect_timeout;
     config.agent_bin = Some(target_bin("outpost-agent"));

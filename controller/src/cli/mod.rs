@@ -327,7 +327,7 @@ pub(super) enum JobsAction {
 // Parsed once per run: the size of the largest variant costs nothing.
 #[allow(clippy::large_enum_variant)]
 pub(super) enum SandboxAction {
-    /// Make one on HOST (a configured sandbox, or `auto`: the idlest with
+    /// Make one on HOST (a configured host, or `auto`: the idlest with
     /// --gpus free); prints its name, then what applies.
     Create {
         host: String,

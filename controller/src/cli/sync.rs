@@ -8,7 +8,7 @@ use anyhow::Result;
 use outpost::fleet::Fleet;
 use outpost::ops::human_bytes;
 
-/// `NAME:PATH` when NAME is a configured sandbox, or `N1,N2,…:PATH` when
+/// `NAME:PATH` when NAME is a configured host, or `N1,N2,…:PATH` when
 /// each is.
 fn remote_spec<'a>(fleet: &Fleet, arg: &'a str) -> Option<(Vec<String>, &'a str)> {
     let (names, path) = arg.split_once(':')?;

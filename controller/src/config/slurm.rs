@@ -1,4 +1,4 @@
-//! `[sandbox.slurm]`: a configured sandbox that is a cluster's login node.
+//! `[sandbox.slurm]`: a configured host that is a cluster's login node.
 //! `create_sandbox` on it asks Slurm for an allocation instead of making a
 //! sandbox on the login node itself; these are the defaults of that request
 //! and the checks every value passed to Slurm goes through (a tool argument

@@ -1,4 +1,4 @@
-//! One configured sandbox resolved into how it is reached: a command, or
+//! One configured host resolved into how it is reached: a command, or
 //! SSH with what `~/.ssh/config` adds (its options, `ProxyJump` hops, known
 //! hosts files) and refuses (options Outpost would not follow).
 
@@ -8,17 +8,17 @@ use std::time::Duration;
 
 use super::ssh_config::SshConfigFile;
 use super::{
-    CommandTarget, DEFAULT_REMOTE_DIR, LOCAL_SANDBOX, RawSandbox, SandboxConfig, SshTarget, Target,
+    CommandTarget, DEFAULT_REMOTE_DIR, HostConfig, LOCAL_HOST, RawHost, SshTarget, Target,
     expand_tilde,
 };
 
 pub(super) fn resolve(
-    raw: RawSandbox,
+    raw: RawHost,
     ssh_config: Option<&SshConfigFile>,
     home: Option<&Path>,
     default_user: &str,
     strict_default: bool,
-) -> Result<SandboxConfig> {
+) -> Result<HostConfig> {
     if raw.command.is_some() {
         let ssh = ssh_fields(&raw);
         let argv = raw.command.unwrap_or_default();
@@ -34,8 +34,8 @@ pub(super) fn resolve(
         bail!("a sandbox has an empty \"host\"");
     }
     let name = raw.name.clone().unwrap_or_else(|| host.clone());
-    if name == LOCAL_SANDBOX {
-        bail!("the name {LOCAL_SANDBOX:?} is reserved for the built-in local sandbox");
+    if name == LOCAL_HOST {
+        bail!("the name {LOCAL_HOST:?} is reserved for the built-in local sandbox");
     }
     let mut unusable: Option<String> = None;
     let params = match ssh_config.map(|c| c.query(&host, raw.user.as_deref(), default_user)) {
@@ -119,7 +119,7 @@ pub(super) fn resolve(
         }
         None => None,
     };
-    Ok(SandboxConfig {
+    Ok(HostConfig {
         name,
         slurm: None,
         allow_hosts: Vec::new(),
@@ -145,7 +145,7 @@ pub(super) fn resolve(
 }
 
 /// The SSH fields an entry sets, by name: none may go with `command`.
-fn ssh_fields(raw: &RawSandbox) -> Vec<&'static str> {
+fn ssh_fields(raw: &RawHost) -> Vec<&'static str> {
     [
         ("host", raw.host.is_some()),
         ("port", raw.port.is_some()),
@@ -167,12 +167,12 @@ fn resolve_command(
     argv: Vec<String>,
     remote_dir: Option<String>,
     ssh_fields: Vec<&str>,
-) -> Result<SandboxConfig> {
+) -> Result<HostConfig> {
     let Some(name) = name.filter(|n| !n.trim().is_empty()) else {
         bail!("a sandbox with \"command\" needs a \"name\"");
     };
-    if name == LOCAL_SANDBOX {
-        bail!("the name {LOCAL_SANDBOX:?} is reserved for the built-in local sandbox");
+    if name == LOCAL_HOST {
+        bail!("the name {LOCAL_HOST:?} is reserved for the built-in local sandbox");
     }
     if !ssh_fields.is_empty() {
         bail!(
@@ -185,7 +185,7 @@ fn resolve_command(
         remote_dir.unwrap_or_else(|| DEFAULT_REMOTE_DIR.into()),
     )
     .map_err(|e| anyhow::anyhow!("sandbox {name:?}: {e}"))?;
-    Ok(SandboxConfig {
+    Ok(HostConfig {
         name,
         target: Target::Command(target),
         slurm: None,

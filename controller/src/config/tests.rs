@@ -1,6 +1,6 @@
 use super::*;
 
-fn ssh(c: &SandboxConfig) -> &SshTarget {
+fn ssh(c: &HostConfig) -> &SshTarget {
     match &c.target {
         Target::Ssh(t) => t,
         other => panic!("expected ssh, got {other:?}"),
@@ -12,7 +12,7 @@ fn no_configuration_gives_the_local_sandbox() {
     let dir = std::env::temp_dir().join("outpost-config-test-empty");
     let home = dir.to_string_lossy().to_string();
     let cfg = Config::load_from(&[("HOME", home.as_str())]).unwrap();
-    assert_eq!(cfg.sandboxes, vec![SandboxConfig::local()]);
+    assert_eq!(cfg.hosts, vec![HostConfig::local()]);
 }
 
 #[test]
@@ -27,15 +27,15 @@ fn sandbox_list_env_with_defaults_and_tilde() {
         ),
     ];
     let cfg = Config::load_from(&env).unwrap();
-    assert_eq!(cfg.sandboxes.len(), 3);
-    let a = ssh(&cfg.sandboxes[0]);
+    assert_eq!(cfg.hosts.len(), 3);
+    let a = ssh(&cfg.hosts[0]);
     assert_eq!((a.port, a.user.as_str()), (22, "ubuntu"));
     assert_eq!(a.password.as_deref(), Some("s"));
-    assert_eq!(cfg.sandboxes[1].name, "h2");
-    let b = ssh(&cfg.sandboxes[1]);
+    assert_eq!(cfg.hosts[1].name, "h2");
+    let b = ssh(&cfg.hosts[1]);
     assert_eq!((b.port, b.user.as_str()), (2200, "u"));
     assert_eq!(b.key_file.as_deref(), Some(Path::new("/home/u/.ssh/id")));
-    assert_eq!(cfg.sandboxes[2].name, LOCAL_SANDBOX);
+    assert_eq!(cfg.hosts[2].name, LOCAL_HOST);
 }
 
 #[test]
@@ -46,7 +46,7 @@ fn single_host_env_and_bad_port() {
         ("REMOTE_USER", "me"),
     ];
     let cfg = Config::load_from(&env).unwrap();
-    assert_eq!(cfg.sandboxes[0].name, "box");
+    assert_eq!(cfg.hosts[0].name, "box");
     let env = [("HOME", "/h"), ("REMOTE_HOST", "box"), ("REMOTE_PORT", "x")];
     let err = Config::load_from(&env).unwrap_err().to_string();
     assert!(err.contains("REMOTE_PORT"), "{err}");
@@ -74,7 +74,7 @@ fn ssh_config_alias_fills_the_gaps() {
         ("REMOTE_SANDBOX_LIST", r#"[{"host":"gpu"}]"#),
     ];
     let cfg = Config::load_from(&env).unwrap();
-    let t = ssh(&cfg.sandboxes[0]);
+    let t = ssh(&cfg.hosts[0]);
     assert_eq!(t.hostname, "192.0.2.7");
     assert_eq!(t.port, 2222);
     assert_eq!(t.user, "alice");
@@ -100,7 +100,7 @@ fn ssh_config_proxy_jump_and_options_outpost_does_not_follow() {
     let load =
         |list: &str| Config::load_from(&[("HOME", home.as_str()), ("REMOTE_SANDBOX_LIST", list)]);
     let cfg = load(r#"[{"host":"gpu","user":"me"}]"#).unwrap();
-    let t = ssh(&cfg.sandboxes[0]);
+    let t = ssh(&cfg.hosts[0]);
     assert!(t.strict_host_keys);
     assert_eq!(t.user_known_hosts, Some(vec![dir.join(".ssh/lab_hosts")]));
     let hops: Vec<(&str, u16, &str)> = t
@@ -113,12 +113,12 @@ fn ssh_config_proxy_jump_and_options_outpost_does_not_follow() {
     assert_eq!(t.jump[1].identity_files, vec![dir.join(".ssh/k")]);
     // Only that sandbox is unusable, with the reason; the rest load.
     let cfg = load(r#"[{"host":"odd"},{"host":"gpu"}]"#).unwrap();
-    let err = ssh(&cfg.sandboxes[0]).unusable.clone().unwrap();
+    let err = ssh(&cfg.hosts[0]).unusable.clone().unwrap();
     assert!(
         err.contains("ProxyCommand (use ProxyJump)") && err.contains("odd"),
         "{err}"
     );
-    assert!(ssh(&cfg.sandboxes[1]).unusable.is_none());
+    assert!(ssh(&cfg.hosts[1]).unusable.is_none());
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -150,14 +150,14 @@ Host plain
         ),
     ];
     let cfg = Config::load_from(&env).unwrap();
-    let gpu = ssh(&cfg.sandboxes[0]);
+    let gpu = ssh(&cfg.hosts[0]);
     assert_eq!(
         (gpu.user.as_str(), gpu.identities_only, gpu.connect_timeout),
         ("lab", true, Some(Duration::from_secs(3)))
     );
     // Evaluating `plain` reaches `Match exec`, which Outpost cannot
     // judge: that sandbox says so; `gpu` matched before it got there.
-    let plain = ssh(&cfg.sandboxes[1]);
+    let plain = ssh(&cfg.hosts[1]);
     assert!(!plain.identities_only);
     let why = plain.unusable.clone().unwrap();
     assert!(why.contains("Match exec"), "{why}");
@@ -176,11 +176,11 @@ fn toml_file_and_duplicate_names() {
     .unwrap();
     let p = path.to_string_lossy().to_string();
     let cfg = Config::load_from(&[("HOME", "/h"), ("OUTPOST_CONFIG", p.as_str())]).unwrap();
-    assert_eq!(cfg.sandboxes.len(), 1);
-    let t = ssh(&cfg.sandboxes[0]);
+    assert_eq!(cfg.hosts.len(), 1);
+    let t = ssh(&cfg.hosts[0]);
     assert!(t.strict_host_keys);
     assert_eq!(t.remote_dir, "/scratch/x");
-    assert_eq!(cfg.sandboxes[0].allow_hosts, ["pypi.org"]);
+    assert_eq!(cfg.hosts[0].allow_hosts, ["pypi.org"]);
     assert_eq!(
         parse_uid_range("2000000000-2000000999").unwrap(),
         (2_000_000_000, 2_000_000_999)
@@ -202,8 +202,8 @@ fn toml_file_and_duplicate_names() {
     // The file wins over the environment; within one source a name is
     // one sandbox.
     let cfg = Config::load_from(&env).unwrap();
-    assert_eq!(cfg.sandboxes.len(), 1);
-    assert_eq!(ssh(&cfg.sandboxes[0]).remote_dir, "/scratch/x");
+    assert_eq!(cfg.hosts.len(), 1);
+    assert_eq!(ssh(&cfg.hosts[0]).remote_dir, "/scratch/x");
     let env = [
         ("HOME", "/h"),
         (
@@ -232,18 +232,18 @@ fn command_sandboxes_and_their_mistakes() {
          [[sandbox]]\nname = \"job\"\ncommand = [\"srun\", \"--jobid=7\", \"sh\", \"-c\", \"{command}\"]\nremote_dir = \"/scratch/o\"\n",
     )
     .unwrap();
-    let Target::Command(pod) = &cfg.sandboxes[0].target else {
-        panic!("{:?}", cfg.sandboxes[0]);
+    let Target::Command(pod) = &cfg.hosts[0].target else {
+        panic!("{:?}", cfg.hosts[0]);
     };
     assert_eq!(pod.program(), "kubectl");
     assert_eq!(pod.argv.len(), 8);
     assert_eq!(pod.remote_dir, DEFAULT_REMOTE_DIR);
     assert_eq!(
-        cfg.sandboxes[0].address(),
+        cfg.hosts[0].address(),
         ("kubectl".to_string(), 0, String::new())
     );
-    let Target::Command(job) = &cfg.sandboxes[1].target else {
-        panic!("{:?}", cfg.sandboxes[1]);
+    let Target::Command(job) = &cfg.hosts[1].target else {
+        panic!("{:?}", cfg.hosts[1]);
     };
     assert_eq!(job.remote_dir, "/scratch/o");
 

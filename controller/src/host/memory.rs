@@ -12,7 +12,7 @@
 //!
 //! How a test reaches it: the seam is the one place sandboxes become hosts,
 //! [`super::start`], which in test builds first asks [`start`] here. A test
-//! makes a [`MemoryHost`], asks it for a [`SandboxConfig`]
+//! makes a [`MemoryHost`], asks it for a [`HostConfig`]
 //! ([`MemoryHost::sandbox`]: an SSH target with a unique `.invalid` host
 //! name, recorded in a registry of this module), and builds a `Session` or
 //! a `Fleet` from that config as production code does; connecting it,
@@ -44,7 +44,7 @@ use tokio::task::JoinHandle;
 use super::bootstrap::{Artifacts, Started};
 use super::link::read_hello;
 use super::{AgentLink, CapturedRun, Host, HostContext, LinkEvent};
-use crate::config::{SandboxConfig, SshTarget, Target};
+use crate::config::{HostConfig, SshTarget, Target};
 
 /// Suffix of the host names [`MemoryHost::sandbox`] hands out.
 const HOST_SUFFIX: &str = ".memory.invalid";
@@ -98,13 +98,13 @@ impl MemoryHost {
     /// A sandbox named `name` that connects to this machine. The registry
     /// keeps the machine for the rest of the process (a test may drop its
     /// handle and keep the session).
-    pub fn sandbox(self: &Arc<Self>, name: &str) -> SandboxConfig {
+    pub fn sandbox(self: &Arc<Self>, name: &str) -> HostConfig {
         let hostname = format!("{name}.{}{HOST_SUFFIX}", self.id);
         registry()
             .lock()
             .unwrap()
             .insert(hostname.clone(), Arc::clone(self));
-        SandboxConfig {
+        HostConfig {
             name: name.to_string(),
             slurm: None,
             allow_hosts: Vec::new(),

@@ -680,7 +680,7 @@ mod tests {
     fn an_unknown_tool_is_named_with_the_closest_listed_one() {
         let router =
             super::super::Shared::new(&crate::fleet::Fleet::new(crate::config::Config::new(
-                vec![crate::config::SandboxConfig::local()],
+                vec![crate::config::HostConfig::local()],
                 std::env::temp_dir().join("outpost-listing-test/known_hosts"),
             )))
             .tool_router

@@ -160,7 +160,7 @@ impl Shared {
             tool_router.merge(OutpostServer::bulk_files_router());
             tool_router.merge(OutpostServer::code_contexts_router());
         }
-        let slurm = fleet.config.sandboxes.iter().any(|s| s.slurm.is_some());
+        let slurm = fleet.config.hosts.iter().any(|s| s.slurm.is_some());
         let unlisted = listing::finish(&mut tool_router, fleet.config.expose_advanced_tools, slurm);
         Arc::new(Shared {
             tool_router: Arc::new(tool_router),
@@ -737,7 +737,7 @@ mod tests {
     fn advanced_tools_are_listed_only_when_asked() {
         let names = |advanced: bool| {
             let mut config = crate::config::Config::new(
-                vec![crate::config::SandboxConfig::local()],
+                vec![crate::config::HostConfig::local()],
                 std::env::temp_dir().join("outpost-mcp-test/known_hosts"),
             );
             config.expose_advanced_tools = advanced;

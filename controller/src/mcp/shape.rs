@@ -57,9 +57,9 @@ impl<T, S: JsonSchema> JsonSchema for Shaped<T, S> {
 // Mirrors. Names drop the `Shape` suffix in the schema so that the
 // advertised `$defs` keep the names they always had.
 
-// Mirrors `crate::fleet::SandboxStatus`.
+// Mirrors `crate::fleet::HostStatus`.
 #[derive(JsonSchema)]
-#[schemars(rename = "SandboxStatus")]
+#[schemars(rename = "HostStatus")]
 #[allow(dead_code)]
 pub struct SandboxStatusShape {
     name: String,
@@ -375,10 +375,10 @@ struct LimitsShape {
     disk_mb: Option<u64>,
 }
 
-// Mirrors `crate::ops::sandboxes::HostRow`: a `SandboxStatus` and the
+// Mirrors `crate::ops::sandboxes::HostRow`: a `HostStatus` and the
 // isolated sandboxes live on it.
 #[derive(JsonSchema)]
-#[schemars(rename = "SandboxStatus")]
+#[schemars(rename = "HostStatus")]
 #[allow(dead_code)]
 pub struct HostRowShape {
     #[serde(flatten)]

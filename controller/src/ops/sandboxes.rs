@@ -22,7 +22,7 @@ use serde::Serialize;
 use super::jobs::{ask, unexpected, utc_time};
 use super::slurm::{self, Allocation, AllocationRequest};
 use crate::config::check_sandbox_id;
-use crate::fleet::{Fleet, SandboxStatus, no_answer};
+use crate::fleet::{Fleet, HostStatus, no_answer};
 use crate::resources::Requirements;
 use crate::session::Session;
 
@@ -40,7 +40,7 @@ const MEASURE_EXTRA: Duration = Duration::from_secs(5);
 /// A sandbox to make, as plain data from a front end.
 #[derive(Debug, Clone)]
 pub struct CreateRequest {
-    /// A configured sandbox, or [`AUTO`].
+    /// A configured host, or [`AUTO`].
     pub host: String,
     /// None: the agent picks one (`sbx-` and 4 hex digits).
     pub id: Option<String>,
@@ -168,7 +168,7 @@ pub struct SandboxView {
 }
 
 impl SandboxView {
-    /// `info` of a sandbox on the configured sandbox `host`.
+    /// `info` of a sandbox on the configured host `host`.
     pub fn of(host: &str, info: SandboxInfo) -> SandboxView {
         SandboxView {
             sandbox_name: format!("{host}/{}", info.id),
@@ -191,12 +191,12 @@ impl SandboxView {
     }
 }
 
-/// One row of `list_sandboxes`: a configured sandbox and, when its host
+/// One row of `list_sandboxes`: a configured host and, when its host
 /// answered, the isolated sandboxes live on it.
 #[derive(Debug, Serialize)]
 pub struct HostRow {
     #[serde(flatten)]
-    pub status: SandboxStatus,
+    pub status: HostStatus,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sandboxes: Option<Vec<SandboxView>>,
 }
@@ -383,7 +383,7 @@ fn gpu_partition(resources: &crate::resources::Resources, gpus: u32) -> Option<S
     Some(slurm.partition_for(gpus)?.name.clone())
 }
 
-/// Makes the idlest configured sandbox that meets `req` active (see
+/// Makes the idlest configured host that meets `req` active (see
 /// [`Fleet::idlest`]); a Slurm cluster picked for GPUs gets an allocation
 /// of them, made active. Its name and idle score, or why none fits.
 pub async fn select_auto(
@@ -455,7 +455,7 @@ pub async fn delete(fleet: &Fleet, name: &str) -> Result<SandboxView, String> {
     one(host.name(), answer, "deleting a sandbox")
 }
 
-/// This user's sandboxes on `host` (a configured sandbox), live and
+/// This user's sandboxes on `host` (a configured host), live and
 /// recently ended, newest first.
 pub async fn list_on(host: &Session) -> Result<Vec<SandboxView>, String> {
     if host.config.slurm.is_some() {
@@ -559,7 +559,7 @@ fn allocation(host: &Session, id: &str) -> Result<Option<u64>, String> {
     }
 }
 
-/// The sandboxes on each of `hosts` (configured sandboxes), asked
+/// The sandboxes on each of `hosts` (configured hosts), asked
 /// concurrently, each within `deadline`: the host's answer or why there is
 /// none.
 pub async fn list(
@@ -580,7 +580,7 @@ pub async fn list(
     .await
 }
 
-/// `list_sandboxes`' rows: every configured sandbox (see [`Fleet::list`]),
+/// `list_sandboxes`' rows: every configured host (see [`Fleet::list`]),
 /// and under each one connected, the isolated sandboxes live on it.
 ///
 /// Each host on its own, all at once. A measured host is connected first

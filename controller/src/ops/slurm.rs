@@ -1,4 +1,4 @@
-//! Slurm allocations as sandboxes. On a cluster (a configured sandbox with
+//! Slurm allocations as sandboxes. On a cluster (a configured host with
 //! `[sandbox.slurm]`, its login node) `create_sandbox` submits a holder job
 //! with the resources asked for, waits until it runs (saying Slurm's reason
 //! while it pends), and starts an agent on the allocated node through the

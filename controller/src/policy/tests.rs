@@ -11,7 +11,7 @@ fn policy_comes_from_the_file() {
     let load = |text: &str| {
         std::fs::write(&path, text).unwrap();
         let cfg = Config::load_from(&[("HOME", "/h"), ("OUTPOST_CONFIG", p.as_str())])?;
-        let names: Vec<String> = cfg.sandboxes.iter().map(|s| s.name.clone()).collect();
+        let names: Vec<String> = cfg.hosts.iter().map(|s| s.name.clone()).collect();
         Policy::compile(&cfg.policy, &names)
     };
     let policy = load(

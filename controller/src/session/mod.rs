@@ -1,4 +1,4 @@
-//! One connection per sandbox, shared by every call, with requests multiplexed.
+//! One connection per host, shared by every call, with requests multiplexed.
 //!
 //! A [`Session`] is `Disconnected` until a call needs it, then holds a live
 //! [`Connection`]: a reader task dispatching responses by request id, a writer task
@@ -34,7 +34,7 @@ use outpost_protocol::{
     Request, Response,
 };
 
-use crate::config::SandboxConfig;
+use crate::config::HostConfig;
 use crate::host::{self, HostContext};
 
 pub use connection::{Call, Connection};
@@ -42,15 +42,15 @@ pub use error::CallError;
 pub use scoped::ScopedConn;
 
 pub struct Session {
-    pub config: SandboxConfig,
+    pub config: HostConfig,
     place: Place,
 }
 
 /// Where a session's requests go.
 enum Place {
-    /// A configured sandbox: its own connection to its host's agent.
+    /// A configured host: its own connection to its host's agent.
     Host(HostLink),
-    /// An isolated sandbox made on a configured one: that one's connection,
+    /// An isolated sandbox made on a configured host: that one's connection,
     /// every request inside the sandbox `id`.
     Isolated { host: Arc<Session>, id: Arc<str> },
     /// A Slurm allocation made on a cluster's login node `login`: its own
@@ -63,7 +63,7 @@ enum Place {
     },
 }
 
-/// A configured sandbox's connection, made on demand.
+/// A configured host's connection, made on demand.
 struct HostLink {
     ctx: Arc<HostContext>,
     /// Serializes connecting, so concurrent first calls share one connection.
@@ -80,7 +80,7 @@ pub enum SessionState {
 }
 
 impl Session {
-    pub fn new(config: SandboxConfig, ctx: Arc<HostContext>) -> Session {
+    pub fn new(config: HostConfig, ctx: Arc<HostContext>) -> Session {
         Session {
             config,
             place: Place::Host(HostLink {
@@ -91,7 +91,7 @@ impl Session {
         }
     }
 
-    /// The isolated sandbox `id` on `host` (a configured sandbox), named
+    /// The isolated sandbox `id` on `host` (a configured host), named
     /// `HOST/ID`. Nothing is asked of the host: whether the sandbox exists
     /// is its agent's answer to the first request.
     ///
@@ -104,7 +104,7 @@ impl Session {
             "a sandbox is made on a configured host"
         );
         Session {
-            config: SandboxConfig {
+            config: HostConfig {
                 name: format!("{}/{id}", host.name()),
                 target: host.config.target.clone(),
                 slurm: None,
@@ -119,12 +119,12 @@ impl Session {
     }
 
     /// The Slurm allocation `job` on the cluster whose login node is
-    /// `login` (a configured sandbox), named `LOGIN/job-N`. Nothing is asked
+    /// `login` (a configured host), named `LOGIN/job-N`. Nothing is asked
     /// of the cluster until the first request.
     ///
     /// # Panics
     ///
-    /// If `login` is not a configured sandbox.
+    /// If `login` is not a configured host.
     pub fn allocation(login: Arc<Session>, job: u64) -> Session {
         assert!(
             login.isolated_in().is_none(),
@@ -133,7 +133,7 @@ impl Session {
         let ctx = Arc::clone(&login.link().ctx);
         let id: Arc<str> = format!("job-{job}").into();
         Session {
-            config: SandboxConfig {
+            config: HostConfig {
                 name: format!("{}/{id}", login.name()),
                 target: login.config.target.clone(),
                 slurm: None,
@@ -157,7 +157,7 @@ impl Session {
         &self.config.name
     }
 
-    /// For a sandbox made on a configured one (isolated, or a Slurm
+    /// For a sandbox made on a configured host (isolated, or a Slurm
     /// allocation), that one's session and the sandbox's id.
     pub fn isolated_in(&self) -> Option<(&Arc<Session>, &str)> {
         match &self.place {
@@ -186,8 +186,8 @@ impl Session {
         }
     }
 
-    /// The configured sandbox that owns the connection.
-    fn host_config(&self) -> &SandboxConfig {
+    /// The configured host that owns the connection.
+    fn host_config(&self) -> &HostConfig {
         match &self.place {
             Place::Host(_) | Place::Allocation { .. } => &self.config,
             Place::Isolated { host, .. } => &host.config,

@@ -9,9 +9,10 @@ use std::path::{Path, PathBuf};
 
 use outpost_protocol::{AgentError, ErrorKind, ExecResult, JobSpec, NO_ROOM_FOR_JOB};
 
-use super::store::{self, Record, error};
+use super::store::{self, Record};
 use crate::paths;
 use crate::sandbox::{self, Scope};
+use crate::statefile::{self, error};
 
 /// Most bytes of text a job spec may carry: every job is kept and listed,
 /// so one job must never crowd the others out of a list answer.
@@ -86,7 +87,7 @@ pub fn create(
         }
     }
     if let Some(name) = &spec.name
-        && !store::valid_name(name)
+        && !statefile::valid_name(name)
     {
         return Err(bad(format!(
             "invalid job name {name:?}: use 1 to 64 of A-Z a-z 0-9 . _ -"
@@ -169,7 +170,7 @@ pub fn create(
         }
     };
     if let Some(stdin) = stdin
-        && let Err(e) = store::write_atomic(&dir.join(store::STDIN), &stdin, false)
+        && let Err(e) = statefile::write_atomic(&dir.join(store::STDIN), &stdin, false)
     {
         let _ = fs::remove_dir_all(&dir);
         return Err(write_failed("cannot write the job's stdin".into(), &e));
@@ -197,7 +198,7 @@ pub fn create(
     let record = Record {
         log,
         spec,
-        created_unix: store::now_unix(),
+        created_unix: statefile::now_unix(),
         created_ns: u64::try_from(nanos).unwrap_or(u64::MAX),
         cwd,
         token: adopted.map_or_else(|| format!("job.{name}.{nanos:x}"), str::to_string),
@@ -209,7 +210,7 @@ pub fn create(
     // An exec call's job is flushed only if it outlives its call (see the
     // shim); anything else must survive a crash from the start.
     let durable = !record.spec.split_streams;
-    store::write_json(&dir.join(store::SPEC), &record, durable).map_err(|e| {
+    statefile::write_json(&dir.join(store::SPEC), &record, durable).map_err(|e| {
         let _ = fs::remove_dir_all(&dir);
         write_failed("cannot write the job record".into(), &e)
     })?;
@@ -241,7 +242,7 @@ pub fn record_handed_over(
     let root = store::root()?;
     let (name, dir) = create(&root, spec, Some(token))?;
     let written = write_so_far(&dir, so_far).and_then(|()| {
-        store::claim(&dir, store::DETACHED);
+        statefile::claim(&dir, store::DETACHED);
         for file in [store::SPEC, store::OMITTED] {
             match fs::File::open(dir.join(file)) {
                 Ok(f) => f.sync_all()?,
@@ -268,7 +269,7 @@ pub fn record_handed_over(
 /// Each stream's output so far into its file, both into the log, and what
 /// was left out between head and tail into `omitted.json`.
 fn write_so_far(dir: &Path, so_far: &ExecResult) -> io::Result<()> {
-    let record: Record = store::read_json(&dir.join(store::SPEC))
+    let record: Record = statefile::read_json(&dir.join(store::SPEC))
         .ok_or_else(|| io::Error::other("the job record is unreadable"))?;
     let mut log = Vec::new();
     for (file, out) in [
@@ -277,7 +278,7 @@ fn write_so_far(dir: &Path, so_far: &ExecResult) -> io::Result<()> {
     ] {
         let mut bytes = out.head.clone();
         bytes.extend_from_slice(&out.tail);
-        store::write_atomic(&dir.join(file), &bytes, false)?;
+        statefile::write_atomic(&dir.join(file), &bytes, false)?;
         log.extend_from_slice(&out.head);
         if out.omitted > 0 {
             log.extend_from_slice(
@@ -286,9 +287,9 @@ fn write_so_far(dir: &Path, so_far: &ExecResult) -> io::Result<()> {
         }
         log.extend_from_slice(&out.tail);
     }
-    store::write_atomic(&record.log, &log, false)?;
+    statefile::write_atomic(&record.log, &log, false)?;
     if so_far.stdout.omitted > 0 || so_far.stderr.omitted > 0 {
-        store::write_json(
+        statefile::write_json(
             &dir.join(store::OMITTED),
             &[so_far.stdout.omitted, so_far.stderr.omitted],
             false,

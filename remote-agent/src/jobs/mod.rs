@@ -7,7 +7,7 @@
 //!
 //! * a [`shim`] per job supervises it: starts it, waits for it, records how
 //!   it ended;
-//! * the per-user [`daemon`] starts shims (so jobs are not children of any
+//! * the per-user [daemon](crate::daemon) starts shims (so jobs are not children of any
 //!   SSH session's `serve`), notices lost jobs and resumes them;
 //! * `serve` answers everything but `JobStart` straight from the files, so
 //!   status, logs, waits, events and cancels work whether or not a daemon
@@ -16,30 +16,27 @@
 //! The request handlers here block (files, `/proc`, sleeps); `serve` runs
 //! them on blocking threads.
 
-pub mod client;
-mod create;
+pub mod create;
 pub use create::record_handed_over;
-pub mod daemon;
 pub mod logfile;
 pub mod shim;
-mod socket_dir;
 pub mod store;
 
 use std::fs::File;
 use std::path::Path;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use outpost_protocol::{
     AgentError, CapturedOutput, ErrorKind, ExecResult, JobCollect, JobInfo, JobLog, JobRead,
-    JobSpec, JobState, JobWait, JobWaited, Response, WaitReason, WatchSpec,
+    JobState, JobWait, JobWaited, Response, WaitReason, WatchSpec,
 };
 use regex::bytes::Regex;
 use tokio::sync::watch;
 
 use self::logfile::LineMatcher;
-use self::store::{Snapshot, error};
-use crate::{paths, proctree};
+use self::store::Snapshot;
+use crate::proctree;
+use crate::statefile::{self, error};
 
 /// Output returned when a request asks for 0 bytes, and the most any may ask.
 const DEFAULT_BYTES: u64 = 64 * 1024;
@@ -78,40 +75,6 @@ pub fn resume_command(watch: &WatchSpec) -> Option<String> {
         .as_str()
         .filter(|c| !c.trim().is_empty())
         .map(str::to_string)
-}
-
-/// `JobStart`: the daemon does it (jobs must not be children of `serve`).
-pub async fn start(spec: JobSpec) -> Response {
-    client::start_job(spec).await
-}
-
-/// Makes sure a daemon watches the jobs that need one (running, or lost and
-/// not yet handled), starting it in the background; at most once a second
-/// per process. So a killed daemon is replaced as soon as anyone looks.
-pub fn nudge() {
-    static LAST: Mutex<Option<Instant>> = Mutex::new(None);
-    {
-        let mut last = LAST.lock().unwrap_or_else(|p| p.into_inner());
-        if last.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
-            return;
-        }
-        *last = Some(Instant::now());
-    }
-    tokio::spawn(async {
-        let Some(state) = paths::state_dir() else {
-            return;
-        };
-        if client::reachable(&state).await {
-            return;
-        }
-        let root = state.join("jobs");
-        let needed = tokio::task::spawn_blocking(move || daemon::needed(&root))
-            .await
-            .unwrap_or(false);
-        if needed && let Err(e) = client::ensure(&state).await {
-            eprintln!("outpost-agent: {}", e.message);
-        }
-    });
 }
 
 pub fn status(name: &str) -> Result<Response, AgentError> {
@@ -209,7 +172,7 @@ pub fn cancel(name: &str, grace_ms: u64) -> Result<Response, AgentError> {
         0 => DEFAULT_GRACE,
         ms => Duration::from_millis(ms).min(MAX_GRACE),
     };
-    store::claim(&dir, store::CANCELLED);
+    statefile::claim(&dir, store::CANCELLED);
     // A shim that has not started the job yet will: wait for it, so the
     // tree to kill exists.
     let deadline = Instant::now() + Duration::from_secs(2);
@@ -232,11 +195,11 @@ pub fn cancel(name: &str, grace_ms: u64) -> Result<Response, AgentError> {
         let exit = store::ExitRecord {
             exit_code: None,
             signal: None,
-            ended_unix: store::now_unix(),
+            ended_unix: statefile::now_unix(),
             timed_out: false,
             duration_ms: None,
         };
-        store::write_json(&dir.join(store::EXIT), &exit, true).map_err(|e| {
+        statefile::write_json(&dir.join(store::EXIT), &exit, true).map_err(|e| {
             error(
                 ErrorKind::Internal,
                 format!("cannot record the cancel: {e}"),
@@ -454,7 +417,7 @@ pub fn collect(req: &JobCollect) -> Result<Response, AgentError> {
             ),
         ));
     }
-    if snap.state == JobState::Running && req.detach && store::claim(&dir, store::DETACHED) {
+    if snap.state == JobState::Running && req.detach && statefile::claim(&dir, store::DETACHED) {
         // A background job from now on: its record must survive a crash
         // (it was written without a flush while it was the call's).
         for file in [store::SPEC, store::STDIN] {
@@ -481,7 +444,7 @@ pub fn collect(req: &JobCollect) -> Result<Response, AgentError> {
     let limit = req
         .output_limit
         .min(outpost_protocol::limits::MAX_EXEC_OUTPUT_LIMIT);
-    let omitted: [u64; 2] = store::read_json(&dir.join(store::OMITTED)).unwrap_or_default();
+    let omitted: [u64; 2] = statefile::read_json(&dir.join(store::OMITTED)).unwrap_or_default();
     let stream = |file: &str, before: u64| {
         let path = dir.join(file);
         let mut out = head_and_tail(&path, limit).map_err(|e| io_error(&path, e))?;
@@ -496,9 +459,9 @@ pub fn collect(req: &JobCollect) -> Result<Response, AgentError> {
         cancelled: snap.state == JobState::Cancelled,
         stdout: stream(store::STDOUT, omitted[0])?,
         stderr: stream(store::STDERR, omitted[1])?,
-        duration_ms: exit
-            .and_then(|e| e.duration_ms)
-            .unwrap_or_else(|| store::now_unix().saturating_sub(snap.record.created_unix) * 1000),
+        duration_ms: exit.and_then(|e| e.duration_ms).unwrap_or_else(|| {
+            statefile::now_unix().saturating_sub(snap.record.created_unix) * 1000
+        }),
         egress_denied: egress_since(&snap.record),
     };
     let job = snap.info();
@@ -507,7 +470,7 @@ pub fn collect(req: &JobCollect) -> Result<Response, AgentError> {
     if req.remove_if_ended
         && !running
         && !dir.join(store::DETACHED).exists()
-        && store::claim(&dir, store::END_REPORTED)
+        && statefile::claim(&dir, store::END_REPORTED)
         && let Err(e) = std::fs::remove_dir_all(&dir)
     {
         // The result is what matters; a leftover directory is only listed.

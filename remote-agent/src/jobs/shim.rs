@@ -29,10 +29,11 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::store::{self, ExitRecord, ProcId, Record};
+use super::store::{self, ExitRecord, Record};
 use crate::paths;
 use crate::proctree::{self, TOKEN_VAR};
 use crate::sandbox::Scope;
+use crate::statefile::{self, ProcId};
 use crate::supervisor;
 
 /// Runs the shim to the job's end; the process exit code.
@@ -54,7 +55,8 @@ fn finish(dir: &Path, outcome: Result<(), String>) -> i32 {
         Ok(()) => 0,
         Err(message) => {
             eprintln!("outpost-agent shim {}: {message}", dir.display());
-            let _ = store::write_atomic(&dir.join(store::SPAWN_ERROR), message.as_bytes(), false);
+            let _ =
+                statefile::write_atomic(&dir.join(store::SPAWN_ERROR), message.as_bytes(), false);
             1
         }
     }
@@ -98,7 +100,7 @@ fn supervise_adopted(dir: &Path, pid: i32, elapsed_ms: u64) -> Result<(), String
     let log = append_to(&record.log)?;
     let files = stream_files(dir)?;
     if let Some(id) = ProcId::of(pid) {
-        store::write_json(&dir.join(store::CHILD), &id, true)
+        statefile::write_json(&dir.join(store::CHILD), &id, true)
             .map_err(|e| format!("cannot write {}: {e}", store::CHILD))?;
     }
     let pump = Pump::start(out, err, log, files);
@@ -189,7 +191,7 @@ fn supervise(dir: &Path, resume: bool) -> Result<(), String> {
     let pid = child.id() as i32;
     let name = dir.file_name().unwrap_or_default().to_string_lossy();
     let (kind, detail) = if resume {
-        let attempts = store::read_json::<store::ResumeRecord>(&dir.join(store::RESUME))
+        let attempts = statefile::read_json::<store::ResumeRecord>(&dir.join(store::RESUME))
             .map_or(0, |r| r.attempts);
         ("resume_started", format!("pid {pid}, attempt {attempts}"))
     } else {
@@ -205,7 +207,7 @@ fn supervise(dir: &Path, resume: bool) -> Result<(), String> {
     // and the event must already be there by then. The child is ours and
     // unreaped, so its stat is its own.
     if let Some(id) = ProcId::of(pid) {
-        let _ = store::write_json(&dir.join(store::CHILD), &id, false);
+        let _ = statefile::write_json(&dir.join(store::CHILD), &id, false);
     }
     // Tell the daemon, which waits for this before it answers (a daemon gone
     // meanwhile is no matter: SIGPIPE is ignored).
@@ -242,14 +244,14 @@ fn record_exit(
     let exit = ExitRecord {
         exit_code: status.and_then(|s| s.code()),
         signal: status.and_then(|s| s.signal()),
-        ended_unix: store::now_unix(),
+        ended_unix: statefile::now_unix(),
         timed_out,
         duration_ms: Some(duration_ms),
     };
     // An exec call's job that its call is still waiting for need not
     // survive a crash (the call would not either): no flush for it.
     let durable = !split || dir.join(store::DETACHED).exists();
-    store::write_json(&dir.join(store::EXIT), &exit, durable)
+    statefile::write_json(&dir.join(store::EXIT), &exit, durable)
         .map_err(|e| format!("cannot write {}: {e}", store::EXIT))?;
     store::report_end(root, dir, &exit);
     if !durable && dir.join(store::DETACHED).exists() {
@@ -263,9 +265,10 @@ fn record_exit(
 /// Records this process as the job's shim; the job's record.
 fn take_charge(dir: &Path) -> Result<Record, String> {
     let me = ProcId::of(std::process::id() as i32).ok_or("cannot read /proc/self/stat")?;
-    store::write_json(&dir.join(store::SHIM), &me, false)
+    statefile::write_json(&dir.join(store::SHIM), &me, false)
         .map_err(|e| format!("cannot write {}: {e}", store::SHIM))?;
-    store::read_json(&dir.join(store::SPEC)).ok_or_else(|| format!("cannot read {}", store::SPEC))
+    statefile::read_json(&dir.join(store::SPEC))
+        .ok_or_else(|| format!("cannot read {}", store::SPEC))
 }
 
 /// A split job's stdout and stderr files, opened to append.

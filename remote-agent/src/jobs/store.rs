@@ -32,18 +32,20 @@
 //! an exclusive `flock` of `events.lock` so sequence numbers stay increasing
 //! across every process that appends.
 
-use std::fs::{self, DirBuilder, File, OpenOptions};
+use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufRead, BufReader, Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use outpost_protocol::{AgentError, ErrorKind, JobEvent, JobInfo, JobSpec, JobState};
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::{flock, paths, proctree};
+use crate::statefile::{
+    ProcId, claim, error, now_unix, read_json, state_subdir, valid_name, write_atomic,
+};
+use crate::{flock, proctree};
 
 pub const SPEC: &str = "spec.json";
 pub const LOG: &str = "log";
@@ -75,54 +77,9 @@ const EVENTS_MAX: u64 = 8 * 1024 * 1024;
 /// How long an event append waits for the lock before giving up.
 const LOCK_WAIT: Duration = Duration::from_secs(5);
 
-pub fn error(kind: ErrorKind, message: impl Into<String>) -> AgentError {
-    AgentError {
-        kind,
-        message: message.into(),
-    }
-}
-
-fn internal(what: impl std::fmt::Display, e: impl std::fmt::Display) -> AgentError {
-    error(ErrorKind::Internal, format!("{what}: {e}"))
-}
-
-pub fn now_unix() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
-
 /// `<state>/jobs`, created (0700) if missing.
 pub fn root() -> Result<PathBuf, AgentError> {
     state_subdir("jobs")
-}
-
-/// `<state>/<name>`, created (0700) if missing.
-pub fn state_subdir(name: &str) -> Result<PathBuf, AgentError> {
-    let state = paths::state_dir().ok_or_else(|| {
-        error(
-            ErrorKind::Internal,
-            "no state directory ($HOME unset and no passwd entry)",
-        )
-    })?;
-    let root = state.join(name);
-    make_dir_all(&root).map_err(|e| internal(format!("cannot create {}", root.display()), e))?;
-    Ok(root)
-}
-
-/// Creates `dir` and its parents with mode 0700 (before umask).
-pub fn make_dir_all(dir: &Path) -> io::Result<()> {
-    DirBuilder::new().recursive(true).mode(0o700).create(dir)
-}
-
-/// Whether `name` may name a job: `[A-Za-z0-9._-]{1,64}`, and not `.`/`..`,
-/// so a name is always one plain path component.
-pub fn valid_name(name: &str) -> bool {
-    (1..=64).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-        && !name.bytes().all(|b| b == b'.')
 }
 
 /// The directory of an existing job, or the error the controller shows.
@@ -208,39 +165,6 @@ pub struct Record {
     pub egress_from: Option<u64>,
 }
 
-/// A process named so that pid reuse cannot fool a liveness check.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ProcId {
-    pub pid: i32,
-    /// Field 22 of `/proc/<pid>/stat`.
-    pub start_time: u64,
-    #[serde(default)]
-    pub boot_id: String,
-}
-
-impl ProcId {
-    pub fn of(pid: i32) -> Option<ProcId> {
-        let (_, start_time) = proctree::state_and_start(pid)?;
-        Some(ProcId {
-            pid,
-            start_time,
-            boot_id: proctree::boot_id().to_string(),
-        })
-    }
-
-    /// Alive and the same process: same boot, same start time, not a zombie.
-    pub fn alive(&self) -> bool {
-        let boot = proctree::boot_id();
-        if !self.boot_id.is_empty() && !boot.is_empty() && self.boot_id != boot {
-            return false;
-        }
-        matches!(
-            proctree::state_and_start(self.pid),
-            Some((state, start)) if start == self.start_time && !proctree::is_dead_state(state)
-        )
-    }
-}
-
 /// `exit.json`: exactly one of `exit_code` and `signal` is set, unless a
 /// cancel found the shim already gone (then both are None).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -260,65 +184,6 @@ pub struct ExitRecord {
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
 pub struct ResumeRecord {
     pub attempts: u32,
-}
-
-/// Reads a JSON file; None when it is missing or unreadable. Files are
-/// written by rename, so a torn file cannot be seen.
-pub fn read_json<T: DeserializeOwned>(path: &Path) -> Option<T> {
-    serde_json::from_slice(&fs::read(path).ok()?).ok()
-}
-
-/// Replaces `path` by rename of a 0600 temp file beside it. `durable`: the
-/// content and the rename are flushed to disk before returning (for records
-/// that must survive a crash, like exit codes).
-pub fn write_atomic(path: &Path, data: &[u8], durable: bool) -> io::Result<()> {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .map_or_else(|| "file".into(), |n| n.to_string_lossy().into_owned());
-    let tmp = dir.join(format!(
-        ".{name}.{}.{}.tmp",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    ));
-    let result = (|| {
-        let mut out = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)?;
-        out.write_all(data)?;
-        if durable {
-            out.sync_all()?;
-        }
-        drop(out);
-        fs::rename(&tmp, path)?;
-        if durable {
-            File::open(dir)?.sync_all()?;
-        }
-        Ok(())
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
-}
-
-pub fn write_json<T: Serialize>(path: &Path, value: &T, durable: bool) -> io::Result<()> {
-    let data = serde_json::to_vec(value).map_err(io::Error::other)?;
-    write_atomic(path, &data, durable)
-}
-
-/// Creates the marker `name` in `dir`; true only for the one caller that
-/// created it.
-pub fn claim(dir: &Path, name: &str) -> bool {
-    OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(dir.join(name))
-        .is_ok()
 }
 
 /// Everything known about one job at one moment.
@@ -626,6 +491,7 @@ pub fn events(root: &Path, name: Option<&str>, after_seq: u64, limit: usize) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::statefile::make_dir_all;
 
     #[test]
     fn names() {

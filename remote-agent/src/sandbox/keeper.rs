@@ -26,7 +26,7 @@ use super::limits;
 use super::ruleset;
 use super::staging::Staging;
 use super::store::{self, Dirs, End, Setup};
-use crate::jobs::store::{ProcId, now_unix, write_atomic, write_json};
+use crate::statefile::{ProcId, now_unix, write_atomic, write_json};
 use crate::{account, flock, leases, paths};
 
 const TICK: Duration = Duration::from_millis(50);

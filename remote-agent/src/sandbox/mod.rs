@@ -42,7 +42,7 @@ use outpost_protocol::{
     AgentError, ErrorKind, Isolation, Response, SandboxInfo, SandboxSpec, SandboxState,
 };
 
-use crate::jobs::store::{make_dir_all, now_unix, write_json};
+use crate::statefile::{make_dir_all, now_unix, write_json};
 use crate::{account, paths};
 use store::{Dirs, Record, Setup, error};
 
@@ -527,7 +527,7 @@ fn ended_error(dirs: &Dirs) -> Result<(), AgentError> {
 pub fn delete(id: &str) -> Result<Response, AgentError> {
     let dirs = Dirs::find(id)?;
     if dirs.end().is_none() {
-        crate::jobs::store::write_atomic(&dirs.meta().join(store::DELETE), b"", false)
+        crate::statefile::write_atomic(&dirs.meta().join(store::DELETE), b"", false)
             .map_err(|e| error(ErrorKind::Internal, format!("cannot delete {id}: {e}")))?;
         if let Some(k) = dirs.keeper().filter(|k| k.alive()) {
             // SAFETY: a signal to the recorded, still living keeper.

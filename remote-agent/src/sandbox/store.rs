@@ -14,8 +14,8 @@ use std::path::{Component, Path, PathBuf};
 use outpost_protocol::{AgentError, ErrorKind, Isolation, SandboxInfo, SandboxSpec, SandboxState};
 use serde::{Deserialize, Serialize};
 
-use crate::jobs::store::{self as job_store, ProcId, read_json};
 use crate::paths;
+use crate::statefile::{self, ProcId, read_json};
 
 pub const SPEC: &str = "spec.json";
 pub const EXPIRES: &str = "expires";
@@ -42,7 +42,7 @@ pub const SETUP_ERROR: &str = "setup-error";
 pub const MARKER_VAR: &str = "OUTPOST_SANDBOX";
 
 pub fn error(kind: ErrorKind, message: impl Into<String>) -> AgentError {
-    job_store::error(kind, message)
+    statefile::error(kind, message)
 }
 
 /// `spec.json`.
@@ -107,7 +107,7 @@ pub fn root_path() -> Option<PathBuf> {
 
 /// `<state>/sandboxes`, created (0700) if missing.
 pub fn root() -> Result<PathBuf, AgentError> {
-    job_store::state_subdir("sandboxes")
+    statefile::state_subdir("sandboxes")
 }
 
 /// Whether `id` may name a sandbox: `[a-z0-9][a-z0-9-]{0,31}`.
@@ -212,7 +212,7 @@ impl Dirs {
     }
 
     pub fn set_expires_ms(&self, at: u64) -> io::Result<()> {
-        job_store::write_atomic(&self.meta().join(EXPIRES), at.to_string().as_bytes(), true)
+        statefile::write_atomic(&self.meta().join(EXPIRES), at.to_string().as_bytes(), true)
     }
 
     /// What a client sees of it.

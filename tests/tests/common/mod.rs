@@ -8,7 +8,7 @@ pub mod mcp_client;
 use std::path::Path;
 use std::time::Duration;
 
-use outpost::config::{Config, SandboxConfig, SshTarget, Target};
+use outpost::config::{Config, HostConfig, SshTarget, Target};
 use outpost::fleet::Fleet;
 use outpost::session::{CallError, Session};
 use outpost_e2e::{Sshd, TempDir, target_bin};
@@ -44,14 +44,14 @@ pub fn target(sshd: &Sshd) -> SshTarget {
 
 pub fn config(target: SshTarget, state: &Path) -> Config {
     let sandboxes = vec![
-        SandboxConfig {
+        HostConfig {
             name: BOX.into(),
             target: Target::Ssh(target),
             slurm: None,
             allow_hosts: Vec::new(),
             sandbox_uids: None,
         },
-        SandboxConfig::local(),
+        HostConfig::local(),
     ];
     let mut config = Config::new(sandboxes, state.join("known_hosts"));
     config.connect_timeout = Duration::from_secs(5);

@@ -402,7 +402,7 @@ fn tails_start_at_a_line_and_a_character() {
 #[test]
 fn the_code_tools_keep_the_tool_list_small() {
     let config = crate::config::Config::new(
-        vec![crate::config::SandboxConfig::local()],
+        vec![crate::config::HostConfig::local()],
         std::env::temp_dir().join("outpost-code-test/known_hosts"),
     );
     let server = OutpostServer::new(std::sync::Arc::new(crate::fleet::Fleet::new(config)));

@@ -1,4 +1,4 @@
-//! The `serve` side of the job daemon: finding it, starting it (in its own
+//! The `serve` side of the daemon: finding it, starting it (in its own
 //! systemd scope where that helps), and handing it `JobStart`,
 //! `SandboxCreate` and the code context requests ([`ask_code`]).
 //!
@@ -10,7 +10,7 @@
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use outpost_protocol::{
@@ -20,11 +20,11 @@ use outpost_protocol::{
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
-use super::daemon::{DaemonInfo, info_path, socket_path};
-use super::store::{self, error};
+use super::{DaemonInfo, info_path, socket_path};
 use crate::code::contexts::{GRACE, START_WAIT};
 use crate::paths;
 use crate::sandbox::Scope;
+use crate::statefile::{self, error};
 
 /// How long `serve` keeps trying to reach a daemon it just started.
 const CONNECT_WAIT: Duration = Duration::from_secs(3);
@@ -214,7 +214,7 @@ async fn connect_or_start(state: &Path) -> Result<UnixStream, outpost_protocol::
 /// A daemon of another protocol version is asked to leave (its jobs do not
 /// mind) and None returned, so that ours gets started.
 async fn connect(state: &Path) -> Option<UnixStream> {
-    let info: Option<DaemonInfo> = store::read_json(&info_path(state));
+    let info: Option<DaemonInfo> = statefile::read_json(&info_path(state));
     let mut candidates = Vec::new();
     if let Some(info) = &info {
         if info.protocol_version != PROTOCOL_VERSION && info.process.alive() {
@@ -383,4 +383,33 @@ pub fn lingering() -> Option<bool> {
         "Linger=no" => Some(false),
         _ => None,
     }
+}
+
+/// Makes sure a daemon watches the jobs that need one (running, or lost and
+/// not yet handled), starting it in the background; at most once a second
+/// per process. So a killed daemon is replaced as soon as anyone looks.
+pub fn nudge() {
+    static LAST: Mutex<Option<Instant>> = Mutex::new(None);
+    {
+        let mut last = LAST.lock().unwrap_or_else(|p| p.into_inner());
+        if last.is_some_and(|t| t.elapsed() < Duration::from_secs(1)) {
+            return;
+        }
+        *last = Some(Instant::now());
+    }
+    tokio::spawn(async {
+        let Some(state) = paths::state_dir() else {
+            return;
+        };
+        if reachable(&state).await {
+            return;
+        }
+        let root = state.join("jobs");
+        let needed = tokio::task::spawn_blocking(move || super::needed(&root))
+            .await
+            .unwrap_or(false);
+        if needed && let Err(e) = ensure(&state).await {
+            eprintln!("outpost-agent: {}", e.message);
+        }
+    });
 }

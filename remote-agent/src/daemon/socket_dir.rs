@@ -6,7 +6,7 @@ use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use super::store;
+use crate::statefile;
 
 pub fn run_dir(state: &Path) -> PathBuf {
     state.join("run")
@@ -67,7 +67,7 @@ pub fn prepare_socket_dir(state: &Path) -> Result<PathBuf, String> {
     }
     let dir = make_temp_dir()?;
     let record = run.join(SOCKET_DIR_RECORD);
-    store::write_atomic(&record, dir.as_os_str().as_bytes(), false)
+    statefile::write_atomic(&record, dir.as_os_str().as_bytes(), false)
         .map_err(|e| format!("cannot write {}: {e}", record.display()))?;
     Ok(dir)
 }
