@@ -6,8 +6,11 @@
 use serde::{Serialize, de::DeserializeOwned};
 use std::fmt;
 
-use crate::PREAMBLE;
 use crate::limits::{MAX_FRAME_LEN, MAX_NOISE_LEN};
+
+/// Written once by the agent before its first frame. Starts with NUL and ESC so no
+/// shell banner or MOTD can contain it by accident.
+pub const PREAMBLE: [u8; 8] = [0x00, 0x1b, b'O', b'U', b'T', b'P', b'S', 0x01];
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ProtocolError {
@@ -119,14 +122,14 @@ pub fn encode_frame_with_tail<T: Serialize>(
 /// two one after the other, so content read from a file goes out without
 /// being copied into a frame.
 pub fn encode_file_data_frame(
-    id: crate::RequestId,
+    id: crate::messages::RequestId,
     index: u32,
     offset: u64,
     data: Vec<u8>,
 ) -> Result<(Vec<u8>, Vec<u8>), ProtocolError> {
-    let with = |data| crate::AgentMessage::Response {
+    let with = |data| crate::messages::AgentMessage::Response {
         id,
-        body: crate::Response::FileData {
+        body: crate::messages::Response::FileData {
             index,
             offset,
             data,
@@ -373,9 +376,9 @@ mod tests {
         ] {
             for (id, index, offset) in [(0u64, 0u32, 0u64), (300, 70_000, u64::MAX)] {
                 let data: Vec<u8> = (0..len).map(|i| (i * 7) as u8).collect();
-                let whole = encode_frame(&crate::AgentMessage::Response {
+                let whole = encode_frame(&crate::messages::AgentMessage::Response {
                     id,
-                    body: crate::Response::FileData {
+                    body: crate::messages::Response::FileData {
                         index,
                         offset,
                         data: data.clone(),

@@ -24,7 +24,7 @@ pub mod limits;
 pub mod messages;
 
 pub use codec::{
-    DecodeEvent, FrameDecoder, Payload, ProtocolError, decode, encode_file_data_frame,
+    DecodeEvent, FrameDecoder, PREAMBLE, Payload, ProtocolError, decode, encode_file_data_frame,
     encode_frame, encode_frame_with_tail,
 };
 pub use messages::*;
@@ -32,7 +32,3 @@ pub use messages::*;
 /// Version of the message layout. The controller refuses an agent that reports
 /// another version and installs the matching agent instead.
 pub const PROTOCOL_VERSION: u32 = 17;
-
-/// Written once by the agent before its first frame. Starts with NUL and ESC so no
-/// shell banner or MOTD can contain it by accident.
-pub const PREAMBLE: [u8; 8] = [0x00, 0x1b, b'O', b'U', b'T', b'P', b'S', 0x01];
