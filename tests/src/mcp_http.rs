@@ -1,0 +1,134 @@
+//! [`McpHttp`]: `outpost mcp --http` on a loopback port, for tests over
+//! Streamable HTTP.
+
+use std::fs;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::{TempDir, target_bin};
+
+/// `outpost mcp --http 127.0.0.1:0` with an empty home; killed when
+/// dropped. The address and the token come from the client configuration
+/// line it prints (the token was made just now).
+pub struct McpHttp {
+    child: Child,
+    /// Bytes the server wrote to stderr after its configuration line.
+    pub logged: Arc<AtomicU64>,
+    /// `127.0.0.1:PORT`.
+    pub addr: String,
+    pub token: String,
+    pub home: TempDir,
+}
+
+impl McpHttp {
+    pub fn start() -> McpHttp {
+        McpHttp::start_with_callers(&[])
+    }
+
+    /// The same with further callers, each a name and its token
+    /// (`$OUTPOST_HOME/http-tokens/NAME`).
+    pub fn start_with_callers(callers: &[(&str, &str)]) -> McpHttp {
+        McpHttp::start_with(callers, None)
+    }
+
+    /// The same, the server limited to `nofile` open files (`prlimit`).
+    pub fn start_with(callers: &[(&str, &str)], nofile: Option<u32>) -> McpHttp {
+        use std::io::BufRead;
+        use std::os::unix::fs::PermissionsExt;
+        let home = TempDir::new("http-home");
+        if !callers.is_empty() {
+            let dir = home.path().join(".outpost/http-tokens");
+            fs::create_dir_all(&dir).unwrap();
+            for (name, token) in callers {
+                let path = dir.join(name);
+                fs::write(&path, token).unwrap();
+                fs::set_permissions(&path, fs::Permissions::from_mode(0o600)).unwrap();
+            }
+        }
+        let mut command = match nofile {
+            // prlimit execs the command: the child's pid is the server's.
+            Some(n) => {
+                let mut c = Command::new("prlimit");
+                c.arg(format!("--nofile={n}:{n}"))
+                    .arg("--")
+                    .arg(target_bin("outpost"));
+                c
+            }
+            None => Command::new(target_bin("outpost")),
+        };
+        let mut child = command
+            .args(["mcp", "--http", "127.0.0.1:0"])
+            .current_dir(std::env::temp_dir())
+            .env_clear()
+            .env("HOME", home.path())
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn outpost mcp --http");
+        let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+        let config: serde_json::Value = loop {
+            let line = lines.next().expect("outpost mcp --http exited").unwrap();
+            if line.starts_with('{') {
+                break serde_json::from_str(&line).unwrap();
+            }
+        };
+        // Keep draining stderr so that the server never blocks on it; count
+        // what it writes.
+        let logged = Arc::new(AtomicU64::new(0));
+        let count = logged.clone();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                count.fetch_add(line.len() as u64 + 1, Ordering::Relaxed);
+            }
+        });
+        let url = config["url"].as_str().unwrap();
+        let addr = url
+            .strip_prefix("http://")
+            .and_then(|u| u.strip_suffix("/mcp"))
+            .unwrap()
+            .to_string();
+        let token = config["headers"]["Authorization"]
+            .as_str()
+            .and_then(|h| h.strip_prefix("Bearer "))
+            .unwrap()
+            .to_string();
+        McpHttp {
+            child,
+            addr,
+            token,
+            home,
+            logged,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// An MCP client over Streamable HTTP with the token.
+    pub async fn client<H: rmcp::ClientHandler>(
+        &self,
+        handler: H,
+    ) -> rmcp::service::RunningService<rmcp::RoleClient, H> {
+        use rmcp::ServiceExt;
+        use rmcp::transport::StreamableHttpClientTransport;
+        use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+        let config =
+            StreamableHttpClientTransportConfig::with_uri(format!("http://{}/mcp", self.addr))
+                .auth_header(self.token.clone());
+        handler
+            .serve(StreamableHttpClientTransport::from_config(config))
+            .await
+            .expect("MCP handshake over HTTP")
+    }
+}
+
+impl Drop for McpHttp {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
