@@ -485,3 +485,60 @@ fn every_http_request_is_answered_as_json_rpc() {
     let bearer = format!("Authorization: Bearer {}\r\n", server.token);
     assert_eq!(status(&raw(&server, "/mcp", &bearer)), "200");
 }
+
+/// A sandbox made in an HTTP session ends when the client ends its session
+/// (DELETE); the server, and what other sessions made, go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_session_s_sandboxes_end_with_it() {
+    let server = McpHttp::start();
+    let (a, b) = (server.client(()).await, server.client(()).await);
+    let mut markers = Vec::new();
+    for client in [&a, &b] {
+        let (err, made) = call(
+            client,
+            "create_sandbox",
+            json!({"host": "local", "isolation": "none", "ttl_s": 60}),
+        )
+        .await;
+        assert!(!err, "{made}");
+        let name = made["sandbox_name"].as_str().unwrap().to_string();
+        let (err, r) = call(
+            client,
+            "exec_bash",
+            json!({"sandbox_name": name, "command": "nohup setsid sleep 1000 >/dev/null 2>&1 &"}),
+        )
+        .await;
+        assert!(!err, "{r}");
+        let marker = format!("OUTPOST_SANDBOX={}", name.rsplit('/').next().unwrap());
+        assert!(!outpost_e2e::pids_with_env(&marker).is_empty());
+        markers.push((name, marker));
+    }
+    a.cancel().await.unwrap();
+    assert!(
+        outpost_e2e::wait_until(Duration::from_secs(10), || {
+            outpost_e2e::pids_with_env(&markers[0].1).is_empty()
+        }),
+        "the ended session's sandbox still runs"
+    );
+    assert!(!outpost_e2e::pids_with_env(&markers[1].1).is_empty());
+    // Its processes end first, then it is recorded as deleted.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (err, r) = call(&b, "list_sandboxes", json!({})).await;
+        assert!(!err, "{r}");
+        let listed = r.to_string();
+        assert!(listed.contains(&markers[1].0), "{r}");
+        if !listed.contains(&markers[0].0) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "still listed: {r}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    b.cancel().await.unwrap();
+    assert!(
+        outpost_e2e::wait_until(Duration::from_secs(10), || {
+            outpost_e2e::pids_with_env(&markers[1].1).is_empty()
+        }),
+        "the second session's sandbox still runs"
+    );
+}

@@ -334,6 +334,56 @@ async fn mcp_isolated_sandbox_lifecycle() {
     client.cancel().await.unwrap();
 }
 
+/// A sandbox made through MCP belongs to that session: when the client
+/// closes stdio, its processes end and it is deleted; one made with `keep`
+/// outlives the session and ends at its TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandboxes_end_with_their_session_unless_kept() {
+    let (client, _home) = start(&[]).await;
+    let mut markers = Vec::new();
+    for keep in [false, true] {
+        let (err, made) = call(
+            &client,
+            "create_sandbox",
+            json!({"host": "local", "isolation": "none", "ttl_s": 12, "keep": keep}),
+        )
+        .await;
+        assert!(!err, "{made}");
+        let name = made["sandbox_name"].as_str().unwrap().to_string();
+        let (err, r) = call(
+            &client,
+            "exec_bash",
+            json!({"sandbox_name": name, "command": "nohup setsid sleep 1000 >/dev/null 2>&1 &"}),
+        )
+        .await;
+        assert!(!err, "{r}");
+        let marker = format!("OUTPOST_SANDBOX={}", name.rsplit('/').next().unwrap());
+        assert!(!procs_with_env(&marker).is_empty(), "{name} runs nothing");
+        markers.push(marker);
+    }
+    let ended = std::time::Instant::now();
+    client.cancel().await.unwrap();
+    let [scoped, kept] = [&markers[0], &markers[1]];
+    assert!(
+        outpost_e2e::wait_until(std::time::Duration::from_secs(8), || procs_with_env(scoped)
+            .is_empty()),
+        "the session's sandbox outlived it"
+    );
+    assert!(
+        ended.elapsed() < std::time::Duration::from_secs(8),
+        "deleted, not expired"
+    );
+    assert!(
+        !procs_with_env(kept).is_empty(),
+        "the kept sandbox ended with the session"
+    );
+    assert!(
+        outpost_e2e::wait_until(std::time::Duration::from_secs(20), || procs_with_env(kept)
+            .is_empty()),
+        "the kept sandbox outlived its TTL"
+    );
+}
+
 fn bwrap_usable() -> bool {
     std::process::Command::new("bwrap")
         .args([
@@ -598,7 +648,7 @@ async fn contain_and_expire(env: &[(&'static str, String)], as_root: bool) {
     let (err, made) = call(
         &client,
         "create_sandbox",
-        json!({"host": "box", "isolation": "bwrap", "ttl_s": 3}),
+        json!({"host": "box", "isolation": "bwrap", "ttl_s": 3, "keep": true}),
     )
     .await;
     assert!(!err, "{made}");
@@ -817,7 +867,7 @@ async fn a_sandbox_made_for_a_caller_that_left_is_deleted() {
     let sshd = outpost_e2e::Sshd::start();
     let (env, _config) = common::mcp_client::isolated_env(&sshd);
     let (client, _home) = start(&env).await;
-    let create = json!({"host": "box", "isolation": "bwrap", "ttl_s": 600});
+    let create = json!({"host": "box", "isolation": "bwrap", "ttl_s": 600, "keep": true});
     let (err, made) = call(&client, "create_sandbox", create.clone()).await;
     assert!(!err, "{made}");
     let agents = format!("{}/agents/", sshd.remote_dir().display());

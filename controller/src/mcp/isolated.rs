@@ -43,6 +43,9 @@ pub struct CreateParams {
     /// Keep its files after it ends.
     #[serde(default)]
     pub keep_files_on_expiry: bool,
+    /// Outlive this MCP session (else deleted when it ends).
+    #[serde(default)]
+    pub keep: bool,
     /// Slurm cluster: time limit (2:00:00).
     pub time: Option<String>,
     /// Slurm cluster.
@@ -165,7 +168,12 @@ impl OutpostServer {
             }
         });
         let progress = move |m: String| *waiting.lock().unwrap() = m;
-        shaped(sandboxes::create(&self.fleet, p.request(), &progress).await)
+        let keep = p.keep;
+        let view = sandboxes::create(&self.fleet, p.request(), &progress).await?;
+        if !keep {
+            self.scope.own(&view.sandbox_name);
+        }
+        shaped(Ok(view))
     }
 
     #[tool(description = "An isolated sandbox's state and expiry.")]
@@ -191,6 +199,7 @@ impl OutpostServer {
         Parameters(p): Parameters<NameParams>,
     ) -> Result<Json<DeleteResult>, String> {
         let view = sandboxes::delete(&self.fleet, &p.sandbox_name).await?;
+        self.scope.forget(&p.sandbox_name);
         Ok(Json(view.into()))
     }
 

@@ -53,6 +53,7 @@ mod progress;
 mod prompts;
 mod resources;
 mod sandboxes;
+mod session_scope;
 mod shape;
 mod sync_view;
 mod task_slot;
@@ -118,6 +119,8 @@ pub struct OutpostServer {
     client_roots: Arc<tokio::sync::Mutex<Option<Roots>>>,
     tool_router: Arc<ToolRouter<Self>>,
     prompt_router: PromptRouter<Self>,
+    /// The sandboxes this session made that end with it.
+    scope: Arc<session_scope::SessionScope>,
     /// Held by the session's server only, not by the copies tasks run on.
     _session: Option<Arc<SessionEnd>>,
 }
@@ -183,17 +186,19 @@ impl Shared {
     }
 }
 
-/// Stops a session's event followers when its session ends (the server rmcp
-/// holds for it is dropped). Matters over HTTP, where the process and the
-/// fleet outlive each session. Its tasks go on: they end with their call,
-/// their TTL or `tasks/cancel`.
+/// Stops a session's event followers and deletes the sandboxes it owns when
+/// its session ends (the server rmcp holds for it is dropped). Matters over
+/// HTTP, where the process and the fleet outlive each session. Its tasks go
+/// on: they end with their call, their TTL or `tasks/cancel`.
 struct SessionEnd {
     watcher: Arc<Watcher>,
+    scope: Arc<session_scope::SessionScope>,
 }
 
 impl Drop for SessionEnd {
     fn drop(&mut self) {
         self.watcher.stop();
+        self.scope.end_soon();
     }
 }
 
@@ -266,10 +271,13 @@ impl OutpostServer {
         });
         let watcher = Watcher::new(fleet.clone(), sink);
         let (transfers, cursors) = shared.of(&Caller::stdio());
+        let scope = session_scope::SessionScope::new(fleet.clone());
         OutpostServer {
             _session: Some(Arc::new(SessionEnd {
                 watcher: watcher.clone(),
+                scope: scope.clone(),
             })),
+            scope,
             watcher,
             fleet,
             tool_router: shared.tool_router.clone(),
@@ -559,8 +567,10 @@ impl ServerHandler for OutpostServer {
     }
 
     /// Job events go to every client that finished its handshake (over
-    /// HTTP, each session; on stdio `serve_stdio` starts them at once).
+    /// HTTP, each session; on stdio `serve_stdio` starts them at once), and
+    /// from then on its sandboxes end with its session.
     async fn on_initialized(&self, context: rmcp::service::NotificationContext<RoleServer>) {
+        self.scope.begin();
         self.events.forward(context.peer.clone());
     }
 
@@ -707,6 +717,9 @@ fn audit_outcome(
 /// Serves MCP on stdin/stdout until the client goes away or SIGTERM/SIGINT.
 pub async fn serve_stdio(fleet: Arc<Fleet>) -> anyhow::Result<()> {
     let server = OutpostServer::new(fleet.clone());
+    // The process is the session, whatever era the client speaks.
+    server.scope.begin();
+    let scope = server.scope.clone();
     let events = server.events.clone();
     let (stdin, stdout) = outpost_stdio::streams();
     let transport = rmcp::transport::async_rw::AsyncRwTransport::new(
@@ -723,6 +736,7 @@ pub async fn serve_stdio(fleet: Arc<Fleet>) -> anyhow::Result<()> {
         _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
         _ = tokio::signal::ctrl_c() => tracing::info!("interrupted: shutting down"),
     }
+    scope.end().await;
     for session in fleet.sessions() {
         session.disconnect().await;
     }
