@@ -145,9 +145,52 @@ pub enum Request {
     /// (symlinks never followed). Answered by `Entries*` then `ScanDone`,
     /// whose problems name the paths that could not be described.
     DescribeFiles { root: String, paths: Vec<RelPath> },
+    /// Freeze every command of sandbox `id`; with `stop_clock` its TTL
+    /// waits too. New commands are refused until `SandboxResume`.
+    /// Answered by `Sandbox`.
+    SandboxPause { id: String, stop_clock: bool },
+    /// Thaw what `SandboxPause` froze. Answered by `Sandbox`.
+    SandboxResume { id: String },
+    /// Copy sandbox `id`'s work dir, its commands frozen meanwhile.
+    /// Answered by `Checkpoint`.
+    SandboxCheckpoint { id: String, label: Option<String> },
+    /// Its checkpoints, oldest first. Answered by `Checkpoints`.
+    SandboxCheckpoints { id: String },
+    /// Make the work dir (or only `paths` in it) as it was at checkpoint
+    /// `number`. Answered by `Restored`.
+    SandboxRestore {
+        id: String,
+        number: u32,
+        paths: Vec<String>,
+    },
+    /// What changed in the work dir since checkpoint `number`. Answered by
+    /// `CheckpointDiff`.
+    SandboxDiff { id: String, number: u32 },
+    /// A new sandbox with `id`'s settings and a copy of its work dir, both
+    /// going on independently. Answered by `Sandbox` (the new one).
+    SandboxFork { id: String },
 }
 
 impl Request {
+    /// Whether it makes, lists or changes a sandbox as a whole (not a
+    /// request run inside one).
+    pub fn is_sandbox_lifecycle(&self) -> bool {
+        matches!(
+            self,
+            Request::SandboxCreate(_)
+                | Request::SandboxList
+                | Request::SandboxRenew { .. }
+                | Request::SandboxDelete { .. }
+                | Request::SandboxPause { .. }
+                | Request::SandboxResume { .. }
+                | Request::SandboxCheckpoint { .. }
+                | Request::SandboxCheckpoints { .. }
+                | Request::SandboxRestore { .. }
+                | Request::SandboxDiff { .. }
+                | Request::SandboxFork { .. }
+        )
+    }
+
     /// The content a `PutPart` carries, inside a sandbox's wrapper too: the
     /// byte string a frame may write after its head (see
     /// [`crate::codec::encode_frame_with_tail`]).
@@ -728,6 +771,50 @@ pub enum SandboxState {
     Deleted,
     /// Could not be kept running (its isolation or supervisor failed).
     Failed,
+    /// Its commands frozen by `SandboxPause`.
+    Paused,
+}
+
+/// How a copy of a work dir went (a checkpoint, a restore or a fork).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CopyReport {
+    /// Files (and symlinks) written, and their bytes.
+    pub files: u64,
+    pub bytes: u64,
+    /// Of those, files that share their content copy-on-write.
+    pub cloned: u64,
+    /// Entries removed (a restore).
+    pub removed: u64,
+    /// Entries that are no file, directory or symlink, left out.
+    pub skipped: Vec<String>,
+    pub took_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointInfo {
+    /// 1, 2, … within its sandbox.
+    pub number: u32,
+    pub label: Option<String>,
+    pub created_unix: u64,
+    pub copy: CopyReport,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Change {
+    Added,
+    Changed,
+    Removed,
+}
+
+/// One path that differs from a checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PathChange {
+    pub path: String,
+    pub change: Change,
+    /// Its size now (before, for a removed one).
+    pub size: u64,
+    /// A unified diff, for small text files that changed.
+    pub diff: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -897,6 +984,18 @@ pub enum Response {
     ExecCutShort {
         result: ExecResult,
         why: String,
+    },
+    /// Answer to `SandboxCheckpoint`.
+    Checkpoint(CheckpointInfo),
+    /// Answer to `SandboxCheckpoints`.
+    Checkpoints(Vec<CheckpointInfo>),
+    /// Answer to `SandboxRestore`.
+    Restored(CopyReport),
+    /// Answer to `SandboxDiff`: the first changes by path, and how many
+    /// more there are.
+    CheckpointDiff {
+        changes: Vec<PathChange>,
+        more: u64,
     },
 }
 

@@ -570,21 +570,15 @@ async fn answer_boxed(
             ErrorKind::BadRequest,
             "a sandbox's GPUs are leased when it is created (gpus)",
         ),
-        Request::SandboxCreate(_)
-        | Request::SandboxList
-        | Request::SandboxRenew { .. }
-        | Request::SandboxDelete { .. }
-        | Request::InSandbox { .. }
-            if scope.is_some() =>
+        ref r
+            if (r.is_sandbox_lifecycle() || matches!(r, Request::InSandbox { .. }))
+                && scope.is_some() =>
         {
             error(ErrorKind::BadRequest, "sandboxes do not nest")
         }
-        Request::SandboxCreate(_)
-        | Request::SandboxList
-        | Request::SandboxRenew { .. }
-        | Request::SandboxDelete { .. }
-        | Request::InSandbox { .. }
-            if !shared.options.own_process =>
+        ref r
+            if (r.is_sandbox_lifecycle() || matches!(r, Request::InSandbox { .. }))
+                && !shared.options.own_process =>
         {
             error(
                 ErrorKind::Unsupported,
@@ -605,9 +599,16 @@ async fn answer_boxed(
                 }
             }
         }
-        Request::SandboxList => blocking(sandbox::list).await,
-        Request::SandboxRenew { id, ttl_ms } => blocking(move || sandbox::renew(&id, ttl_ms)).await,
-        Request::SandboxDelete { id } => blocking(move || sandbox::delete(&id)).await,
+        Request::SandboxFork { id } => daemon::client::fork_sandbox(id).await,
+        r @ (Request::SandboxList
+        | Request::SandboxRenew { .. }
+        | Request::SandboxDelete { .. }
+        | Request::SandboxPause { .. }
+        | Request::SandboxResume { .. }
+        | Request::SandboxCheckpoint { .. }
+        | Request::SandboxCheckpoints { .. }
+        | Request::SandboxRestore { .. }
+        | Request::SandboxDiff { .. }) => blocking(move || sandbox::lifecycle::answer(r)).await,
         Request::InSandbox { .. } => error(ErrorKind::Internal, "unreachable: scoped above"),
         Request::GpuLease(req) => {
             let response = blocking(move || leases::lease(&req).map(Response::GpuLease)).await;

@@ -505,7 +505,7 @@ async fn a_cluster_sandbox_ends_at_its_ttl_without_a_controller() {
     let (err, r) = timed_call(
         &client,
         "create_sandbox",
-        json!({"host": "hpc", "ttl_s": 8}),
+        json!({"host": "hpc", "ttl_s": 8, "keep": true}),
     )
     .await;
     assert!(!err, "{r}\n{}", slurm.logs());

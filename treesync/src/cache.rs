@@ -357,6 +357,8 @@ mod tests {
             size,
             mtime_ns: 1_000,
             ctime_ns: 2_000,
+            uid: 0,
+            gid: 0,
         }
     }
 

@@ -13,12 +13,14 @@
 //! * [`relpath`]: relative paths as raw bytes, checked so nothing escapes the root.
 //! * [`filter`]: gitignore-syntax excludes.
 //! * [`codec`]: content on the wire, zstd-compressed or stored.
+//! * [`mirror`]: one local tree made the same as another (checkpoints, forks).
 
 pub mod apply;
 pub mod cache;
 pub mod chunk;
 pub mod codec;
 pub mod filter;
+pub mod mirror;
 mod parallel;
 pub mod plan;
 pub mod relpath;

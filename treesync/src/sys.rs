@@ -26,6 +26,8 @@ pub(crate) struct Stat {
     pub size: u64,
     pub mtime_ns: i64,
     pub ctime_ns: i64,
+    pub uid: u32,
+    pub gid: u32,
 }
 
 // The casts are no-ops on 64-bit targets but not on every libc/arch pair.
@@ -39,6 +41,8 @@ impl Stat {
             size: st.st_size as u64,
             mtime_ns: to_ns(st.st_mtime as i64, st.st_mtime_nsec as i64),
             ctime_ns: to_ns(st.st_ctime as i64, st.st_ctime_nsec as i64),
+            uid: st.st_uid as u32,
+            gid: st.st_gid as u32,
         }
     }
 

@@ -449,6 +449,8 @@ fn scan_problems_do_not_abort() {
         size: 1,
         mtime_ns: 0,
         ctime_ns: 0,
+        uid: 0,
+        gid: 0,
     };
     let mut buf = Vec::new();
     assert!(matches!(

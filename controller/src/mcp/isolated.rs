@@ -43,7 +43,7 @@ pub struct CreateParams {
     /// Keep its files after it ends.
     #[serde(default)]
     pub keep_files_on_expiry: bool,
-    /// Outlive this MCP session (else deleted when it ends).
+    /// Outlive this MCP session.
     #[serde(default)]
     pub keep: bool,
     /// Slurm cluster: time limit (2:00:00).

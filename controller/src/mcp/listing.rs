@@ -115,6 +115,9 @@ pub(super) const LISTED_WHEN_ADVANCED: &[&str] = &[
     "release_gpus",
     "list_background_tasks",
     "create_run_close",
+    "list_checkpoints",
+    "pause_sandbox",
+    "resume_sandbox",
 ];
 
 /// Whether `tools/list` names `tool`; `advanced`: the advanced listing.
@@ -486,7 +489,9 @@ fn hints(tool: &str) -> ToolAnnotations {
         | "list_background_watch_events"
         | "get_watchdog_status"
         | "install_macos_watchdog"
-        | "uninstall_macos_watchdog" => base.read_only(true),
+        | "uninstall_macos_watchdog"
+        | "list_checkpoints"
+        | "diff_checkpoint" => base.read_only(true),
         // Run whatever the command says, with whatever it reaches.
         "exec_bash"
         | "exec_bash_background"
@@ -505,10 +510,13 @@ fn hints(tool: &str) -> ToolAnnotations {
         | "sync_remote_to_local"
         | "write_remote_file"
         | "upload_files" => base.idempotent(true),
-        "select_sandbox" | "release_gpus" | "renew_sandbox" => {
-            base.destructive(false).idempotent(true)
+        "select_sandbox" | "release_gpus" | "renew_sandbox" | "pause_sandbox"
+        | "resume_sandbox" => base.destructive(false).idempotent(true),
+        "reserve_gpus" | "create_sandbox" | "checkpoint_sandbox" | "fork_sandbox" => {
+            base.destructive(false)
         }
-        "reserve_gpus" | "create_sandbox" => base.destructive(false),
+        // Files written since the checkpoint are overwritten or removed.
+        "restore_checkpoint" => base.idempotent(true),
         // Interrupt, restart or remove a context: its state is lost.
         "code_contexts" | "delete_sandbox" | "close_sandbox" => {
             base.idempotent(true)

@@ -39,6 +39,7 @@ mod admission;
 mod ask;
 mod budget;
 mod caller;
+mod checkpoints;
 mod code;
 mod exec;
 mod files;
@@ -154,6 +155,7 @@ impl Shared {
         tool_router.merge(OutpostServer::code_router());
         tool_router.merge(OutpostServer::gpu_router());
         tool_router.merge(OutpostServer::isolated_router());
+        tool_router.merge(OutpostServer::checkpoints_router());
         tool_router.merge(OutpostServer::files_router());
         tool_router.merge(OutpostServer::jobs_router());
         if fleet.config.expose_advanced_tools {

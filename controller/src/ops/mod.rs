@@ -22,6 +22,7 @@
 //! * [`audit`]: one JSON line per MCP tool call.
 
 pub mod audit;
+pub mod checkpoints;
 pub mod code;
 pub mod events;
 pub mod exec;

@@ -142,7 +142,7 @@ impl Limits {
 pub struct SandboxView {
     /// `HOST/ID`: the `sandbox_name` every other tool takes.
     pub sandbox_name: String,
-    /// `running`, `expired`, `deleted` or `failed`; a Slurm allocation
+    /// `running`, `paused`, `expired`, `deleted` or `failed`; a Slurm allocation
     /// may be `pending` (the reason in `note`).
     pub state: &'static str,
     /// UTC.
@@ -185,9 +185,11 @@ impl SandboxView {
         }
     }
 
-    /// Running, or (a Slurm allocation) queued to run.
+    /// Running, paused, or (a Slurm allocation) queued to run.
     pub fn is_live(&self) -> bool {
-        self.state == state_name(SandboxState::Running) || self.state == "pending"
+        self.state == state_name(SandboxState::Running)
+            || self.state == state_name(SandboxState::Paused)
+            || self.state == "pending"
     }
 }
 
@@ -207,6 +209,7 @@ pub fn state_name(state: SandboxState) -> &'static str {
         SandboxState::Expired => "expired",
         SandboxState::Deleted => "deleted",
         SandboxState::Failed => "failed",
+        SandboxState::Paused => "paused",
     }
 }
 

@@ -106,6 +106,10 @@ pub(super) fn unexpected(what: &str, response: &Response) -> CallError {
         Response::CodeContexts(_) => "CodeContexts",
         Response::ExecHandedOver { .. } => "ExecHandedOver",
         Response::ExecCutShort { .. } => "ExecCutShort",
+        Response::Checkpoint(_) => "Checkpoint",
+        Response::Checkpoints(_) => "Checkpoints",
+        Response::Restored(_) => "Restored",
+        Response::CheckpointDiff { .. } => "CheckpointDiff",
     };
     CallError::Protocol(format!("unexpected answer to {what}: {name}"))
 }

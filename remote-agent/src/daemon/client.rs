@@ -23,7 +23,7 @@ use tokio::net::UnixStream;
 use super::{DaemonInfo, info_path, socket_path};
 use crate::code::contexts::{GRACE, START_WAIT};
 use crate::paths;
-use crate::sandbox::Scope;
+use crate::sandbox::{self, Scope};
 use crate::statefile::{self, error};
 
 /// How long `serve` keeps trying to reach a daemon it just started.
@@ -412,4 +412,34 @@ pub fn nudge() {
             eprintln!("outpost-agent: {}", e.message);
         }
     });
+}
+
+/// `SandboxFork`: the new sandbox made by the daemon with `id`'s spec,
+/// then filled with `id`'s work dir; deleted again if that fails.
+pub async fn fork_sandbox(id: String) -> Response {
+    let from = id.clone();
+    let spec =
+        match tokio::task::spawn_blocking(move || sandbox::checkpoint::fork_spec(&from)).await {
+            Ok(Ok(spec)) => spec,
+            Ok(Err(e)) => return Response::Error(e),
+            Err(_) => return Response::Error(error(ErrorKind::Internal, "fork worker panicked")),
+        };
+    let made = ask_daemon(Request::SandboxCreate(spec), sandbox::CREATE_WAIT).await;
+    let Response::Sandbox(info) = made else {
+        return made;
+    };
+    let new = info.id.clone();
+    let filled =
+        tokio::task::spawn_blocking(move || sandbox::checkpoint::fill_fork(&id, &new)).await;
+    match filled {
+        Ok(Ok(_)) => Response::Sandbox(info),
+        failed => {
+            let new = info.id.clone();
+            let _ = tokio::task::spawn_blocking(move || sandbox::delete(&new)).await;
+            Response::Error(match failed {
+                Ok(Err(e)) => e,
+                _ => error(ErrorKind::Internal, "fork worker panicked"),
+            })
+        }
+    }
 }

@@ -193,6 +193,10 @@ impl Keeper {
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
+        // Paused with its clock stopped: the TTL waits.
+        if self.dirs.paused().is_some_and(|p| p.remaining_ms.is_some()) {
+            return None;
+        }
         // No expiry readable: treat as expired rather than live forever.
         match self.dirs.expires_ms() {
             Some(at) if at > now_ms => None,
@@ -482,6 +486,7 @@ impl Keeper {
                 );
                 return;
             }
+            self.thaw_if_abandoned();
             if self.due().is_some() {
                 // Decided under the lock a renew takes: a renew that landed
                 // first counts, one that comes later finds it ending.
@@ -544,6 +549,19 @@ impl Keeper {
 
     /// Out of memory, like the kernel's OOM killer in a cgroup: the
     /// largest process goes.
+    /// A checkpoint's freeze whose maker died (a `serve` killed mid-copy)
+    /// would hold the sandbox frozen for good: thawed here.
+    fn thaw_if_abandoned(&self) {
+        let marker = self.dirs.meta().join(store::FROZEN);
+        let Some(maker) = crate::statefile::read_json::<ProcId>(&marker) else {
+            return;
+        };
+        if !maker.alive() && self.dirs.paused().is_none() {
+            limits::thaw(&self.dirs.id, &self.setup);
+            let _ = std::fs::remove_file(&marker);
+        }
+    }
+
     fn watch_memory(&mut self, mb: u64) {
         let members = limits::members(&self.dirs.id, self.setup.pid_ns, &self.setup.cgroups);
         let sizes: Vec<(i32, u64)> = members

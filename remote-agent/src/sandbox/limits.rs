@@ -7,9 +7,11 @@
 use std::collections::HashSet;
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use outpost_protocol::{Isolation, SandboxLimits};
 
+use super::store::Setup;
 use crate::proctree::{self, Stat};
 
 const V2_ROOTS: [&str; 2] = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"];
@@ -495,4 +497,73 @@ pub fn pid_namespace(pid: i32) -> Option<u64> {
     fs::metadata(format!("/proc/{pid}/ns/pid"))
         .ok()
         .map(|m| m.ino())
+}
+
+/// How long freezing a sandbox may take before it is given up.
+const FREEZE_WINDOW: Duration = Duration::from_secs(5);
+
+/// The v2 cgroup whose `cgroup.freeze` holds all of the sandbox.
+fn freezer(setup: &Setup) -> Option<PathBuf> {
+    setup
+        .cgroups
+        .iter()
+        .find(|c| c.join("cgroup.freeze").exists())
+        .cloned()
+}
+
+fn cgroup_frozen(cgroup: &Path) -> bool {
+    fs::read_to_string(cgroup.join("cgroup.events"))
+        .is_ok_and(|e| e.lines().any(|l| l.trim() == "frozen 1"))
+}
+
+/// The sandbox's processes but its holder.
+fn commands(id: &str, setup: &Setup) -> Vec<proctree::Stat> {
+    let spared = [setup.holder.as_ref().map(|h| h.pid), setup.hold_pid];
+    members(id, setup.pid_ns, &setup.cgroups)
+        .into_iter()
+        .filter(|s| !spared.contains(&Some(s.pid)))
+        .collect()
+}
+
+pub fn freeze(id: &str, setup: &Setup) -> Result<(), String> {
+    let deadline = Instant::now() + FREEZE_WINDOW;
+    if let Some(cgroup) = freezer(setup) {
+        fs::write(cgroup.join("cgroup.freeze"), "1").map_err(|e| e.to_string())?;
+        while !cgroup_frozen(&cgroup) {
+            if Instant::now() >= deadline {
+                return Err("its cgroup did not freeze".into());
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        return Ok(());
+    }
+    loop {
+        let running: Vec<i32> = commands(id, setup)
+            .into_iter()
+            .filter(|s| !matches!(s.state, b'T' | b't' | b'Z' | b'X'))
+            .map(|s| s.pid)
+            .collect();
+        if running.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(format!("processes kept running: {running:?}"));
+        }
+        for pid in running {
+            // SAFETY: plain syscall on a member of the sandbox.
+            unsafe { libc::kill(pid, libc::SIGSTOP) };
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+pub fn thaw(id: &str, setup: &Setup) {
+    if let Some(cgroup) = freezer(setup) {
+        let _ = fs::write(cgroup.join("cgroup.freeze"), "0");
+        return;
+    }
+    for s in commands(id, setup) {
+        // SAFETY: plain syscall on a member of the sandbox.
+        unsafe { libc::kill(s.pid, libc::SIGCONT) };
+    }
 }

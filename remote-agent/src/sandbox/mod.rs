@@ -19,12 +19,15 @@
 //! its keeper finds and ends it whatever rung applies; under bwrap all of
 //! them also live in the holder's pid namespace, which dies with the keeper.
 
+pub mod checkpoint;
 pub mod egress;
 pub mod enter;
 pub mod gpu_nodes;
 pub mod isolation;
 pub mod keeper;
+pub mod lifecycle;
 pub mod limits;
+pub mod pause;
 pub mod ruleset;
 pub mod staging;
 pub mod store;
@@ -771,6 +774,7 @@ impl Scope {
         cwd: &Path,
         env: &[(String, String)],
     ) -> Result<Command, String> {
+        self.dirs.may_start()?;
         let mut cmd = Command::new(agent_exe()?);
         cmd.arg("enter")
             .arg(&self.dirs.dir)

@@ -3,13 +3,15 @@
 //! `meta/` is the truth every process reads: `spec.json` (what was asked,
 //! written once), `expires` (unix milliseconds, rewritten by a renew),
 //! `setup.json` (what the keeper made of it: isolation, limits, holder),
-//! `keeper.json` (the keeper process), `delete` (asked to end) and
-//! `end.json` (how it ended). Nothing else of the sandbox lives elsewhere
+//! `keeper.json` (the keeper process), `delete` (asked to end),
+//! `end.json` (how it ended), `paused.json` and `frozen` (its commands
+//! frozen) and `checkpoints/`. Nothing else of the sandbox lives elsewhere
 //! except its cgroups and GPU lease, both named in `setup.json`.
 
 use std::fs;
 use std::io;
 use std::path::{Component, Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use outpost_protocol::{AgentError, ErrorKind, Isolation, SandboxInfo, SandboxSpec, SandboxState};
 use serde::{Deserialize, Serialize};
@@ -24,6 +26,13 @@ pub const KEEPER: &str = "keeper.json";
 pub const KEEPER_LOCK: &str = "keeper.lock";
 pub const DELETE: &str = "delete";
 pub const END: &str = "end.json";
+/// Paused by `SandboxPause` (see [`super::pause`]); `frozen`: frozen for a
+/// checkpoint, restore or fork.
+pub const PAUSED: &str = "paused.json";
+pub const FROZEN: &str = "frozen";
+/// One folder per checkpoint, `<n>/{tree,info.json}` (see
+/// [`super::checkpoint`]).
+pub const CHECKPOINTS: &str = "checkpoints";
 /// Written by the keeper, under [`LIFECYCLE_LOCK`], before it ends the
 /// sandbox: from then on nothing new starts in it and a renew is refused.
 pub const ENDING: &str = "ending";
@@ -222,6 +231,7 @@ impl Dirs {
         let end = self.end();
         let state = match &end {
             Some(end) => end.state,
+            None if self.meta().join(PAUSED).exists() => SandboxState::Paused,
             None => SandboxState::Running,
         };
         let note = end
@@ -242,6 +252,44 @@ impl Dirs {
             kept_files: end.as_ref().is_some_and(|e| e.kept_files),
             note,
         })
+    }
+}
+
+/// How long a new command waits out a checkpoint's freeze.
+const THAW_WAIT: Duration = Duration::from_secs(60);
+
+/// `meta/paused.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Paused {
+    pub since_ms: u64,
+    /// The TTL waits while paused: this much was left.
+    pub remaining_ms: Option<u64>,
+}
+
+impl Dirs {
+    /// Whether the sandbox is paused.
+    pub fn paused(&self) -> Option<Paused> {
+        read_json(&self.meta().join(PAUSED))
+    }
+
+    /// For a command about to start: refused while paused, held while a
+    /// checkpoint has the sandbox frozen.
+    pub fn may_start(&self) -> Result<(), String> {
+        let dirs = self;
+        if dirs.paused().is_some() {
+            return Err(format!(
+                "sandbox {} is paused; resume_sandbox first",
+                dirs.id
+            ));
+        }
+        let deadline = Instant::now() + THAW_WAIT;
+        while dirs.meta().join(FROZEN).exists() {
+            if Instant::now() >= deadline {
+                return Err(format!("sandbox {} stayed frozen", dirs.id));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(())
     }
 }
 
