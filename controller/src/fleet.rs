@@ -28,6 +28,8 @@ pub struct Fleet {
     isolated: Mutex<HashMap<String, Arc<Session>>>,
     active: RwLock<String>,
     leases: Mutex<HashMap<String, HeldLease>>,
+    /// Sandbox ports served on this machine, by sandbox name.
+    forwards: Mutex<HashMap<String, Vec<Forward>>>,
     pub config: Config,
     /// The config's command policy, compiled.
     pub policy: Policy,
@@ -36,6 +38,14 @@ pub struct Fleet {
     pub problem: Option<String>,
     /// Why no host can be connected: no agent build was found.
     pub agent_missing: Option<String>,
+}
+
+/// A sandbox's port served on this machine (see `ops::ports`): its URL, and
+/// the task that accepts there.
+pub struct Forward {
+    pub port: u16,
+    pub url: String,
+    pub accepting: tokio::task::AbortHandle,
 }
 
 /// A GPU lease this controller took. It is valid while the connection that
@@ -141,10 +151,36 @@ impl Fleet {
             isolated: Mutex::new(HashMap::new()),
             active: RwLock::new(active),
             leases: Mutex::new(HashMap::new()),
+            forwards: Mutex::default(),
             config,
             policy,
             problem: None,
             agent_missing,
+        }
+    }
+
+    /// The URL serving `port` of sandbox `name`, if one does.
+    pub fn forward_url(&self, name: &str, port: u16) -> Option<String> {
+        let forwards = self.forwards.lock().unwrap();
+        let found = forwards.get(name)?.iter().find(|f| f.port == port)?;
+        Some(found.url.clone())
+    }
+
+    pub fn add_forward(&self, name: &str, forward: Forward) {
+        let mut forwards = self.forwards.lock().unwrap();
+        forwards.entry(name.to_string()).or_default().push(forward);
+    }
+
+    /// Stops serving the ports of `name` (it was deleted).
+    pub fn close_forwards(&self, name: &str) {
+        for f in self
+            .forwards
+            .lock()
+            .unwrap()
+            .remove(name)
+            .unwrap_or_default()
+        {
+            f.accepting.abort();
         }
     }
 

@@ -169,6 +169,9 @@ pub enum Request {
     /// A new sandbox with `id`'s settings and a copy of its work dir, both
     /// going on independently. Answered by `Sandbox` (the new one).
     SandboxFork { id: String },
+    /// Serve `port` of sandbox `id` (its own loopback) on a unix socket of
+    /// this host for as long as the sandbox lives. Answered by `Exposed`.
+    SandboxExpose { id: String, port: u16 },
 }
 
 impl Request {
@@ -188,6 +191,7 @@ impl Request {
                 | Request::SandboxRestore { .. }
                 | Request::SandboxDiff { .. }
                 | Request::SandboxFork { .. }
+                | Request::SandboxExpose { .. }
         )
     }
 
@@ -836,6 +840,8 @@ pub struct SandboxInfo {
     pub work_dir: String,
     /// Files left on the host after the end.
     pub kept_files: bool,
+    /// Ports served by `SandboxExpose`.
+    pub ports: Vec<u16>,
     /// Why it ended, or what its isolation lacks.
     pub note: Option<String>,
 }
@@ -997,6 +1003,10 @@ pub enum Response {
         changes: Vec<PathChange>,
         more: u64,
     },
+    /// Answer to `SandboxExpose`: the socket that reaches the port.
+    Exposed {
+        socket: String,
+    },
 }
 
 impl Response {
@@ -1026,6 +1036,9 @@ pub struct ExecResult {
     /// In a sandbox with `allow_hosts`: the places (`host:port`) its proxy
     /// refused while the command ran.
     pub egress_denied: Vec<String>,
+    /// In a sandbox with a network of its own: the ports it began listening
+    /// on while the command ran.
+    pub listening: Vec<u16>,
 }
 
 /// Output kept under a byte limit: the first and last bytes, and how many were

@@ -329,6 +329,7 @@ fn sample_messages() -> (Hello, Vec<ClientMessage>, Vec<AgentMessage>) {
                 stderr: CapturedOutput::default(),
                 duration_ms: 2_010,
                 egress_denied: vec!["example.com:443".into()],
+                listening: Vec::new(),
             }),
         },
         AgentMessage::Response {
@@ -493,6 +494,7 @@ fn sample_messages() -> (Hello, Vec<ClientMessage>, Vec<AgentMessage>) {
                     stderr: CapturedOutput::default(),
                     duration_ms: 90_000,
                     egress_denied: Vec::new(),
+                    listening: Vec::new(),
                 },
             },
         },
@@ -564,6 +566,7 @@ fn sandbox_info() -> SandboxInfo {
         gpus: vec![0],
         work_dir: "/home/u/.outpost/sandboxes/sbx-3f2a/work".into(),
         kept_files: false,
+        ports: vec![8000],
         note: Some("expired".into()),
     }
 }

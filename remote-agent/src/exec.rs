@@ -517,6 +517,7 @@ pub async fn run_or_hand_over(
         let plan = plan(req, sandbox)?;
         // Before the command can ask for anything.
         let egress = plan.sandbox.as_ref().and_then(Scope::egress_watermark);
+        let listen = plan.sandbox.as_ref().and_then(Scope::listening);
         let token = new_token();
         // Under the guard from before the spawn until the command ended (or
         // was killed, or became a job), so that a dying serve never leaves
@@ -530,7 +531,7 @@ pub async fn run_or_hand_over(
             }
         };
         supervised.rooted(running.pid);
-        Ok((plan, token, supervised, running, egress))
+        Ok((plan, token, supervised, running, (egress, listen)))
     });
     let launched = tokio::select! {
         launched = &mut launching => launched,
@@ -555,10 +556,11 @@ pub async fn run_or_hand_over(
                 stderr: CapturedOutput::default(),
                 duration_ms: started.elapsed().as_millis() as u64,
                 egress_denied: Vec::new(),
+                listening: Vec::new(),
             }));
         }
     };
-    let (plan, token, guarded, running, egress) = match launched {
+    let (plan, token, guarded, running, (egress, listen)) = match launched {
         Ok(Ok(launched)) => launched,
         Ok(Err(e)) => return Ran::Answer(Response::Error(e)),
         Err(_) => {
@@ -716,6 +718,7 @@ pub async fn run_or_hand_over(
             stderr: err,
             duration_ms: started.elapsed().as_millis() as u64,
             egress_denied: egress.as_ref().map(|w| w.since()).unwrap_or_default(),
+            listening: listen.as_ref().map(|l| l.opened()).unwrap_or_default(),
         };
     let Some(guarded) = guarded.filter(|_| ending == Ending::HandedOver) else {
         process.release().await;

@@ -51,6 +51,12 @@ pub fn diagnose() -> i32 {
 
 /// `outpost-agent daemon`: the per-user job daemon. `started_by` says how
 /// it was started (`None`: by a double fork).
+/// `outpost-agent relay PORT`: inside a sandbox, one connection to an
+/// exposed port (see `sandbox::ports`).
+pub fn relay(port: u16) -> i32 {
+    sandbox::ports::relay(port)
+}
+
 pub fn daemon(started_by: Option<&str>) -> i32 {
     daemon::main(started_by.unwrap_or(daemon::client::STARTED_BY_FORK))
 }

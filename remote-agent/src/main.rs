@@ -52,6 +52,12 @@ fn main() -> ExitCode {
             let argv: Vec<String> = argv.iter().map(|a| a.to_string()).collect();
             outpost_agent::enter(Path::new(dir), Path::new(cwd), &argv)
         }
+        // Not in the usage: the keeper runs it inside a sandbox per
+        // connection to an exposed port.
+        ["relay", port] => match port.parse() {
+            Ok(port) => outpost_agent::relay(port),
+            Err(_) => 2,
+        },
         // Not in the usage: the command bwrap runs to hold a sandbox open.
         ["hold"] => outpost_agent::hold(false),
         ["hold", "--egress"] => outpost_agent::hold(true),

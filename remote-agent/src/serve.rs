@@ -608,7 +608,8 @@ async fn answer_boxed(
         | Request::SandboxCheckpoint { .. }
         | Request::SandboxCheckpoints { .. }
         | Request::SandboxRestore { .. }
-        | Request::SandboxDiff { .. }) => blocking(move || sandbox::lifecycle::answer(r)).await,
+        | Request::SandboxDiff { .. }
+        | Request::SandboxExpose { .. }) => blocking(move || sandbox::lifecycle::answer(r)).await,
         Request::InSandbox { .. } => error(ErrorKind::Internal, "unreachable: scoped above"),
         Request::GpuLease(req) => {
             let response = blocking(move || leases::lease(&req).map(Response::GpuLease)).await;

@@ -1175,11 +1175,11 @@ async fn mcp_drop_in_calls_and_the_tool_list() {
     // renew, delete: about 2,500 characters) joined the list; 16,000 since
     // execute_code, install_package and create_run_close (about 1,700);
     // 12,000 since rarely needed tools, Slurm's parameters (without a
-    // cluster) and the default hints left the default list; 13,600 since
-    // checkpoint, restore, diff and fork (about 1,600) joined it. Raising it
-    // needs a line in the README saying why.
+    // cluster) and the default hints left the default list; 14,000 since
+    // checkpoint, restore, diff, fork and expose_port (about 2,000) joined
+    // it. Raising it needs a line in the README saying why.
     assert!(
-        size <= 13_600,
+        size <= 14_000,
         "the default tool list grew to {size} characters"
     );
     // A client that validates results (the Python SDK builds a validator

@@ -12,7 +12,7 @@ use futures::future::BoxFuture;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::mpsc;
 
-use super::{AgentLink, CapturedRun, Host, LinkEvent};
+use super::{AgentLink, CapturedRun, Host, LinkEvent, SocketStream};
 
 /// This machine.
 pub struct LocalHost;
@@ -46,6 +46,15 @@ impl Host for LocalHost {
     fn open<'a>(&'a self, command: &'a str) -> BoxFuture<'a, Result<AgentLink, String>> {
         Box::pin(async move {
             spawn_agent(shell(command), "local agent closed its output").map_err(|e| e.to_string())
+        })
+    }
+
+    fn open_socket<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<SocketStream, String>> {
+        Box::pin(async move {
+            let stream = tokio::net::UnixStream::connect(path)
+                .await
+                .map_err(|e| format!("cannot connect to {path}: {e}"))?;
+            Ok(Box::new(stream) as SocketStream)
         })
     }
 

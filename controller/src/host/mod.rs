@@ -103,7 +103,23 @@ pub trait Host: Send + Sync {
 
     /// Closes what connects us to the host; links opened on it end.
     fn disconnect(&self) -> BoxFuture<'_, ()>;
+
+    /// A stream to the unix socket `path` on the host (an exposed port of
+    /// a sandbox). Only hosts this machine reaches as a socket have one.
+    fn open_socket<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<SocketStream, String>> {
+        let _ = path;
+        Box::pin(async {
+            Err("ports are exposed from SSH hosts and the local host only".to_string())
+        })
+    }
 }
+
+/// A byte stream to a socket on a host ([`Host::open_socket`]).
+pub type SocketStream = Box<dyn AsyncStream>;
+
+pub trait AsyncStream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> AsyncStream for T {}
 
 /// A host key that no known_hosts file records, as a person would check it.
 #[derive(Debug, Clone, PartialEq, Eq)]

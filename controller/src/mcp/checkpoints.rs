@@ -21,7 +21,7 @@ pub struct CheckpointParams {
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct RestoreParams {
     pub checkpoint: String,
-    /// Only these, relative to the work dir.
+    /// Relative to the work dir.
     pub paths: Option<Vec<String>>,
 }
 

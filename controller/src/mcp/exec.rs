@@ -82,6 +82,9 @@ pub struct ExecOutput {
     /// host:port its sandbox's allow_hosts refused.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub egress_denied: Vec<String>,
+    /// Ports it began listening on (expose_port serves them).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub listening: Vec<u16>,
 }
 
 /// exec_bash's result: the single-sandbox fields, or with `sandboxes`, one
@@ -204,6 +207,7 @@ impl ExecOutput {
             sandboxes: Vec::new(),
             note: None,
             egress_denied: Vec::new(),
+            listening: Vec::new(),
         }
     }
 }
@@ -222,6 +226,7 @@ fn exec_output(
             timed_out: r.timed_out,
             signal: if r.timed_out { None } else { r.signal },
             egress_denied: r.egress_denied,
+            listening: r.listening,
             ..blank
         }),
         Err(e) if e.is_connection() => Ok(ExecOutput {

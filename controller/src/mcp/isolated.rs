@@ -68,6 +68,18 @@ pub struct NameParams {
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]
+pub struct PortParams {
+    pub sandbox_name: String,
+    pub port: u16,
+}
+
+/// Where this machine serves it, `http://127.0.0.1:LOCAL`.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct PortResult {
+    pub url: String,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
 pub struct RenewParams {
     pub sandbox_name: String,
     pub ttl_s: f64,
@@ -201,6 +213,15 @@ impl OutpostServer {
         let view = sandboxes::delete(&self.fleet, &p.sandbox_name).await?;
         self.scope.forget(&p.sandbox_name);
         Ok(Json(view.into()))
+    }
+
+    #[tool(description = "Serve a sandbox's loopback port here; answers its URL.")]
+    async fn expose_port(
+        &self,
+        Parameters(p): Parameters<PortParams>,
+    ) -> Result<Json<PortResult>, String> {
+        let url = crate::ops::ports::expose(&self.fleet, &p.sandbox_name, p.port).await?;
+        Ok(Json(PortResult { url }))
     }
 
     /// Another name of `delete_sandbox`, for agents that guess it:

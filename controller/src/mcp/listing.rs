@@ -511,7 +511,7 @@ fn hints(tool: &str) -> ToolAnnotations {
         | "write_remote_file"
         | "upload_files" => base.idempotent(true),
         "select_sandbox" | "release_gpus" | "renew_sandbox" | "pause_sandbox"
-        | "resume_sandbox" => base.destructive(false).idempotent(true),
+        | "resume_sandbox" | "expose_port" => base.destructive(false).idempotent(true),
         "reserve_gpus" | "create_sandbox" | "checkpoint_sandbox" | "fork_sandbox" => {
             base.destructive(false)
         }

@@ -357,6 +357,8 @@ pub struct SandboxShape {
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     kept_files: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
+    ports: Option<std::collections::BTreeMap<String, String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     note: Option<String>,
 }
 

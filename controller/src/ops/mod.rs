@@ -29,6 +29,7 @@ pub mod exec;
 pub mod files;
 pub mod jobs;
 pub mod localpath;
+pub mod ports;
 pub mod sandboxes;
 pub mod slurm;
 pub mod slurm_jobs;

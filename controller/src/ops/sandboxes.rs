@@ -162,6 +162,9 @@ pub struct SandboxView {
     /// Its files stay on the host after it ends.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub kept_files: bool,
+    /// Exposed ports and, where this controller serves one, its URL.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub ports: std::collections::BTreeMap<u16, String>,
     /// Why it ended, or what its isolation lacks.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
@@ -181,6 +184,7 @@ impl SandboxView {
             gpus: info.gpus,
             work_dir: info.work_dir,
             kept_files: info.kept_files,
+            ports: info.ports.iter().map(|p| (*p, String::new())).collect(),
             note: info.note,
         }
     }
@@ -429,9 +433,14 @@ pub async fn status(fleet: &Fleet, name: &str) -> Result<SandboxView, String> {
         return Ok(allocation_view(host.name(), &found));
     }
     let all = list_on(&host).await?;
-    all.into_iter()
+    let mut view = all
+        .into_iter()
         .find(|s| s.sandbox_name == name)
-        .ok_or_else(|| format!("no sandbox {id} on {} (ended, or never made)", host.name()))
+        .ok_or_else(|| format!("no sandbox {id} on {} (ended, or never made)", host.name()))?;
+    for (port, url) in &mut view.ports {
+        *url = fleet.forward_url(name, *port).unwrap_or_default();
+    }
+    Ok(view)
 }
 
 /// Gives `name` `ttl_s` more seconds from now.
@@ -454,6 +463,7 @@ pub async fn delete(fleet: &Fleet, name: &str) -> Result<SandboxView, String> {
         let deleted = slurm::delete(fleet, &host, job).await?;
         return Ok(allocation_view(host.name(), &deleted));
     }
+    fleet.close_forwards(name);
     let answer = ask(&host, Request::SandboxDelete { id }).await;
     one(host.name(), answer, "deleting a sandbox")
 }
@@ -545,6 +555,7 @@ fn allocation_view(login: &str, a: &Allocation) -> SandboxView {
         gpus: Vec::new(),
         work_dir: a.work_dir.clone(),
         kept_files: false,
+        ports: Default::default(),
         note: match q.reason.as_str() {
             // Not yet looked at by the scheduler.
             "None" | "" if pending => Some("waiting for Slurm".to_string()),
@@ -854,6 +865,7 @@ mod tests {
             gpus: Vec::new(),
             work_dir: "/w".into(),
             kept_files: false,
+            ports: Vec::new(),
             note: None,
         };
         let view = SandboxView::of("gpu1", info);

@@ -437,6 +437,16 @@ impl Session {
         }
     }
 
+    /// A stream to the unix socket `path` on this session's host, over its
+    /// live connection (connecting first if there is none).
+    pub async fn open_socket(&self, path: &str) -> Result<crate::host::SocketStream, CallError> {
+        let conn = self.bare_connection().await?;
+        conn.host()
+            .open_socket(path)
+            .await
+            .map_err(CallError::Protocol)
+    }
+
     /// The host's live connection if there is one, without connecting.
     pub fn current(&self) -> Option<Arc<Connection>> {
         let guard = self.link().current.try_lock().ok()?;

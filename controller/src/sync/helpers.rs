@@ -110,6 +110,7 @@ pub(super) fn unexpected(what: &str, response: &Response) -> CallError {
         Response::Checkpoints(_) => "Checkpoints",
         Response::Restored(_) => "Restored",
         Response::CheckpointDiff { .. } => "CheckpointDiff",
+        Response::Exposed { .. } => "Exposed",
     };
     CallError::Protocol(format!("unexpected answer to {what}: {name}"))
 }

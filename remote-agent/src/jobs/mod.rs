@@ -463,6 +463,7 @@ pub fn collect(req: &JobCollect) -> Result<Response, AgentError> {
             statefile::now_unix().saturating_sub(snap.record.created_unix) * 1000
         }),
         egress_denied: egress_since(&snap.record),
+        listening: Vec::new(),
     };
     let job = snap.info();
     // The call keeps the end to itself only if no background job's end was

@@ -150,6 +150,7 @@ fn fail_setup(dirs: &Dirs, message: &str, adopt: bool) -> i32 {
             record: dirs.record(),
             setup: dirs.setup().unwrap_or_default(),
             holder: None,
+            ports: Default::default(),
         };
         keeper.teardown(
             SandboxState::Failed,
@@ -164,6 +165,8 @@ struct Keeper {
     record: Option<store::Record>,
     setup: Setup,
     holder: Option<Child>,
+    /// Its exposed ports' listeners (see [`super::ports`]).
+    ports: super::ports::Listeners,
 }
 
 impl Keeper {
@@ -174,6 +177,7 @@ impl Keeper {
             record: Some(record),
             setup: Setup::default(),
             holder: None,
+            ports: Default::default(),
         })
     }
 
@@ -487,6 +491,7 @@ impl Keeper {
                 return;
             }
             self.thaw_if_abandoned();
+            self.ports.serve_new(&self.dirs, &self.setup);
             if self.due().is_some() {
                 // Decided under the lock a renew takes: a renew that landed
                 // first counts, one that comes later finds it ending.
@@ -657,6 +662,7 @@ pub fn end_here(dirs: &Dirs, state: SandboxState) {
         record: dirs.record(),
         setup: dirs.setup().unwrap_or_default(),
         holder: None,
+        ports: Default::default(),
     };
     if dirs.end().is_none() {
         keeper.teardown(state, None);

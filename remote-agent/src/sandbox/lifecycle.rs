@@ -6,7 +6,7 @@
 use outpost_protocol::{AgentError, ErrorKind, Request, Response};
 
 use super::store::error;
-use super::{checkpoint, pause};
+use super::{checkpoint, pause, ports};
 
 pub fn answer(request: Request) -> Result<Response, AgentError> {
     match request {
@@ -19,6 +19,7 @@ pub fn answer(request: Request) -> Result<Response, AgentError> {
         Request::SandboxCheckpoints { id } => checkpoint::list(&id),
         Request::SandboxRestore { id, number, paths } => checkpoint::restore(&id, number, &paths),
         Request::SandboxDiff { id, number } => checkpoint::diff(&id, number),
+        Request::SandboxExpose { id, port } => ports::expose(&id, port),
         _ => Err(error(
             ErrorKind::Internal,
             "not a request for a sandbox as a whole",

@@ -28,6 +28,7 @@ pub mod keeper;
 pub mod lifecycle;
 pub mod limits;
 pub mod pause;
+pub mod ports;
 pub mod ruleset;
 pub mod staging;
 pub mod store;
@@ -759,6 +760,12 @@ impl Scope {
     /// `allow_hosts`.
     pub fn egress_watermark(&self) -> Option<egress::Watermark> {
         (!self.spec.allow_hosts.is_empty()).then(|| egress::Watermark::of(&self.dirs.meta()))
+    }
+
+    /// The ports it listens on before a command runs, to name those the
+    /// command opened; only a sandbox with a network of its own has them.
+    pub fn listening(&self) -> Option<ports::Listening> {
+        ports::Listening::of(&self.setup, self.spec.network)
     }
 
     /// Whether its commands may reach the network.

@@ -250,6 +250,11 @@ impl Dirs {
             gpus: setup.gpus.clone(),
             work_dir: self.work().to_string_lossy().into_owned(),
             kept_files: end.as_ref().is_some_and(|e| e.kept_files),
+            ports: if end.is_some() {
+                Vec::new()
+            } else {
+                super::ports::exposed(self)
+            },
             note,
         })
     }

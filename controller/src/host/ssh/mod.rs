@@ -17,7 +17,8 @@ use russh::{ChannelMsg, Disconnect};
 use tokio::sync::mpsc;
 
 use super::{
-    AgentLink, CapturedRun, HOST_KEY_CONFIRMATION, Host, HostKeyDecision, LinkEvent, UnknownHostKey,
+    AgentLink, CapturedRun, HOST_KEY_CONFIRMATION, Host, HostKeyDecision, LinkEvent, SocketStream,
+    UnknownHostKey,
 };
 use crate::config::SshTarget;
 use hostkeys::{Client, HostKeyVerdict, known_host_pattern};
@@ -517,5 +518,18 @@ impl Host for SshConnection {
 
     fn disconnect(&self) -> BoxFuture<'_, ()> {
         Box::pin(SshConnection::disconnect(self))
+    }
+
+    /// OpenSSH's `direct-streamlocal@openssh.com`: sshd connects to the
+    /// socket as the login user.
+    fn open_socket<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<SocketStream, String>> {
+        Box::pin(async move {
+            let channel = self
+                .handle
+                .channel_open_direct_streamlocal(path)
+                .await
+                .map_err(|e| format!("the host refused a connection to {path}: {e}"))?;
+            Ok(Box::new(channel.into_stream()) as SocketStream)
+        })
     }
 }

@@ -363,6 +363,7 @@ fn failed_installs_answer_with_the_tails() {
         stderr: CapturedOutput::default(),
         duration_ms: 2500,
         egress_denied: Vec::new(),
+        listening: Vec::new(),
     };
     let r = install_result(ok.clone(), Some("unused".into()));
     assert_eq!(r.is_error, Some(false));
