@@ -879,6 +879,67 @@ fn a_killed_keeper_is_replaced_and_the_ttl_still_holds() {
     assert_eq!(host.status(&id).state, SandboxState::Expired);
 }
 
+/// A checkpoint whose `serve` was killed mid-copy leaves its sandbox
+/// frozen, the freeze recorded in the name of a process that is gone: the
+/// keeper thaws it.
+#[test]
+fn a_freeze_whose_maker_died_is_thawed_by_the_keeper() {
+    let mut host = Host::new("sbx-thaw");
+    let info = host.create(spec(Isolation::None, true));
+    host.sh(
+        &info.id,
+        "nohup setsid sh -c 'while :; do date +%s%N > tick; sleep 0.02; done' >/dev/null 2>&1 &",
+    );
+    let work = PathBuf::from(&info.work_dir);
+    let tick = || std::fs::read_to_string(work.join("tick")).unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while tick().is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let mut gone = Command::new("true").spawn().unwrap();
+    let gone_pid = gone.id();
+    gone.wait().unwrap();
+    // Frozen first, then recorded, as a checkpoint does: by its cgroup's
+    // freezer where it has one, else by SIGSTOP.
+    let meta = work.parent().unwrap().join("meta");
+    let setup: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(meta.join("setup.json")).unwrap()).unwrap();
+    let freezer = setup["cgroups"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c.as_str())
+        .map(|c| Path::new(c).join("cgroup.freeze"))
+        .find(|f| f.exists());
+    match &freezer {
+        Some(freeze) => std::fs::write(freeze, "1").unwrap(),
+        None => {
+            for pid in procs_with_env(&format!("OUTPOST_SANDBOX={}", info.id)) {
+                kill(pid, libc::SIGSTOP);
+            }
+        }
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let stopped = tick();
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(tick(), stopped, "not frozen to begin with");
+    let frozen = meta.join("frozen");
+    std::fs::write(
+        &frozen,
+        format!("{{\"pid\":{gone_pid},\"start_time\":1,\"boot_id\":\"\"}}"),
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while frozen.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(!frozen.exists(), "the abandoned freeze is still recorded");
+    let thawed = tick();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_ne!(tick(), thawed, "its commands stay stopped");
+    assert_eq!(out(&host.sh(&info.id, "echo runs")), "runs\n");
+}
+
 #[test]
 fn renew_moves_the_expiry_from_now() {
     let mut host = Host::new("sbx-renew");

@@ -61,12 +61,18 @@
 //! * one 1 GiB file (`outpost-bench big-file`): `outpost sync` vs the raw
 //!   SSH channel (`cat > file` over a ControlMaster connection).
 //!
+//! * checkpoints (`outpost-bench checkpoints`): checkpoint, restore, diff and
+//!   fork of a 10,000-file, 1 GiB work dir vs `cp -a`, and `expose_port`'s
+//!   first byte.
+//!
 //! `outpost-bench fleet`, `outpost-bench sync`, `outpost-bench jobs`,
 //! `outpost-bench calls`, `outpost-bench sandboxes`, `outpost-bench code`,
+//! `outpost-bench checkpoints`,
 //! `outpost-bench slurm` or
 //! `outpost-bench slurm-batch` runs only that part.
 
 mod calls;
+mod checkpoints;
 mod code;
 mod fanout;
 mod fleet;
@@ -86,6 +92,7 @@ use rmcp::transport::{ConfigureCommandExt, TokioChildProcess};
 use serde_json::json;
 
 use calls::{exec_and_metrics, long_calls};
+use checkpoints::checkpoints;
 use code::code;
 use fanout::{big_file, fanout};
 use fleet::fleet;
@@ -298,6 +305,9 @@ async fn main() {
     }
     if only.is_none() || only.as_deref() == Some("code") {
         code().await;
+    }
+    if only.is_none() || only.as_deref() == Some("checkpoints") {
+        checkpoints().await;
     }
     if only.is_none() || only.as_deref() == Some("slurm") {
         slurm().await;
