@@ -432,3 +432,51 @@ fn a_missing_agent_is_an_install_problem_not_an_unreachable_host() {
         "{stderr}"
     );
 }
+
+/// Undo and branch from the command line, on the local host: a checkpoint,
+/// a change, the diff, a restore, a fork; each an exit status scripts can
+/// trust.
+#[test]
+fn checkpoints_and_forks_from_the_command_line() {
+    let home = TempDir::new("cli-home");
+    let run = |args: &[&str]| {
+        let out = outpost(&home, &[], args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}{}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+        text(&out.stdout)
+    };
+    let made = run(&["sandbox", "create", "local", "--isolation", "none"]);
+    let name = made.lines().next().unwrap().to_string();
+    run(&["exec", &name, "--", "echo one > a"]);
+    let saved = run(&["sandbox", "checkpoint", &name, "--label", "first"]);
+    let checkpoint = saved.lines().next().unwrap().to_string();
+    assert_eq!(checkpoint, format!("{name}@1"));
+    assert!(run(&["sandbox", "checkpoints", &name]).contains("first"));
+    run(&["exec", &name, "--", "echo two > a; echo new > b"]);
+    let diff = run(&["sandbox", "diff", &checkpoint]);
+    assert!(
+        diff.contains("changed  a") && diff.contains("added    b"),
+        "{diff}"
+    );
+    assert!(diff.contains("-one") && diff.contains("+two"), "{diff}");
+    run(&["sandbox", "restore", &checkpoint]);
+    assert_eq!(run(&["exec", &name, "--", "cat a; ls"]), "one\na\n");
+    let fork = run(&["sandbox", "fork", &name]);
+    let forked = fork.lines().next().unwrap().to_string();
+    assert_ne!(forked, name);
+    assert_eq!(run(&["exec", &forked, "--", "cat a"]), "one\n");
+    let bad = outpost(&home, &[], &["sandbox", "restore", &format!("{name}@7")]);
+    assert_eq!(bad.status.code(), Some(1), "{}", text(&bad.stderr));
+    assert!(
+        text(&bad.stderr).contains("no checkpoint 7"),
+        "{}",
+        text(&bad.stderr)
+    );
+    for sandbox in [&name, &forked] {
+        run(&["sandbox", "delete", sandbox]);
+    }
+}

@@ -395,6 +395,34 @@ pub(super) enum SandboxAction {
         /// HOST/ID.
         name: String,
     },
+    /// Save NAME's work dir; prints the checkpoint, HOST/ID@N.
+    Checkpoint {
+        name: String,
+        #[arg(long)]
+        label: Option<String>,
+    },
+    /// NAME's checkpoints.
+    Checkpoints { name: String },
+    /// Put the work dir back as at CHECKPOINT (HOST/ID@N), or only PATHS.
+    Restore {
+        checkpoint: String,
+        paths: Vec<String>,
+    },
+    /// What changed since CHECKPOINT (HOST/ID@N).
+    Diff { checkpoint: String },
+    /// A new sandbox with NAME's settings and a copy of its work dir.
+    Fork { name: String },
+    /// Freeze every process of NAME.
+    Pause {
+        name: String,
+        /// Its TTL waits too.
+        #[arg(long)]
+        stop_clock: bool,
+    },
+    /// Thaw a paused NAME.
+    Resume { name: String },
+    /// Serve PORT of NAME's loopback here until interrupted; prints the URL.
+    Expose { name: String, port: u16 },
 }
 
 pub async fn run(cli: Cli) -> Result<ExitCode> {

@@ -1,5 +1,6 @@
 //! `outpost sandbox`: create, list, renew and delete isolated sandboxes
-//! (named `HOST/ID`, a name `exec`, `sync` and `jobs` take too).
+//! (named `HOST/ID`, a name `exec`, `sync` and `jobs` take too); checkpoint,
+//! restore, diff, fork, pause and resume them; serve a port of one here.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -7,6 +8,7 @@ use std::time::Duration;
 use anyhow::Result;
 use outpost::fleet::Fleet;
 use outpost::ops::sandboxes::{self, CreateRequest, Limits, SandboxView};
+use outpost::ops::{checkpoints, ports};
 
 use super::SandboxAction;
 
@@ -106,6 +108,62 @@ pub(super) async fn sandbox_cli(fleet: &Fleet, action: SandboxAction) -> Result<
             if view.kept_files {
                 println!("files kept in {}", view.work_dir);
             }
+        }
+        SandboxAction::Checkpoint { name, label } => {
+            let c = checkpoints::checkpoint(fleet, &name, label)
+                .await
+                .map_err(msg)?;
+            println!("{}", c.checkpoint);
+            println!(
+                "  {} files, {} bytes, {} ms",
+                c.copy.files, c.copy.bytes, c.copy.took_ms
+            );
+        }
+        SandboxAction::Checkpoints { name } => {
+            for c in checkpoints::list(fleet, &name).await.map_err(msg)? {
+                let label = c.label.unwrap_or_default();
+                println!("{:<32} {:<20} {label}", c.checkpoint, c.created_at);
+            }
+        }
+        SandboxAction::Restore { checkpoint, paths } => {
+            let r = checkpoints::restore(fleet, &checkpoint, paths)
+                .await
+                .map_err(msg)?;
+            println!(
+                "{} files written back, {} removed, {} ms",
+                r.files, r.removed, r.took_ms
+            );
+        }
+        SandboxAction::Diff { checkpoint } => {
+            let (changes, more) = checkpoints::diff(fleet, &checkpoint).await.map_err(msg)?;
+            for c in changes {
+                println!("{:<8} {}", c.change, c.path);
+                if let Some(diff) = c.diff {
+                    print!("{diff}");
+                }
+            }
+            if more > 0 {
+                println!("… and {more} more");
+            }
+        }
+        SandboxAction::Fork { name } => {
+            print_view(&checkpoints::fork(fleet, &name).await.map_err(msg)?);
+        }
+        SandboxAction::Pause { name, stop_clock } => {
+            let v = checkpoints::pause(fleet, &name, stop_clock)
+                .await
+                .map_err(msg)?;
+            println!("{} {}, expires {}", v.sandbox_name, v.state, v.expires_at);
+        }
+        SandboxAction::Resume { name } => {
+            let v = checkpoints::resume(fleet, &name).await.map_err(msg)?;
+            println!("{} {}, expires {}", v.sandbox_name, v.state, v.expires_at);
+        }
+        SandboxAction::Expose { name, port } => {
+            let url = ports::expose(fleet, &name, port).await.map_err(msg)?;
+            println!("{url}");
+            eprintln!("outpost: serving {name} port {port} until interrupted");
+            tokio::signal::ctrl_c().await?;
         }
     }
     Ok(ExitCode::SUCCESS)
