@@ -172,6 +172,65 @@ pub enum Request {
     /// Serve `port` of sandbox `id` (its own loopback) on a unix socket of
     /// this host for as long as the sandbox lives. Answered by `Exposed`.
     SandboxExpose { id: String, port: u16 },
+    /// A terminal of this host or sandbox, held by the daemon (so it
+    /// outlives this connection). Answered by `Terminal`.
+    Terminal(TermRequest),
+}
+
+/// What a `Terminal` request does.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TermRequest {
+    /// `command` under `bash -c` on a new pseudo-terminal of this size.
+    Open {
+        command: String,
+        cols: u16,
+        rows: u16,
+    },
+    /// Bytes to type; the screen answered once output settles (at most
+    /// `wait_ms`).
+    Send {
+        id: String,
+        data: Vec<u8>,
+        wait_ms: u32,
+    },
+    /// The screen, once there is output not yet read or `wait_ms` passed.
+    Read {
+        id: String,
+        wait_ms: u32,
+    },
+    Resize {
+        id: String,
+        cols: u16,
+        rows: u16,
+    },
+    /// Hang up (SIGHUP to its session, SIGKILL after a grace) and forget it.
+    Close {
+        id: String,
+    },
+}
+
+impl TermRequest {
+    /// How long the daemon may take to answer it.
+    pub fn wait_ms(&self) -> u32 {
+        match self {
+            TermRequest::Send { wait_ms, .. } | TermRequest::Read { wait_ms, .. } => *wait_ms,
+            _ => 0,
+        }
+    }
+}
+
+/// A terminal as its emulator renders it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TermScreen {
+    pub id: String,
+    /// The visible rows, trailing blanks trimmed.
+    pub screen: String,
+    /// Lines that scrolled off the top since the last answer.
+    pub scrollback: Vec<String>,
+    /// (row, col), from 0.
+    pub cursor: (u16, u16),
+    /// Set once its command ended: the exit code, or 128 + the signal.
+    pub exit_code: Option<i32>,
 }
 
 impl Request {
@@ -1007,6 +1066,8 @@ pub enum Response {
     Exposed {
         socket: String,
     },
+    /// Answer to `Terminal`.
+    Terminal(TermScreen),
 }
 
 impl Response {

@@ -42,6 +42,7 @@ mod sandbox;
 pub mod serve;
 mod statefile;
 mod supervisor;
+mod terminals;
 
 /// `outpost-agent diagnose`: prints a report about this host and the
 /// agent's state; returns the exit code.

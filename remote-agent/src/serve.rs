@@ -713,14 +713,18 @@ async fn answer_boxed(
         {
             no_jobs()
         }
-        Request::CodeRun(_) | Request::CodeContexts | Request::CodeControl { .. }
+        Request::CodeRun(_)
+        | Request::CodeContexts
+        | Request::CodeControl { .. }
+        | Request::Terminal(_)
             if !shared.options.own_process =>
         {
             no_jobs()
         }
-        request @ (Request::CodeRun(_) | Request::CodeContexts | Request::CodeControl { .. }) => {
-            daemon::client::ask_code(request, scope.as_ref(), cancel).await
-        }
+        request @ (Request::CodeRun(_)
+        | Request::CodeContexts
+        | Request::CodeControl { .. }
+        | Request::Terminal(_)) => daemon::client::ask_code(request, scope.as_ref(), cancel).await,
         Request::CodeInstall(req) => code::install(id, req, &outbox, cancel, scope).await,
         Request::JobStart(mut spec) => {
             if let Some(scope) = &scope {

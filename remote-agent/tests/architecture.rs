@@ -21,7 +21,7 @@ fn every_module_uses_only_the_layers_below_it() {
         &["handover", "diagnose"],
         &["daemon"],
         &["jobs"],
-        &["code"],
+        &["code", "terminals"],
         &["exec"],
         &["sandbox"],
         &["files", "metrics", "leases", "running", "guard", "cleanup"],

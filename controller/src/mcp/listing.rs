@@ -118,6 +118,10 @@ pub(super) const LISTED_WHEN_ADVANCED: &[&str] = &[
     "list_checkpoints",
     "pause_sandbox",
     "resume_sandbox",
+    "open_terminal",
+    "send_terminal",
+    "read_terminal",
+    "close_terminal",
 ];
 
 /// Whether `tools/list` names `tool`; `advanced`: the advanced listing.
@@ -491,7 +495,8 @@ fn hints(tool: &str) -> ToolAnnotations {
         | "install_macos_watchdog"
         | "uninstall_macos_watchdog"
         | "list_checkpoints"
-        | "diff_checkpoint" => base.read_only(true),
+        | "diff_checkpoint"
+        | "read_terminal" => base.read_only(true),
         // Run whatever the command says, with whatever it reaches.
         "exec_bash"
         | "exec_bash_background"
@@ -517,6 +522,7 @@ fn hints(tool: &str) -> ToolAnnotations {
         }
         // Files written since the checkpoint are overwritten or removed.
         "restore_checkpoint" => base.idempotent(true),
+        "close_terminal" => base.idempotent(true),
         // Interrupt, restart or remove a context: its state is lost.
         "code_contexts" | "delete_sandbox" | "close_sandbox" => {
             base.idempotent(true)

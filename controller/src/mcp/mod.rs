@@ -59,6 +59,7 @@ mod shape;
 mod sync_view;
 mod task_slot;
 mod tasks;
+mod terminals;
 mod watch;
 
 use std::collections::HashMap;
@@ -156,6 +157,7 @@ impl Shared {
         tool_router.merge(OutpostServer::gpu_router());
         tool_router.merge(OutpostServer::isolated_router());
         tool_router.merge(OutpostServer::checkpoints_router());
+        tool_router.merge(OutpostServer::terminals_router());
         tool_router.merge(OutpostServer::files_router());
         tool_router.merge(OutpostServer::jobs_router());
         if fleet.config.expose_advanced_tools {

@@ -33,6 +33,7 @@ pub mod ports;
 pub mod sandboxes;
 pub mod slurm;
 pub mod slurm_jobs;
+pub mod terminals;
 pub mod transfers;
 
 /// Bytes for people: "512 B", "3.4 KiB", "12.0 MiB", "1.5 GiB".

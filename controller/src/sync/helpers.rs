@@ -111,6 +111,7 @@ pub(super) fn unexpected(what: &str, response: &Response) -> CallError {
         Response::Restored(_) => "Restored",
         Response::CheckpointDiff { .. } => "CheckpointDiff",
         Response::Exposed { .. } => "Exposed",
+        Response::Terminal(_) => "Terminal",
     };
     CallError::Protocol(format!("unexpected answer to {what}: {name}"))
 }

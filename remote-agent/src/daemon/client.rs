@@ -39,7 +39,7 @@ pub const STARTED_BY_FORK: &str = "double fork";
 /// Time the daemon gets beyond a code run's own limits to answer.
 const CODE_ANSWER_SLACK: Duration = Duration::from_secs(10);
 
-/// `CodeRun`, `CodeContexts` or `CodeControl`, asked of the daemon (in the
+/// `CodeRun`, `CodeContexts`, `CodeControl` or `Terminal`, asked of the daemon (in the
 /// sandbox `scope`, if any). A cancelled request interrupts its run; the
 /// answer still comes.
 pub async fn ask_code(
@@ -63,6 +63,7 @@ pub async fn ask_code(
                 Some(run.context.clone()).filter(|_| !run.code.is_empty()),
             )
         }
+        Request::Terminal(t) => (Some(Duration::from_millis(u64::from(t.wait_ms()))), None),
         _ => (Some(Duration::ZERO), None),
     };
     // Unbounded runs wait as long as a sandbox may live.

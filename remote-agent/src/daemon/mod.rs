@@ -7,7 +7,8 @@
 //!   records the loss once and resumes the job when its watch settings ask;
 //! * sandboxes: it creates them (`SandboxCreate`), so their keepers are its
 //!   children, and watches the keepers while any sandbox lives;
-//! * code contexts: their interpreters live as long as the daemon.
+//! * code contexts and terminals: their processes live as long as the
+//!   daemon.
 //!
 //! It holds no state the files do not: a killed daemon loses nothing, and
 //! the next one re-adopts every job from the job dirs.
@@ -47,7 +48,7 @@ use self::jobs::{Watched, end_all_jobs};
 use self::socket_dir::{SOCKET_NAME, prepare_socket_dir, private_dir, run_dir};
 pub use self::socket_dir::{info_path, socket_path};
 use crate::statefile::{self, ProcId, error};
-use crate::{code, flock, paths, sandbox};
+use crate::{code, flock, paths, sandbox, terminals};
 
 /// How long an idle daemon stays.
 const IDLE_EXIT: Duration = Duration::from_secs(600);
@@ -264,6 +265,8 @@ struct Daemon {
     sandboxes: AtomicBool,
     /// Code contexts: their interpreters live as long as this daemon.
     contexts: Arc<code::contexts::Contexts>,
+    /// Terminals, likewise.
+    terminals: Arc<terminals::Terminals>,
 }
 
 impl Daemon {
@@ -276,6 +279,7 @@ impl Daemon {
             last_activity: Mutex::new(Instant::now()),
             sandboxes: AtomicBool::new(false),
             contexts: Arc::default(),
+            terminals: Arc::default(),
         }
     }
 
@@ -292,7 +296,10 @@ impl Daemon {
     }
 
     fn busy(&self) -> bool {
-        !self.watched().is_empty() || !self.pending().is_empty() || !self.contexts.is_empty()
+        !self.watched().is_empty()
+            || !self.pending().is_empty()
+            || !self.contexts.is_empty()
+            || self.terminals.any_running()
     }
 
     async fn serve(
@@ -491,6 +498,10 @@ impl Daemon {
             Request::CodeControl { context, action } => {
                 let contexts = Arc::clone(&self.contexts);
                 blocking(move || contexts.control(sandbox, &context, action)).await
+            }
+            Request::Terminal(request) => {
+                let terminals = Arc::clone(&self.terminals);
+                blocking(move || terminals.answer(sandbox, request)).await
             }
             _ => Response::Error(error(
                 ErrorKind::Unsupported,

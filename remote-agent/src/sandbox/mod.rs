@@ -768,6 +768,11 @@ impl Scope {
         ports::Listening::of(&self.setup, self.spec.network)
     }
 
+    /// The account (uid, gid) its commands run as, when it has one.
+    pub fn account_ids(&self) -> Option<(u32, u32)> {
+        self.account.map(|a| (a.uid, a.gid))
+    }
+
     /// Whether its commands may reach the network.
     pub fn has_network(&self) -> bool {
         self.spec.network
