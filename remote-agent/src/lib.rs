@@ -40,6 +40,7 @@ mod proctree;
 mod running;
 mod sandbox;
 pub mod serve;
+mod socket_dir;
 mod statefile;
 mod supervisor;
 mod terminals;

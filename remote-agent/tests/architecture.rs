@@ -24,7 +24,15 @@ fn every_module_uses_only_the_layers_below_it() {
         &["code", "terminals"],
         &["exec"],
         &["sandbox"],
-        &["files", "metrics", "leases", "running", "guard", "cleanup"],
+        &[
+            "files",
+            "metrics",
+            "leases",
+            "running",
+            "guard",
+            "cleanup",
+            "socket_dir",
+        ],
         &[
             "account",
             "gpu",

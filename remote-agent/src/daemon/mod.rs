@@ -41,12 +41,11 @@ use tokio::net::{UnixListener, UnixStream};
 
 pub mod client;
 mod jobs;
-mod socket_dir;
 
 pub use self::jobs::needed;
 use self::jobs::{Watched, end_all_jobs};
-use self::socket_dir::{SOCKET_NAME, prepare_socket_dir, private_dir, run_dir};
-pub use self::socket_dir::{info_path, socket_path};
+use crate::socket_dir::{SOCKET_NAME, prepare_socket_dir, private_dir, run_dir};
+pub use crate::socket_dir::{info_path, socket_path};
 use crate::statefile::{self, ProcId, error};
 use crate::{code, flock, paths, sandbox, terminals};
 

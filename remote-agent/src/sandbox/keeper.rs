@@ -614,6 +614,7 @@ impl Keeper {
     /// Ends the sandbox: every process, its cgroups, its lease, its files
     /// (unless kept); then the record of how it ended.
     fn teardown(&mut self, state: SandboxState, note: Option<String>) {
+        super::ports::remove_all(&self.dirs);
         self.mark_ending();
         kill_members(&self.dirs.id, &self.setup);
         if let Some(mut child) = self.holder.take() {

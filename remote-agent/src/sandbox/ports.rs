@@ -1,9 +1,11 @@
 //! A sandbox's ports, reached from the controller's machine.
 //!
 //! `SandboxExpose` asks for one (`meta/ports/<port>.want`). The keeper,
-//! which lives exactly as long as the sandbox, listens for it on
-//! `meta/ports/<port>.sock` (0600, in a directory only the agent's user
-//! reaches) and, for each connection, starts `outpost-agent relay PORT`
+//! which lives exactly as long as the sandbox, listens for it on a socket
+//! in the agent's private socket directory (short, so any path fits
+//! `sun_path`; see [`crate::socket_dir`]), records where in
+//! `meta/ports/<port>.path`, and removes it at the end; for each
+//! connection it starts `outpost-agent relay PORT`
 //! inside the sandbox through `enter`, the connection as its stdin and
 //! stdout: so the relay connects to `127.0.0.1:PORT` in the sandbox's own
 //! network namespace, also with `network: false`. The controller reaches
@@ -33,8 +35,27 @@ const PORTS: &str = "ports";
 /// How long `SandboxExpose` waits for the keeper to listen.
 const LISTEN_WAIT: Duration = Duration::from_secs(5);
 
-fn socket(dirs: &Dirs, port: u16) -> PathBuf {
-    dirs.meta().join(PORTS).join(format!("{port}.sock"))
+/// Where `port`'s socket path is recorded.
+fn record(dirs: &Dirs, port: u16) -> PathBuf {
+    dirs.meta().join(PORTS).join(format!("{port}.path"))
+}
+
+/// The socket of `port`, named by a hash of the sandbox's id, in the
+/// agent's socket directory.
+fn socket(dirs: &Dirs, port: u16) -> Result<PathBuf, String> {
+    let state = crate::paths::state_dir().ok_or("no state directory")?;
+    let dir = crate::socket_dir::prepare_socket_dir(&state)?;
+    let tag = blake3::hash(dirs.dir.as_os_str().as_encoded_bytes());
+    Ok(dir.join(format!("pt-{}-{port}.sock", &tag.to_hex()[..8])))
+}
+
+/// Removes the sockets of a sandbox that ended.
+pub fn remove_all(dirs: &Dirs) {
+    for port in exposed(dirs) {
+        if let Ok(path) = fs::read_to_string(record(dirs, port)) {
+            let _ = fs::remove_file(path);
+        }
+    }
 }
 
 /// The ports the keeper serves now.
@@ -43,7 +64,7 @@ pub fn exposed(dirs: &Dirs) -> Vec<u16> {
         .map(|entries| {
             entries
                 .flatten()
-                .filter_map(|e| e.file_name().to_str()?.strip_suffix(".sock")?.parse().ok())
+                .filter_map(|e| e.file_name().to_str()?.strip_suffix(".path")?.parse().ok())
                 .collect()
         })
         .unwrap_or_default();
@@ -67,9 +88,9 @@ pub fn expose(id: &str, port: u16) -> Result<Response, AgentError> {
         // SAFETY: a signal to the recorded, still living keeper.
         unsafe { libc::kill(k.pid, super::keeper::NUDGE) };
     }
-    let path = socket(&dirs, port);
+    let recorded = record(&dirs, port);
     let deadline = Instant::now() + LISTEN_WAIT;
-    while !path.exists() {
+    while !recorded.exists() {
         ended_error(&dirs)?;
         if Instant::now() >= deadline {
             return Err(error(
@@ -79,9 +100,8 @@ pub fn expose(id: &str, port: u16) -> Result<Response, AgentError> {
         }
         std::thread::sleep(Duration::from_millis(2));
     }
-    Ok(Response::Exposed {
-        socket: path.to_string_lossy().into_owned(),
-    })
+    let socket = fs::read_to_string(&recorded).map_err(failed)?;
+    Ok(Response::Exposed { socket })
 }
 
 /// The keeper's listeners, one thread each.
@@ -116,13 +136,16 @@ impl Listeners {
 }
 
 fn listen(dirs: &Dirs, setup: &Setup, port: u16) -> io::Result<()> {
-    let path = socket(dirs, port);
-    let staged = path.with_extension("sock.new");
-    let _ = fs::remove_file(&staged);
-    let listener = UnixListener::bind(&staged)?;
-    fs::set_permissions(&staged, fs::Permissions::from_mode(0o600))?;
-    // Appears only once it listens: `expose` waits for the name.
-    fs::rename(&staged, &path)?;
+    let path = socket(dirs, port).map_err(io::Error::other)?;
+    let _ = fs::remove_file(&path);
+    let listener = UnixListener::bind(&path)?;
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o600))?;
+    // Recorded only once it listens: `expose` waits for the record.
+    write_atomic(
+        &record(dirs, port),
+        path.as_os_str().as_encoded_bytes(),
+        false,
+    )?;
     let program = if setup.isolation == Isolation::Bwrap {
         AGENT_INSIDE.to_string()
     } else {

@@ -1,4 +1,5 @@
-//! Where the job daemon's socket lives: a private directory that no other
+//! Where the agent's unix sockets live (the daemon's, and the exposed
+//! ports of sandboxes): a private directory with a short path that no other
 //! local user can create first or read (see [`socket_path`]).
 
 use std::fs;
@@ -21,6 +22,9 @@ pub const SOCKET_NAME: &str = "daemon.sock";
 /// The longest path a unix socket can have: `sun_path` holds 108 bytes,
 /// the terminating NUL included.
 const SOCKET_PATH_MAX: usize = 107;
+/// The longest name a socket of ours has in the directory (a port's,
+/// `pt-<8 hex>-<port>.sock`).
+pub const SOCKET_NAME_MAX: usize = 24;
 /// `run/socket-dir`: the short directory made for the socket when neither
 /// of the usual ones will do.
 const SOCKET_DIR_RECORD: &str = "socket-dir";
@@ -73,8 +77,9 @@ pub fn prepare_socket_dir(state: &Path) -> Result<PathBuf, String> {
 }
 
 /// Whether a socket in `dir` has a path short enough to bind.
+/// Whether every socket of ours fits in `dir`.
 fn fits(dir: &Path) -> bool {
-    dir.join(SOCKET_NAME).as_os_str().len() <= SOCKET_PATH_MAX
+    dir.as_os_str().len() + 1 + SOCKET_NAME_MAX.max(SOCKET_NAME.len()) <= SOCKET_PATH_MAX
 }
 
 /// `$XDG_RUNTIME_DIR/outpost-<hash>`, when `$XDG_RUNTIME_DIR` is a private
