@@ -480,3 +480,40 @@ fn checkpoints_and_forks_from_the_command_line() {
         run(&["sandbox", "delete", sandbox]);
     }
 }
+
+/// `outpost attach` on a new terminal: keys from stdin reach the command,
+/// its screen comes out, and the command's exit code is the CLI's.
+#[test]
+fn attach_types_into_a_terminal_and_exits_with_its_command() {
+    use std::io::Write;
+    let home = TempDir::new("cli-home");
+    let mut child = Command::new(target_bin("outpost"))
+        .args([
+            "attach",
+            "--command",
+            "read -p 'name? ' x; echo got:$x; exit 4",
+        ])
+        .env_clear()
+        .env("HOME", home.path())
+        .env("PATH", std::env::var("PATH").unwrap())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"outpost\r").unwrap();
+    let out = child.wait_with_output().unwrap();
+    drop(stdin);
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("got:outpost"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(
+        text(&out.stderr).contains("attached to local#t-"),
+        "{}",
+        text(&out.stderr)
+    );
+}

@@ -2,6 +2,7 @@
 //! module per command. Each command calls the same operations (`outpost::ops`)
 //! and fleet the MCP server does; only this folder and `main.rs` know clap.
 
+mod attach;
 mod audit;
 mod code;
 mod exec;
@@ -226,6 +227,17 @@ enum Command {
     Sandbox {
         #[command(subcommand)]
         action: SandboxAction,
+    },
+    /// Show a terminal and type into it: TERMINAL (SANDBOX#ID, as
+    /// open_terminal answers), or a new one on --command. C-] detaches.
+    Attach {
+        terminal: Option<String>,
+        /// Open a new terminal in this sandbox (default: the active one).
+        #[arg(long, value_name = "NAME")]
+        sandbox: Option<String>,
+        /// The new terminal's command (default: bash).
+        #[arg(long, value_name = "CMD")]
+        command: Option<String>,
     },
     /// Show the audit log of MCP tool calls ($OUTPOST_HOME/audit.jsonl): time,
     /// client, tool, sandbox, outcome, duration, command or arguments, error.
@@ -505,6 +517,11 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Watch { sandboxes } => watch::watch(fleet, sandboxes).await,
         Command::Audit { tail, json } => audit::audit(&fleet, tail, json),
+        Command::Attach {
+            terminal,
+            sandbox,
+            command,
+        } => attach::attach(&fleet, terminal, sandbox, command).await,
         Command::Sandbox { action } => sandbox::sandbox_cli(&fleet, action).await,
         Command::Sync {
             source,
