@@ -617,3 +617,45 @@ async fn stdin_env_and_files_cannot_get_around_the_rules() {
     assert!(!err, "{r}");
     client.cancel().await.unwrap();
 }
+
+/// What a terminal runs is a command: deny rules hold for its command and
+/// for typed text, and where allow rules list what may run, terminals and
+/// restores are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminals_and_restores_answer_to_the_policy() {
+    let setup = Setup::new();
+    let client = setup.client(()).await;
+    let (err, r) = call(
+        &client,
+        "open_terminal",
+        json!({"command": "echo outpost-deny-marker"}),
+    )
+    .await;
+    assert!(err && r.to_string().contains("deny rule"), "{r}");
+    let (err, r) = call(&client, "open_terminal", json!({})).await;
+    assert!(!err, "{r}");
+    let terminal = r["terminal"].as_str().unwrap().to_string();
+    let (err, r) = call(
+        &client,
+        "send_terminal",
+        json!({"terminal": terminal, "text": "echo outpost-deny-marker", "keys": ["Enter"]}),
+    )
+    .await;
+    assert!(err && r.to_string().contains("deny rule"), "{r}");
+    let (err, r) = call(&client, "close_terminal", json!({"terminal": terminal})).await;
+    assert!(!err, "{r}");
+    client.cancel().await.unwrap();
+
+    std::fs::write(&setup.config, "[policy]\nallow = ['ls']\n").unwrap();
+    let client = setup.client(()).await;
+    let (err, r) = call(&client, "open_terminal", json!({"command": "ls"})).await;
+    assert!(err && r.to_string().contains("a terminal"), "{r}");
+    let (err, r) = call(
+        &client,
+        "restore_checkpoint",
+        json!({"checkpoint": "local/sbx-x@1"}),
+    )
+    .await;
+    assert!(err && r.to_string().contains("restoring its files"), "{r}");
+    client.cancel().await.unwrap();
+}

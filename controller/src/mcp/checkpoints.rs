@@ -191,6 +191,13 @@ impl OutpostServer {
         &self,
         Parameters(p): Parameters<RestoreParams>,
     ) -> Result<Json<RestoreResult>, String> {
+        // Where allow rules vouch for command text, files that change what
+        // it runs are not written back (as `write_remote_file` is refused).
+        let (sandbox, _) = checkpoints::parse(&p.checkpoint)?;
+        self.fleet
+            .policy
+            .check_writes(sandbox, "restoring its files")
+            .map_err(|refusal| refusal.to_string())?;
         let paths = p.paths.unwrap_or_default();
         let restored = checkpoints::restore(&self.fleet, &p.checkpoint, paths).await?;
         Ok(Json(restored.into()))

@@ -768,7 +768,7 @@ impl OutpostServer {
     /// `what`): refused where allow rules list what may run on its
     /// sandbox, else deny and confirm rules on its text, as for a command.
     /// `cli` is the command a person can run it with instead.
-    async fn permit_unmatchable(
+    pub(super) async fn permit_unmatchable(
         &self,
         planned: Planned<'_>,
         what: &'static str,

@@ -2,6 +2,11 @@
 //! open one, type into it, read its screen, close it. The work is
 //! [`crate::ops::terminals`]'s. Rarely needed, so only the advanced
 //! listing names them; every client may call them.
+//!
+//! What a terminal runs is what a command runs: the command and typed text
+//! pass the command policy (deny and confirm rules), and where allow rules
+//! list what may run, terminals are refused (typed keys cannot be vouched
+//! for).
 
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::{Json, tool, tool_router};
@@ -10,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::OutpostServer;
 use crate::ops::terminals::{self, TerminalView};
+use crate::policy::Planned;
 
 #[derive(Debug, Deserialize, JsonSchema)]
 pub struct OpenParams {
@@ -84,14 +90,16 @@ impl OutpostServer {
         Parameters(p): Parameters<OpenParams>,
     ) -> Result<Json<ScreenResult>, String> {
         let (cols, rows) = (p.cols.unwrap_or(80), p.rows.unwrap_or(24));
-        let view = terminals::open(
-            &self.fleet,
-            p.sandbox_name.as_deref(),
-            p.command,
-            cols,
-            rows,
-        )
-        .await?;
+        let sandbox = self
+            .fleet
+            .get(p.sandbox_name.as_deref())?
+            .name()
+            .to_string();
+        let command = p.command.unwrap_or_else(|| "bash".into());
+        let planned = Planned::command(&sandbox, "command", &command);
+        self.permit_unmatchable(planned, "a terminal", "outpost attach")
+            .await?;
+        let view = terminals::open(&self.fleet, Some(&sandbox), Some(command), cols, rows).await?;
         Ok(Json(view.into()))
     }
 
@@ -104,6 +112,12 @@ impl OutpostServer {
             (None, None) => None,
             (cols, rows) => Some((cols.unwrap_or(80), rows.unwrap_or(24))),
         };
+        if !p.text.is_empty() {
+            let (sandbox, _) = terminals::parse(&p.terminal)?;
+            let planned = Planned::command(sandbox, "text", &p.text);
+            self.permit_unmatchable(planned, "a terminal", "outpost attach")
+                .await?;
+        }
         let wait = p.wait_ms.unwrap_or(2000);
         let view = terminals::send(&self.fleet, &p.terminal, &p.text, &p.keys, size, wait).await?;
         Ok(Json(view.into()))

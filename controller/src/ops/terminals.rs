@@ -29,7 +29,7 @@ pub struct TerminalView {
 }
 
 /// `SANDBOX#ID` into its parts.
-fn parse(terminal: &str) -> Result<(&str, &str), String> {
+pub fn parse(terminal: &str) -> Result<(&str, &str), String> {
     terminal
         .rsplit_once('#')
         .filter(|(s, id)| !s.is_empty() && !id.is_empty())

@@ -25,13 +25,11 @@ use super::isolation::{self, AGENT_INSIDE};
 use super::limits;
 use super::ruleset;
 use super::staging::Staging;
-use super::store::{self, Dirs, End, Setup};
+use super::store::{self, Dirs, End, NUDGE, Setup};
 use crate::statefile::{ProcId, now_unix, write_atomic, write_json};
 use crate::{account, flock, leases, paths};
 
 const TICK: Duration = Duration::from_millis(50);
-/// Sent by `delete` so the keeper looks at once rather than at its next tick.
-pub const NUDGE: libc::c_int = libc::SIGUSR1;
 
 /// Sleeps for `tick`, or until nudged (or a stop signal is handled).
 fn sleep_or_nudge(tick: Duration) {

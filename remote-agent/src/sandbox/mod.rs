@@ -533,10 +533,7 @@ pub fn delete(id: &str) -> Result<Response, AgentError> {
     if dirs.end().is_none() {
         crate::statefile::write_atomic(&dirs.meta().join(store::DELETE), b"", false)
             .map_err(|e| error(ErrorKind::Internal, format!("cannot delete {id}: {e}")))?;
-        if let Some(k) = dirs.keeper().filter(|k| k.alive()) {
-            // SAFETY: a signal to the recorded, still living keeper.
-            unsafe { libc::kill(k.pid, keeper::NUDGE) };
-        }
+        dirs.nudge_keeper();
         let deadline = Instant::now() + END_WAIT;
         while dirs.end().is_none() {
             let keeper_alive = dirs.keeper().is_some_and(|k| k.alive());

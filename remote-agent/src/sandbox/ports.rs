@@ -27,11 +27,10 @@ use std::time::{Duration, Instant};
 use outpost_protocol::{AgentError, ErrorKind, Isolation, Response};
 
 use super::isolation::AGENT_INSIDE;
-use super::store::{Dirs, Setup, error};
+use super::store::{Dirs, PORTS, Setup, error};
 use super::{Scope, agent_exe, ended_error};
 use crate::statefile::{make_dir_all, write_atomic};
 
-const PORTS: &str = "ports";
 /// How long `SandboxExpose` waits for the keeper to listen.
 const LISTEN_WAIT: Duration = Duration::from_secs(5);
 
@@ -51,25 +50,11 @@ fn socket(dirs: &Dirs, port: u16) -> Result<PathBuf, String> {
 
 /// Removes the sockets of a sandbox that ended.
 pub fn remove_all(dirs: &Dirs) {
-    for port in exposed(dirs) {
+    for port in dirs.exposed_ports() {
         if let Ok(path) = fs::read_to_string(record(dirs, port)) {
             let _ = fs::remove_file(path);
         }
     }
-}
-
-/// The ports the keeper serves now.
-pub fn exposed(dirs: &Dirs) -> Vec<u16> {
-    let mut out: Vec<u16> = fs::read_dir(dirs.meta().join(PORTS))
-        .map(|entries| {
-            entries
-                .flatten()
-                .filter_map(|e| e.file_name().to_str()?.strip_suffix(".path")?.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default();
-    out.sort_unstable();
-    out
 }
 
 /// `SandboxExpose`: asks the keeper for `port` and answers its socket once
@@ -84,10 +69,7 @@ pub fn expose(id: &str, port: u16) -> Result<Response, AgentError> {
     let failed = |e: io::Error| error(ErrorKind::Internal, format!("sandbox {id}: {e}"));
     make_dir_all(&dir).map_err(failed)?;
     write_atomic(&dir.join(format!("{port}.want")), b"", false).map_err(failed)?;
-    if let Some(k) = dirs.keeper().filter(|k| k.alive()) {
-        // SAFETY: a signal to the recorded, still living keeper.
-        unsafe { libc::kill(k.pid, super::keeper::NUDGE) };
-    }
+    dirs.nudge_keeper();
     let recorded = record(&dirs, port);
     let deadline = Instant::now() + LISTEN_WAIT;
     while !recorded.exists() {

@@ -30,6 +30,11 @@ pub const END: &str = "end.json";
 /// checkpoint, restore or fork.
 pub const PAUSED: &str = "paused.json";
 pub const FROZEN: &str = "frozen";
+/// `ports/<port>.want` (asked for) and `ports/<port>.path` (where its
+/// socket listens; see [`super::ports`]).
+pub const PORTS: &str = "ports";
+/// Sent to the keeper so it looks at once rather than at its next tick.
+pub const NUDGE: libc::c_int = libc::SIGUSR1;
 /// One folder per checkpoint, `<n>/{tree,info.json}` (see
 /// [`super::checkpoint`]).
 pub const CHECKPOINTS: &str = "checkpoints";
@@ -253,7 +258,7 @@ impl Dirs {
             ports: if end.is_some() {
                 Vec::new()
             } else {
-                super::ports::exposed(self)
+                self.exposed_ports()
             },
             note,
         })
@@ -272,6 +277,28 @@ pub struct Paused {
 }
 
 impl Dirs {
+    /// The ports its keeper serves now.
+    pub fn exposed_ports(&self) -> Vec<u16> {
+        let mut out: Vec<u16> = fs::read_dir(self.meta().join(PORTS))
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .filter_map(|e| e.file_name().to_str()?.strip_suffix(".path")?.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.sort_unstable();
+        out
+    }
+
+    /// Wakes its keeper, if it lives, to look at its files now.
+    pub fn nudge_keeper(&self) {
+        if let Some(k) = self.keeper().filter(|k| k.alive()) {
+            // SAFETY: a signal to the recorded, still living keeper.
+            unsafe { libc::kill(k.pid, NUDGE) };
+        }
+    }
+
     /// Whether the sandbox is paused.
     pub fn paused(&self) -> Option<Paused> {
         read_json(&self.meta().join(PAUSED))
