@@ -707,6 +707,9 @@ pub struct RawRules {
     pub allow: Vec<String>,
     #[serde(default)]
     pub confirm: Vec<String>,
+    /// In a sandbox, a checkpoint is made before a matching command.
+    #[serde(default)]
+    pub checkpoint: Vec<String>,
 }
 
 /// The `[policy]` section: global rules, per-sandbox rules, the confirmation
@@ -720,6 +723,8 @@ pub struct RawPolicy {
     pub allow: Vec<String>,
     #[serde(default)]
     pub confirm: Vec<String>,
+    #[serde(default)]
+    pub checkpoint: Vec<String>,
     /// `[policy.sandbox.NAME]`: rules for one sandbox (also `local` and
     /// sandboxes from the environment).
     #[serde(default)]
@@ -735,6 +740,7 @@ impl RawPolicy {
             deny: self.deny.clone(),
             allow: self.allow.clone(),
             confirm: self.confirm.clone(),
+            checkpoint: self.checkpoint.clone(),
         }
     }
 }

@@ -29,6 +29,12 @@
 //! - `confirm`: a command matching a confirm pattern (anywhere) runs only after
 //!   the person says yes: through MCP elicitation, or on the terminal for
 //!   `outpost exec`. No answer, no support for asking, or a "no" refuses it.
+//! - `checkpoint`: before a command matching a checkpoint pattern (anywhere)
+//!   runs in an isolated sandbox, its work dir is checkpointed, so the
+//!   agent or the person can restore it; the call's result names the
+//!   checkpoint. Should the checkpoint fail, the command does not run.
+//!   Configured hosts have no work dir to checkpoint; the rule does not
+//!   apply there.
 //!
 //! Patterns are Rust `regex` syntax, case-sensitive unless `(?i)`. They are a
 //! guard rail against mistakes and steered agents, not a sandbox: a shell
@@ -77,6 +83,7 @@ struct Rules {
     deny: Vec<Rule>,
     allow: Vec<Rule>,
     confirm: Vec<Rule>,
+    checkpoint: Vec<Rule>,
 }
 
 impl Rules {
@@ -105,6 +112,7 @@ impl Rules {
             deny: compile("deny", &raw.deny, false)?,
             allow: compile("allow", &raw.allow, true)?,
             confirm: compile("confirm", &raw.confirm, false)?,
+            checkpoint: compile("checkpoint", &raw.checkpoint, false)?,
         })
     }
 }
@@ -325,6 +333,7 @@ impl Policy {
             entry.deny.extend(rules.deny);
             entry.allow.extend(rules.allow);
             entry.confirm.extend(rules.confirm);
+            entry.checkpoint.extend(rules.checkpoint);
         }
         Ok(Policy {
             global: Rules::compile(global, &Scope::Global)?,
@@ -337,7 +346,12 @@ impl Policy {
 
     /// Whether no rule exists at all (every command may run).
     pub fn is_empty(&self) -> bool {
-        let empty = |r: &Rules| r.deny.is_empty() && r.allow.is_empty() && r.confirm.is_empty();
+        let empty = |r: &Rules| {
+            r.deny.is_empty()
+                && r.allow.is_empty()
+                && r.confirm.is_empty()
+                && r.checkpoint.is_empty()
+        };
         empty(&self.global) && self.sandboxes.values().all(empty)
     }
 
@@ -352,6 +366,15 @@ impl Policy {
             rules.extend(pick(own).iter());
         }
         rules
+    }
+
+    /// The checkpoint pattern that `command` on `sandbox` matches, if any:
+    /// a checkpoint is due before it runs.
+    pub fn checkpoint_rule(&self, sandbox: &str, command: &str) -> Option<&str> {
+        self.rules(sandbox, |r| &r.checkpoint)
+            .into_iter()
+            .find(|r| r.regex.is_match(command))
+            .map(|r| r.pattern.as_str())
     }
 
     /// What the policy says about running `command` on `sandbox`.

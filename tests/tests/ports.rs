@@ -1,12 +1,14 @@
 //! `expose_port` over a real sshd: a web server in a `network: false`
 //! bubblewrap sandbox, read from this machine through the URL the tool
-//! answers; the forward comes back after the SSH connection is cut, and
-//! stops answering once the sandbox is deleted.
+//! answers; a WebSocket echoed through it to Node's own client; the forward
+//! comes back after the SSH connection is cut, and stops answering once the
+//! sandbox is deleted.
 
 mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::mcp_client::{call, isolated_env, start};
@@ -30,6 +32,55 @@ fn get(url: &str) -> Result<String, String> {
         Some((head, body)) if head.starts_with("HTTP/1.0 200") => Ok(body.to_string()),
         _ => Err(format!("not a page: {response:?}")),
     }
+}
+
+/// A WebSocket echo server (RFC 6455 text frames, by hand: the sandbox has
+/// only Python's standard library) on 127.0.0.1:8002.
+const WEBSOCKET_ECHO: &str = r#"
+import base64, hashlib, socket, struct
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind(("127.0.0.1", 8002))
+server.listen()
+while True:
+    conn, _ = server.accept()
+    stream = conn.makefile("rb")
+    key = ""
+    while (line := stream.readline().decode()) not in ("\r\n", ""):
+        name, _, value = line.partition(":")
+        if name.strip().lower() == "sec-websocket-key":
+            key = value.strip()
+    accept = base64.b64encode(hashlib.sha1((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest())
+    conn.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: " + accept + b"\r\n\r\n")
+    while len(head := stream.read(2)) == 2:
+        opcode, size = head[0] & 15, head[1] & 127
+        if size == 126:
+            size = struct.unpack(">H", stream.read(2))[0]
+        mask = stream.read(4) if head[1] & 128 else bytes(4)
+        data = bytes(b ^ mask[i % 4] for i, b in enumerate(stream.read(size)))
+        if opcode == 8:
+            conn.sendall(b"\x88\x00")
+            break
+        reply = b"echo: " + data
+        conn.sendall(bytes([0x81, len(reply)]) + reply)
+    stream.close()
+    conn.close()
+"#;
+
+/// What Node's own WebSocket client reads back for one message to `url`.
+fn websocket_echo(url: &str, message: &str) -> String {
+    let script = "const ws = new WebSocket(process.argv[1]);\n\
+        ws.onopen = () => ws.send(process.argv[2]);\n\
+        ws.onmessage = (e) => { console.log(e.data); ws.close(); };\n\
+        ws.onclose = () => process.exit(0);\n\
+        ws.onerror = (e) => { console.error('websocket error', e.message); process.exit(2); };\n\
+        setTimeout(() => { console.error('no answer'); process.exit(3); }, 10000);";
+    let out = Command::new(outpost_e2e::test_node())
+        .args(["-e", script, &url.replace("http://", "ws://"), message])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -81,6 +132,28 @@ async fn a_web_server_in_a_sandbox_without_network_is_served_here() {
     let (err, status) = call(&client, "get_sandbox_status", json!({"sandbox_name": name})).await;
     assert!(!err, "{status}");
     assert_eq!(status["ports"]["8000"], url.as_str(), "{status}");
+
+    // A WebSocket upgrade and its frames pass both ways.
+    let (err, r) = call(
+        &client,
+        "exec_bash",
+        json!({"sandbox_name": name, "command": format!("cat > ws.py <<'EOF'\n{WEBSOCKET_ECHO}\nEOF\n\
+               nohup setsid python3 ws.py >ws.log 2>&1 &\n\
+               for i in $(seq 100); do python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 8002))' 2>/dev/null && exit 0; sleep 0.1; done; cat ws.log; exit 1")}),
+    )
+    .await;
+    assert!(!err && r["exit_code"] == 0, "{r}");
+    let (err, r) = call(
+        &client,
+        "expose_port",
+        json!({"sandbox_name": name, "port": 8002}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    assert_eq!(
+        websocket_echo(r["url"].as_str().unwrap(), "over the forward"),
+        "echo: over the forward\n"
+    );
 
     // The SSH connection cut: the next connections bring it back.
     sshd.kill_connections();

@@ -169,3 +169,60 @@ async fn a_terminal_answers_a_repl_keys_and_a_password_prompt() {
     assert!(err, "a sandbox's terminal read as the host's: {r}");
     client.cancel().await.unwrap();
 }
+
+/// Over a real sshd: the terminal lives in the agent's daemon, so a cut SSH
+/// connection loses neither its shell nor its screen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminal_outlives_a_cut_connection() {
+    let sshd = outpost_e2e::Sshd::start();
+    let (env, _config) = common::mcp_client::isolated_env(&sshd);
+    let (client, _home) = start(&env).await;
+    let (err, r) = call(&client, "open_terminal", json!({"sandbox_name": "box"})).await;
+    assert!(!err, "{r}");
+    let shell = r["terminal"].as_str().unwrap().to_string();
+    assert!(shell.starts_with("box#"), "{r}");
+    send(
+        &client,
+        json!({"terminal": shell, "text": "X=41; echo before:$$", "keys": ["Enter"]}),
+    )
+    .await;
+    let before = screen_with(&client, &shell, "before:").await;
+    let pid: String = before["screen"]
+        .as_str()
+        .unwrap()
+        .split("before:")
+        .nth(1)
+        .unwrap()
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+
+    // A call in flight when the link dies is reported, never re-sent (so
+    // no text is typed twice); a read is safe to repeat until it reconnects.
+    sshd.kill_connections();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (err, r) = call(&client, "read_terminal", json!({"terminal": shell})).await;
+        if !err {
+            assert!(r["screen"].as_str().unwrap().contains("before:"), "{r}");
+            break;
+        }
+        assert!(r.to_string().contains("connection lost"), "{r}");
+        assert!(Instant::now() < deadline, "never reconnected: {r}");
+    }
+    send(
+        &client,
+        json!({"terminal": shell, "text": "echo after:$((X+1)):$$", "keys": ["Enter"]}),
+    )
+    .await;
+    // The same shell: its variable and its pid, and the screen kept.
+    let after = screen_with(&client, &shell, &format!("after:42:{pid}")).await;
+    assert!(
+        after["screen"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("before:{pid}")),
+        "{after}"
+    );
+    client.cancel().await.unwrap();
+}

@@ -106,9 +106,16 @@ fn read_stdin() -> Result<Vec<u8>> {
 
 /// The config file's policy for `outpost exec`: a deny rule or a missing
 /// allow rule refuses; a confirm rule asks on the terminal, and refuses when
-/// stdin is not one.
+/// stdin is not one; a checkpoint rule checkpoints the sandbox first.
 pub(super) async fn permit(fleet: &Fleet, sandbox: &str, command: &str) -> Result<(), String> {
-    permit_field(fleet, sandbox, "command", command).await
+    permit_field(fleet, sandbox, "command", command).await?;
+    let planned = outpost::policy::Planned::command(sandbox, "command", command);
+    if let Some(checkpoint) = outpost::ops::checkpoints::before_command(fleet, &planned).await? {
+        eprintln!(
+            "outpost: checkpoint {checkpoint} made first (policy); `outpost sandbox restore {checkpoint}` undoes the command"
+        );
+    }
+    Ok(())
 }
 
 /// [`permit`] for what a command's parameter `field` would run (`code`).

@@ -778,7 +778,7 @@ impl OutpostServer {
             .policy
             .check_unmatchable(planned.sandbox, planned.field, what)
             .map_err(|refusal| refusal.to_string())?;
-        self.permit_as(&[planned], cli).await
+        self.permit_as(&[planned], cli).await.map(drop)
     }
 
     /// [`Self::permit_unmatchable`] for code on `sandbox`.

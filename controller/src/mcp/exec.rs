@@ -310,7 +310,7 @@ impl OutpostServer {
                     .iter()
                     .flat_map(|sandbox| planned(sandbox, &checked, p.stdin.as_deref()))
                     .collect();
-                self.permit(&planned).await?;
+                let checkpointed = self.permit(&planned).await?;
                 let started = Instant::now();
                 let count = names.len();
                 let _ticker = progress.every(move || {
@@ -323,14 +323,24 @@ impl OutpostServer {
                         }
                     }
                 });
+                let groups = self.fan_out(&names, &req).await?;
                 ExecReply {
                     single: None,
-                    groups: Some(self.fan_out(&names, &req).await?),
+                    groups: Some(
+                        groups
+                            .into_iter()
+                            .map(|g| ExecOutput {
+                                note: checkpointed.added_to(g.note.clone()),
+                                ..g
+                            })
+                            .collect(),
+                    ),
                 }
             }
             None => {
                 let session = self.fleet.get(target.as_deref())?;
-                self.permit(&planned(session.name(), &checked, p.stdin.as_deref()))
+                let checkpointed = self
+                    .permit(&planned(session.name(), &checked, p.stdin.as_deref()))
                     .await?;
                 let timeout_s = req.timeout_ms.map(|ms| ms as f64 / 1000.0);
                 let budget = self.call_budget(&peer, p.background_after_s)?;
@@ -346,8 +356,12 @@ impl OutpostServer {
                         *latest.lock().unwrap_or_else(|p| p.into_inner()) = Some(p)
                     })
                     .await;
+                    let output = outcome_output(outcome)?;
                     return Ok(Json(ExecReply {
-                        single: Some(outcome_output(outcome)?),
+                        single: Some(ExecOutput {
+                            note: checkpointed.added_to(output.note.clone()),
+                            ..output
+                        }),
                         groups: None,
                     }));
                 }
@@ -363,10 +377,12 @@ impl OutpostServer {
                     )
                     .await;
                 let duration_s = result.as_ref().ok().map(|r| r.duration_ms as f64 / 1000.0);
+                let output = exec_output(result)?;
                 ExecReply {
                     single: Some(ExecOutput {
                         duration_s,
-                        ..exec_output(result)?
+                        note: checkpointed.added_to(output.note.clone()),
+                        ..output
                     }),
                     groups: None,
                 }
@@ -449,13 +465,47 @@ impl OutpostServer {
     /// only once the person says yes through MCP elicitation. A client that
     /// cannot ask its user gets a refusal; nothing a tool call passes can
     /// approve a command.
-    pub(super) async fn permit(&self, planned: &[Planned<'_>]) -> Result<(), String> {
+    pub(super) async fn permit(&self, planned: &[Planned<'_>]) -> Result<Checkpointed, String> {
         self.permit_as(planned, "outpost exec").await
     }
 
     /// [`Self::permit`], naming `cli`, the command a person can run instead
-    /// where the client cannot ask.
-    pub(super) async fn permit_as(&self, planned: &[Planned<'_>], cli: &str) -> Result<(), String> {
+    /// where the client cannot ask. Once they may run, the checkpoints the
+    /// policy asks for are made.
+    pub(super) async fn permit_as(
+        &self,
+        planned: &[Planned<'_>],
+        cli: &str,
+    ) -> Result<Checkpointed, String> {
+        self.confirm(planned, cli).await?;
+        self.checkpoint_first(planned).await
+    }
+
+    /// A checkpoint of each isolated sandbox where a planned command
+    /// matches a `checkpoint` rule; an error (and nothing runs) when one
+    /// cannot be made.
+    async fn checkpoint_first(&self, planned: &[Planned<'_>]) -> Result<Checkpointed, String> {
+        let mut made = Checkpointed::default();
+        for p in planned.iter().filter(|p| !p.data) {
+            if made
+                .0
+                .iter()
+                .any(|c| c.starts_with(&format!("{}@", p.sandbox)))
+            {
+                continue;
+            }
+            if let Some(checkpoint) =
+                crate::ops::checkpoints::before_command(&self.fleet, p).await?
+            {
+                made.0.push(checkpoint);
+            }
+        }
+        Ok(made)
+    }
+
+    /// Asks the person about commands a confirm rule matches; refuses what
+    /// the policy refuses.
+    async fn confirm(&self, planned: &[Planned<'_>], cli: &str) -> Result<(), String> {
         use super::ask::{Answer, Person};
         let policy = &self.fleet.policy;
         let pending = policy
@@ -486,6 +536,30 @@ impl OutpostServer {
             Answer::Dismissed => refuse("the user dismissed the question"),
             Answer::TimedOut => refuse(&format!("no answer came within {} s", timeout.as_secs())),
             Answer::Failed(e) => refuse(&format!("asking the user failed: {e}")),
+        }
+    }
+}
+
+/// The checkpoints a policy rule had made before the commands ran.
+#[derive(Debug, Default)]
+pub(super) struct Checkpointed(Vec<String>);
+
+impl Checkpointed {
+    /// For the result: which checkpoint undoes the command.
+    fn note(&self) -> Option<String> {
+        (!self.0.is_empty()).then(|| {
+            format!(
+                "checkpoint {} made first (policy); restore_checkpoint undoes this",
+                self.0.join(", ")
+            )
+        })
+    }
+
+    /// `note` with this one's added.
+    fn added_to(&self, note: Option<String>) -> Option<String> {
+        match (note, self.note()) {
+            (Some(a), Some(b)) => Some(format!("{a}; {b}")),
+            (a, b) => a.or(b),
         }
     }
 }

@@ -130,6 +130,32 @@ pub async fn checkpoint(
     }
 }
 
+/// The checkpoint a `checkpoint` policy rule asks for before `planned`
+/// runs in an isolated sandbox (none on a configured host, or when no
+/// rule matches); an error, meaning the command must not run, when it
+/// cannot be made.
+pub async fn before_command(
+    fleet: &Fleet,
+    planned: &crate::policy::Planned<'_>,
+) -> Result<Option<String>, String> {
+    let Some(rule) = fleet
+        .policy
+        .checkpoint_rule(planned.sandbox, planned.command)
+    else {
+        return Ok(None);
+    };
+    if fleet.isolated(planned.sandbox).is_err() {
+        return Ok(None);
+    }
+    let label = format!("before {}: policy rule {rule:?}", planned.field);
+    match checkpoint(fleet, planned.sandbox, Some(label)).await {
+        Ok(view) => Ok(Some(view.checkpoint)),
+        Err(e) => Err(format!(
+            "the policy asks for a checkpoint before this command (rule {rule:?}) and it failed, so the command did not run: {e}"
+        )),
+    }
+}
+
 pub async fn list(fleet: &Fleet, name: &str) -> Result<Vec<CheckpointView>, String> {
     let (host, id) = isolated(fleet, name)?;
     match ask(&host, Request::SandboxCheckpoints { id })

@@ -69,7 +69,35 @@ fn rules(deny: &[&str], allow: &[&str], confirm: &[&str]) -> RawRules {
         deny: v(deny),
         allow: v(allow),
         confirm: v(confirm),
+        checkpoint: Vec::new(),
     }
+}
+
+#[test]
+fn checkpoint_rules_match_anywhere_and_add_up_per_host() {
+    let global = RawRules {
+        checkpoint: vec![r"\brm\b".into()],
+        ..RawRules::default()
+    };
+    let own = RawRules {
+        checkpoint: vec!["git reset".into()],
+        ..RawRules::default()
+    };
+    let policy =
+        Policy::compile_rules(&global, &[("gpu1".into(), own)], &names(), None, "").unwrap();
+    assert!(!policy.is_empty());
+    assert_eq!(
+        policy.checkpoint_rule("local", "cd x && rm -rf y"),
+        Some(r"\brm\b")
+    );
+    assert_eq!(policy.checkpoint_rule("local", "git reset --hard"), None);
+    assert_eq!(
+        policy.checkpoint_rule("gpu1/sbx-1", "git reset --hard"),
+        Some("git reset")
+    );
+    assert_eq!(policy.checkpoint_rule("gpu1/sbx-1", "make"), None);
+    // A checkpoint rule refuses nothing.
+    assert_eq!(policy.check("gpu1", "rm -rf build"), Ok(Verdict::Allow));
 }
 
 fn names() -> Vec<String> {

@@ -1,7 +1,7 @@
 //! Undo, branch and ports on the local host: checkpoint and restore of a
 //! 10,000-file, 1 GiB work dir against `cp -a` of the same tree (the floor
 //! for a copy on this filesystem), a fork, and the first byte through
-//! `expose_port` after the call.
+//! `expose_port` after the call; a terminal's keystroke-to-screen time.
 
 use std::io::{Read, Write};
 use std::process::Command;
@@ -130,6 +130,45 @@ pub(crate) async fn checkpoints() {
         .unwrap();
     stream.read_exact(&mut first).unwrap();
     println!("  a later connection: first byte {}", ms(t.elapsed()));
+
+    // Keystroke to screen: a key sent without waiting, then read until the
+    // terminal shows it (`cat` echoes each line).
+    let r = tool(
+        &client,
+        "open_terminal",
+        json!({"sandbox_name": name, "command": "cat"}),
+    )
+    .await;
+    let terminal = r["terminal"].as_str().unwrap().to_string();
+    let mut took = Vec::new();
+    for i in 0..20 {
+        let marker = format!("key{i}");
+        let t = Instant::now();
+        tool(
+            &client,
+            "send_terminal",
+            json!({"terminal": terminal, "text": marker, "wait_ms": 0}),
+        )
+        .await;
+        loop {
+            let r = tool(
+                &client,
+                "read_terminal",
+                json!({"terminal": terminal, "wait_ms": 1000}),
+            )
+            .await;
+            if r["screen"].as_str().unwrap().contains(&marker) {
+                break;
+            }
+        }
+        took.push(t.elapsed());
+    }
+    took.sort();
+    println!(
+        "terminal keystroke to screen: median {} (max {}) over 20",
+        ms(took[10]),
+        ms(took[19])
+    );
     tool(&client, "delete_sandbox", json!({"sandbox_name": name})).await;
     client.cancel().await.unwrap();
 }

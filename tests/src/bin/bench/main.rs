@@ -62,8 +62,8 @@
 //!   SSH channel (`cat > file` over a ControlMaster connection).
 //!
 //! * checkpoints (`outpost-bench checkpoints`): checkpoint, restore, diff and
-//!   fork of a 10,000-file, 1 GiB work dir vs `cp -a`, and `expose_port`'s
-//!   first byte.
+//!   fork of a 10,000-file, 1 GiB work dir vs `cp -a`, `expose_port`'s
+//!   first byte and a terminal's keystroke-to-screen time.
 //!
 //! `outpost-bench fleet`, `outpost-bench sync`, `outpost-bench jobs`,
 //! `outpost-bench calls`, `outpost-bench sandboxes`, `outpost-bench code`,
