@@ -3,8 +3,9 @@
 
 use std::fs;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use crate::{TempDir, target_bin};
 
@@ -19,6 +20,8 @@ pub struct McpHttp {
     pub addr: String,
     pub token: String,
     pub home: TempDir,
+    /// The latest OAuth approval code it printed.
+    approval: Arc<Mutex<String>>,
 }
 
 impl McpHttp {
@@ -78,10 +81,17 @@ impl McpHttp {
         // Keep draining stderr so that the server never blocks on it; count
         // what it writes.
         let logged = Arc::new(AtomicU64::new(0));
-        let count = logged.clone();
+        let approval = Arc::new(Mutex::new(String::new()));
+        let (count, latest) = (logged.clone(), approval.clone());
         std::thread::spawn(move || {
             for line in lines.map_while(Result::ok) {
                 count.fetch_add(line.len() as u64 + 1, Ordering::Relaxed);
+                if let Some(code) = line
+                    .split_once("OAuth approval code: ")
+                    .and_then(|(_, rest)| rest.split_whitespace().next())
+                {
+                    *latest.lock().unwrap() = code.to_string();
+                }
             }
         });
         let url = config["url"].as_str().unwrap();
@@ -101,7 +111,18 @@ impl McpHttp {
             token,
             home,
             logged,
+            approval,
         }
+    }
+
+    /// The latest OAuth approval code the server printed (waits for the
+    /// first, at most 10 s).
+    pub fn approval_code(&self) -> String {
+        let found = crate::wait_until(Duration::from_secs(10), || {
+            !self.approval.lock().unwrap().is_empty()
+        });
+        assert!(found, "the server printed no OAuth approval code");
+        self.approval.lock().unwrap().clone()
     }
 
     pub fn pid(&self) -> u32 {
@@ -113,12 +134,21 @@ impl McpHttp {
         &self,
         handler: H,
     ) -> rmcp::service::RunningService<rmcp::RoleClient, H> {
+        self.client_with_token(handler, &self.token).await
+    }
+
+    /// The same with another bearer token (an OAuth access token).
+    pub async fn client_with_token<H: rmcp::ClientHandler>(
+        &self,
+        handler: H,
+        token: &str,
+    ) -> rmcp::service::RunningService<rmcp::RoleClient, H> {
         use rmcp::ServiceExt;
         use rmcp::transport::StreamableHttpClientTransport;
         use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
         let config =
             StreamableHttpClientTransportConfig::with_uri(format!("http://{}/mcp", self.addr))
-                .auth_header(self.token.clone());
+                .auth_header(token.to_string());
         handler
             .serve(StreamableHttpClientTransport::from_config(config))
             .await

@@ -4,6 +4,7 @@
 
 mod attach;
 mod audit;
+mod auth;
 mod code;
 mod exec;
 mod hosts;
@@ -249,6 +250,24 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The OAuth grants the HTTP server gave clients ($OUTPOST_HOME/oauth.json).
+    Auth {
+        #[command(subcommand)]
+        action: AuthAction,
+    },
+}
+
+#[derive(Subcommand)]
+pub(super) enum AuthAction {
+    /// Each grant: its id, client, scope, when made and last refreshed.
+    List {
+        /// Print the records as JSON (token digests left out).
+        #[arg(long)]
+        json: bool,
+    },
+    /// End a grant (by grant id) or every grant of a client (by client id):
+    /// its tokens stop working on the next request.
+    Revoke { id: String },
 }
 
 #[derive(Subcommand)]
@@ -454,7 +473,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
     if let Some(missing) = &fleet.agent_missing {
         match cli.command {
             Command::Mcp { .. } => eprintln!("outpost: {missing}"),
-            Command::Audit { .. } => {}
+            Command::Audit { .. } | Command::Auth { .. } => {}
             _ => anyhow::bail!("{missing}"),
         }
     }
@@ -517,6 +536,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         }
         Command::Watch { sandboxes } => watch::watch(fleet, sandboxes).await,
         Command::Audit { tail, json } => audit::audit(&fleet, tail, json),
+        Command::Auth { action } => auth::auth(&fleet, action),
         Command::Attach {
             terminal,
             sandbox,

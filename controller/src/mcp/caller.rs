@@ -4,26 +4,65 @@
 //! extensions). What a caller starts that outlives one request (MCP Tasks,
 //! background transfers, job read cursors) is kept per caller in
 //! [`super::Shared`], so a stateless HTTP client finds it on its next
-//! request and no other caller can.
+//! request and no other caller can. An OAuth access token names its
+//! subject (`oauth:owner` for the built-in server's one owner): what is
+//! kept is bound to the subject, whichever of their clients started it,
+//! and the audit log records the client too.
 
 use std::sync::Arc;
 
 use rmcp::RoleServer;
 use rmcp::service::RequestContext;
 
-/// A caller's name: `stdio`, or the name of the HTTP token it presented.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Caller(Arc<str>);
+/// A caller's name: `stdio`, the name of the HTTP token it presented, or
+/// `oauth:SUBJECT`; equal callers share what they started.
+#[derive(Clone, Debug)]
+pub struct Caller {
+    name: Arc<str>,
+    /// The OAuth client the subject signed in with, for the audit log.
+    oauth_client: Option<Arc<str>>,
+}
+
+impl PartialEq for Caller {
+    fn eq(&self, other: &Caller) -> bool {
+        self.name == other.name
+    }
+}
+
+impl Eq for Caller {}
+
+impl std::hash::Hash for Caller {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.name.hash(state);
+    }
+}
 
 impl Caller {
     /// The client on stdin/stdout.
     pub fn stdio() -> Caller {
-        Caller(Arc::from("stdio"))
+        Caller::token("stdio")
     }
 
     /// The holder of the HTTP token called `name`.
     pub fn token(name: &str) -> Caller {
-        Caller(Arc::from(name))
+        Caller {
+            name: Arc::from(name),
+            oauth_client: None,
+        }
+    }
+
+    /// The holder of an OAuth access token: its subject, through `client`.
+    pub fn oauth(subject: &str, client: &str) -> Caller {
+        Caller {
+            name: Arc::from(format!("oauth:{subject}")),
+            oauth_client: Some(Arc::from(client)),
+        }
+    }
+
+    /// The OAuth subject and client, for a caller that signed in so.
+    pub fn oauth_identity(&self) -> Option<(&str, &str)> {
+        let client = self.oauth_client.as_deref()?;
+        Some((self.name.strip_prefix("oauth:")?, client))
     }
 
     /// The caller of the request `context` belongs to: the one the HTTP
@@ -38,6 +77,6 @@ impl Caller {
     }
 
     pub fn name(&self) -> &str {
-        &self.0
+        &self.name
     }
 }

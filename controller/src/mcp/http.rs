@@ -4,8 +4,10 @@
 //! stateless request, gets its own [`OutpostServer`] over the shared
 //! [`Fleet`] and [`Shared`] state).
 //!
-//! Every request must carry `Authorization: Bearer <token>`; any other gets
-//! 401 with a line saying what is missing and where the token is. Tokens
+//! Every request must carry `Authorization: Bearer <token>`: a token below,
+//! or an OAuth access token from the built-in authorization server
+//! ([`super::oauth`], whose endpoints are served beside `/mcp`); any other
+//! gets 401 with a line saying what is missing and where the token is. Tokens
 //! are compared in constant time. The default token is
 //! `$OUTPOST_HTTP_TOKEN`, else the one in `$OUTPOST_HOME/http-token` (mode
 //! 0600), made on first use and printed once with the client configuration
@@ -39,6 +41,7 @@ use subtle::ConstantTimeEq;
 use tokio_util::sync::CancellationToken;
 
 use super::admission::{self, Admission};
+use super::oauth::{self, Authority};
 use super::{Caller, MAX_MESSAGE_BYTES, OutpostServer, Shared};
 use crate::fleet::Fleet;
 
@@ -90,7 +93,7 @@ enum TokenSource {
 impl Tokens {
     /// The caller a request's `Authorization` value names, if any. Every
     /// token is compared, so the time taken does not tell which matched.
-    fn caller(&self, authorization: Option<&[u8]>) -> Option<Caller> {
+    pub(super) fn caller(&self, authorization: Option<&[u8]>) -> Option<Caller> {
         let given = authorization?.strip_prefix(b"Bearer ")?;
         let mut found = None;
         let all = std::iter::once((DEFAULT_CALLER, self.value.as_str()))
@@ -311,24 +314,33 @@ fn bare(status: StatusCode) -> Response<BoxBody<Bytes, Infallible>> {
 }
 
 /// A 401 that says what is missing and where the token is (the path is
-/// the same for every server, so it tells nothing of this machine).
-fn unauthorized(authorization: Option<&HeaderValue>) -> Response<BoxBody<Bytes, Infallible>> {
-    let problem = match authorization {
-        None => "this request has no `Authorization: Bearer <token>` header",
-        Some(v) if !v.as_bytes().starts_with(b"Bearer ") => {
+/// the same for every server, so it tells nothing of this machine), with
+/// the OAuth `challenge`.
+fn unauthorized(
+    authorization: Option<&HeaderValue>,
+    oauth: Option<crate::ops::grants::Invalid>,
+    challenge: HeaderValue,
+) -> Response<BoxBody<Bytes, Infallible>> {
+    let problem = match (authorization, oauth) {
+        (None, _) => "this request has no `Authorization: Bearer <token>` header",
+        (Some(v), _) if !v.as_bytes().starts_with(b"Bearer ") => {
             "the Authorization header is not `Bearer <token>`"
         }
-        Some(_) => "the bearer token is not one this server accepts",
+        (Some(_), Some(invalid)) if invalid != crate::ops::grants::Invalid::Unknown => {
+            invalid.describe()
+        }
+        (Some(_), _) => "the bearer token is not one this server accepts",
     };
     let body = format!(
         "outpost: {problem}. The token is in ~/.outpost/http-token (or \
          $OUTPOST_HOME/http-token, or ${TOKEN_ENV} where the server started); \
-         `outpost mcp --http` prints the client configuration when it starts.\n"
+         `outpost mcp --http` prints the client configuration when it starts. \
+         OAuth clients sign in through this server's /authorize.\n"
     );
     let mut response = Response::new(Full::new(Bytes::from(body)).boxed());
     *response.status_mut() = StatusCode::UNAUTHORIZED;
     let headers = response.headers_mut();
-    headers.insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    headers.insert(WWW_AUTHENTICATE, challenge);
     headers.insert(
         CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
@@ -367,6 +379,12 @@ pub async fn serve_http(fleet: Arc<Fleet>, addr: SocketAddr) -> anyhow::Result<(
     if !bound.ip().is_loopback() {
         hosts.push(bound.ip().to_string());
     }
+    let tokens = Arc::new(tokens);
+    let authority = Arc::new(Authority::new(
+        &fleet.config.home,
+        tokens.clone(),
+        hosts.clone(),
+    ));
     let stop = CancellationToken::new();
     let config = StreamableHttpServerConfig::default()
         .with_allowed_hosts(hosts)
@@ -386,7 +404,6 @@ pub async fn serve_http(fleet: Arc<Fleet>, addr: SocketAddr) -> anyhow::Result<(
         sessions.clone(),
         config,
     );
-    let tokens = Arc::new(tokens);
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let interrupted = tokio::signal::ctrl_c();
@@ -411,18 +428,38 @@ pub async fn serve_http(fleet: Arc<Fleet>, addr: SocketAddr) -> anyhow::Result<(
             tokio::spawn(turn_away(stream));
             continue;
         };
-        let (service, tokens, admission) = (service.clone(), tokens.clone(), admission.clone());
+        let (service, tokens, admission, authority) = (
+            service.clone(),
+            tokens.clone(),
+            admission.clone(),
+            authority.clone(),
+        );
         tokio::spawn(async move {
             let _place = place;
             let handle = hyper::service::service_fn(move |mut request: Request<Incoming>| {
-                let (service, tokens, admission) =
-                    (service.clone(), tokens.clone(), admission.clone());
+                let (service, tokens, admission, authority) = (
+                    service.clone(),
+                    tokens.clone(),
+                    admission.clone(),
+                    authority.clone(),
+                );
                 async move {
                     let authorization = request.headers().get(AUTHORIZATION);
-                    let caller = tokens.caller(authorization.map(HeaderValue::as_bytes));
-                    let mut response = if request.uri().path() != PATH {
+                    let caller = match tokens.caller(authorization.map(HeaderValue::as_bytes)) {
+                        Some(caller) => Ok(caller),
+                        None => match authorization
+                            .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+                        {
+                            Some(token) => authority.caller(request.headers(), token).map_err(Some),
+                            None => Err(None),
+                        },
+                    };
+                    let path = request.uri().path();
+                    let mut response = if path != PATH && oauth::serves(path) {
+                        authority.handle(request).await
+                    } else if path != PATH {
                         bare(StatusCode::NOT_FOUND)
-                    } else if let Some(caller) = caller {
+                    } else if let Ok(caller) = caller {
                         // rmcp hands the request's parts, these extensions
                         // among them, to the handler ([`Caller::of`]).
                         request.extensions_mut().insert(caller.clone());
@@ -445,7 +482,12 @@ pub async fn serve_http(fleet: Arc<Fleet>, addr: SocketAddr) -> anyhow::Result<(
                             None => response,
                         }
                     } else {
-                        unauthorized(authorization)
+                        let problem = caller.err().flatten();
+                        unauthorized(
+                            authorization,
+                            problem,
+                            authority.challenge(request.headers(), problem),
+                        )
                     };
                     if response.status().is_client_error() || response.status().is_server_error() {
                         // A refusal may leave the request's body unread; hyper
@@ -515,6 +557,10 @@ fn announce(tokens: &Tokens, bound: SocketAddr) {
     eprintln!("Codex (the token in ${TOKEN_ENV} where Codex runs):");
     eprintln!("  export {TOKEN_ENV}=\"{env_value}\"");
     eprintln!("  codex mcp add outpost --url {url} --bearer-token-env-var {TOKEN_ENV}");
+    eprintln!(
+        "OAuth clients (hosted agents, a `/mcp` login): give them {url} alone; they sign in \
+         through this server, approved with the code below."
+    );
     eprintln!("Other clients (JSON):");
     eprintln!(
         "{}",

@@ -50,6 +50,7 @@ mod isolated;
 mod jobs;
 pub mod linelimit;
 mod listing;
+mod oauth;
 mod progress;
 mod prompts;
 mod resources;
@@ -392,13 +393,16 @@ impl ServerHandler for OutpostServer {
         let args = request.arguments.as_ref();
         let caller = Caller::of(&context);
         let server = self.for_caller(&caller);
-        let call = crate::ops::audit::Call::begin(
+        let mut call = crate::ops::audit::Call::begin(
             &self.shared.audit,
             client,
             crate::ops::audit::truncate(&request.name, 100),
             crate::ops::audit::sandbox_of(args, || self.fleet.active_name()),
             crate::ops::audit::digest(args),
         );
+        if let Some((subject, oauth_client)) = caller.oauth_identity() {
+            call = call.signed_in(subject, oauth_client);
+        }
         // rmcp only flags a cancelled request; dropping the call is what
         // stops it: an exec's process tree is killed, a wait given up.
         let cancelled = context.ct.clone();

@@ -50,6 +50,12 @@ pub struct Record {
     pub time: String,
     /// The MCP client's name from `initialize` (`clientInfo.name`).
     pub client: String,
+    /// Over HTTP with an OAuth access token: who signed in, and through
+    /// which OAuth client (its registered name and id).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oauth_client: Option<String>,
     pub tool: String,
     /// A sandbox name, or a list of them for a fan-out.
     #[serde(default, skip_serializing_if = "Value::is_null")]
@@ -194,10 +200,10 @@ impl AuditLog {
 }
 
 /// An exclusive `flock` held until dropped.
-struct Flock<'a>(&'a File);
+pub(crate) struct Flock<'a>(&'a File);
 
 impl<'a> Flock<'a> {
-    fn exclusive(file: &'a File) -> io::Result<Flock<'a>> {
+    pub(crate) fn exclusive(file: &'a File) -> io::Result<Flock<'a>> {
         use std::os::fd::AsRawFd;
         loop {
             // SAFETY: flock on a descriptor we own.
@@ -498,6 +504,8 @@ impl Call {
             record: Some(Record {
                 time: now_rfc3339(),
                 client,
+                subject: None,
+                oauth_client: None,
                 tool,
                 sandbox,
                 args,
@@ -508,6 +516,15 @@ impl Call {
             }),
             started: Instant::now(),
         }
+    }
+
+    /// Records the OAuth subject and client the call came through.
+    pub fn signed_in(mut self, subject: &str, client: &str) -> Call {
+        if let Some(record) = self.record.as_mut() {
+            record.subject = Some(subject.to_string());
+            record.oauth_client = Some(client.to_string());
+        }
+        self
     }
 
     /// Runs `call` with a place for its notes, then writes the line with

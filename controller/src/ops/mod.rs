@@ -20,6 +20,8 @@
 //! * [`localpath`]: the local paths the file tools may touch, inside their
 //!   roots.
 //! * [`audit`]: one JSON line per MCP tool call.
+//! * [`grants`]: the OAuth clients and grants the HTTP server's
+//!   authorization server keeps, and `outpost auth` shows and revokes.
 
 pub mod audit;
 pub mod checkpoints;
@@ -27,6 +29,7 @@ pub mod code;
 pub mod events;
 pub mod exec;
 pub mod files;
+pub mod grants;
 pub mod jobs;
 pub mod localpath;
 pub mod ports;

@@ -172,6 +172,8 @@ fn record(tool: &str, n: usize) -> Record {
     Record {
         time: now_rfc3339(),
         client: "test-client".into(),
+        subject: None,
+        oauth_client: None,
         tool: tool.into(),
         sandbox: json!("local"),
         args: json!({"command": format!("echo {n}")}),
