@@ -362,3 +362,82 @@ fn outpost_auth_revoke_ends_a_grant_at_once() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no grant"));
 }
+
+/// The status page in Chromium: signed in once, it shows the local host
+/// with its charts, then a sandbox and a job made meanwhile, and the job
+/// ending, all without a reload; no script error, nothing fetched elsewhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_page_follows_sandboxes_and_jobs_live() {
+    use std::io::BufRead;
+    let playwright = node_modules().join("playwright-core");
+    let server = McpHttp::start();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/browser/status_page.mjs");
+    let mut browser = Command::new(test_node())
+        .arg(script)
+        .args([&format!("http://{}", server.addr), &server.token])
+        .arg(artifacts())
+        .env("PLAYWRIGHT_CORE", &playwright)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut said = std::io::BufReader::new(browser.stdout.take().unwrap()).lines();
+    assert_eq!(said.next().unwrap().unwrap(), "ready");
+
+    // Without the token or a cookie, nothing but the sign-in form.
+    let r = http(
+        &server.addr,
+        &server.addr,
+        "GET",
+        "/status/events",
+        None,
+        "",
+    );
+    assert_eq!(r.status, 401);
+    let r = http(&server.addr, &server.addr, "GET", "/", None, "");
+    assert!(
+        r.body.contains("action=/login") && !r.body.contains("status.js"),
+        "{}",
+        r.body
+    );
+
+    let client = server.client(()).await;
+    let call = |tool: &'static str, args: Value| {
+        let client = &client;
+        async move {
+            let r = client
+                .call_tool(
+                    CallToolRequestParams::new(tool)
+                        .with_arguments(args.as_object().unwrap().clone()),
+                )
+                .await
+                .unwrap();
+            assert!(!r.is_error.unwrap_or(false), "{tool}: {r:?}");
+            r.structured_content.unwrap()
+        }
+    };
+    let made = call(
+        "create_sandbox",
+        json!({"host": "local", "isolation": "none", "ttl_s": 600}),
+    )
+    .await;
+    let sandbox = made["sandbox_name"].as_str().unwrap();
+    let job = call(
+        "exec_bash_background",
+        json!({"command": "echo started; sleep 6; echo finished"}),
+    )
+    .await;
+    let job = job["tmux_session"].as_str().unwrap();
+    writeln!(browser.stdin.as_mut().unwrap(), "{sandbox} {job}").unwrap();
+    let report: Value = serde_json::from_str(&said.next().unwrap().unwrap()).unwrap();
+    assert!(browser.wait().unwrap().success(), "{report}");
+    assert_eq!(report["navigations"], 0, "the page reloaded: {report}");
+    assert_eq!(report["ended"], "exited", "{report}");
+    assert_eq!(report["failures"], json!([]), "{report}");
+    eprintln!(
+        "status page: first render {} ms after sign-in",
+        report["render_ms"]
+    );
+    assert!(artifacts().join("status-page.png").exists());
+    client.cancel().await.unwrap();
+}

@@ -42,6 +42,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::admission::{self, Admission};
 use super::oauth::{self, Authority};
+use super::status::{self, StatusPage};
 use super::{Caller, MAX_MESSAGE_BYTES, OutpostServer, Shared};
 use crate::fleet::Fleet;
 
@@ -385,6 +386,7 @@ pub async fn serve_http(fleet: Arc<Fleet>, addr: SocketAddr) -> anyhow::Result<(
         tokens.clone(),
         hosts.clone(),
     ));
+    let status_page = Arc::new(StatusPage::new(fleet.clone()));
     let stop = CancellationToken::new();
     let config = StreamableHttpServerConfig::default()
         .with_allowed_hosts(hosts)
@@ -428,20 +430,22 @@ pub async fn serve_http(fleet: Arc<Fleet>, addr: SocketAddr) -> anyhow::Result<(
             tokio::spawn(turn_away(stream));
             continue;
         };
-        let (service, tokens, admission, authority) = (
+        let (service, tokens, admission, authority, status_page) = (
             service.clone(),
             tokens.clone(),
             admission.clone(),
             authority.clone(),
+            status_page.clone(),
         );
         tokio::spawn(async move {
             let _place = place;
             let handle = hyper::service::service_fn(move |mut request: Request<Incoming>| {
-                let (service, tokens, admission, authority) = (
+                let (service, tokens, admission, authority, status_page) = (
                     service.clone(),
                     tokens.clone(),
                     admission.clone(),
                     authority.clone(),
+                    status_page.clone(),
                 );
                 async move {
                     let authorization = request.headers().get(AUTHORIZATION);
@@ -457,6 +461,10 @@ pub async fn serve_http(fleet: Arc<Fleet>, addr: SocketAddr) -> anyhow::Result<(
                     let path = request.uri().path();
                     let mut response = if path != PATH && oauth::serves(path) {
                         authority.handle(request).await
+                    } else if status::serves(path) {
+                        status_page
+                            .handle(request, caller.is_ok(), &authority)
+                            .await
                     } else if path != PATH {
                         bare(StatusCode::NOT_FOUND)
                     } else if let Ok(caller) = caller {

@@ -57,6 +57,7 @@ mod resources;
 mod sandboxes;
 mod session_scope;
 mod shape;
+mod status;
 mod sync_view;
 mod task_slot;
 mod tasks;

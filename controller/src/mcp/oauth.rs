@@ -26,6 +26,8 @@
 
 mod consent;
 
+pub(super) use consent::escape;
+
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
@@ -457,6 +459,20 @@ impl Authority {
             },
         );
         back(&[("code", &code)])
+    }
+
+    /// Whether `proof` is the bearer token, or the approval code (which
+    /// it then spends): a person at the server's console or holding its
+    /// token (the status page's sign-in).
+    pub fn approves(&self, proof: &str) -> bool {
+        match self.proven(proof) {
+            Proof::ApprovalCode => {
+                self.next_approval_code();
+                true
+            }
+            Proof::Token => true,
+            Proof::Wrong => false,
+        }
     }
 
     fn proven(&self, proof: &str) -> Proof {
