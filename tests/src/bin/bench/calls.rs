@@ -297,9 +297,24 @@ pub(crate) async fn long_calls() {
     let stdio = mcp_client(home.path(), None).await;
     let http_server = McpHttp::start();
     let http = http_server.client(()).await;
-    let (mut over_stdio, mut over_http) = (Vec::new(), Vec::new());
+    // An OAuth access token as the built-in server issues it (the browser
+    // sign-in itself is the oauth test's).
+    let grants = outpost::ops::grants::Grants::new(&http_server.home.path().join(".outpost"));
+    let client = grants
+        .register("bench", vec!["http://127.0.0.1:1/cb".into()])
+        .unwrap();
+    let resource = format!("http://{}/mcp", http_server.addr);
+    let issued = grants
+        .issue(&client.id, "owner", "mcp", &resource, "bench-code")
+        .unwrap();
+    let oauth = http_server.client_with_token((), &issued.access).await;
+    let (mut over_stdio, mut over_http, mut over_oauth) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..ROUNDS {
-        for (client, times) in [(&stdio, &mut over_stdio), (&http, &mut over_http)] {
+        for (client, times) in [
+            (&stdio, &mut over_stdio),
+            (&http, &mut over_http),
+            (&oauth, &mut over_oauth),
+        ] {
             let t = Instant::now();
             let r = exec_bash(client, "true").await;
             if round >= 20 {
@@ -310,12 +325,16 @@ pub(crate) async fn long_calls() {
     }
     stdio.cancel().await.ok();
     http.cancel().await.ok();
+    oauth.cancel().await.ok();
 
-    let (h, s) = (median(over_http), median(over_stdio));
-    println!("  Streamable HTTP (rmcp)     median {}", ms(h));
+    let (h, o, s) = (median(over_http), median(over_oauth), median(over_stdio));
+    println!("  Streamable HTTP, token     median {}", ms(h));
+    println!("  Streamable HTTP, OAuth     median {}", ms(o));
     println!("  stdio (rmcp)               median {}", ms(s));
     println!(
-        "  ratio HTTP/stdio           {:.2}x",
-        h.as_secs_f64() / s.as_secs_f64()
+        "  ratio HTTP/stdio           {:.2}x   OAuth/stdio {:.2}x   OAuth/token {:.2}x",
+        h.as_secs_f64() / s.as_secs_f64(),
+        o.as_secs_f64() / s.as_secs_f64(),
+        o.as_secs_f64() / h.as_secs_f64()
     );
 }

@@ -61,13 +61,16 @@
 //! * one 1 GiB file (`outpost-bench big-file`): `outpost sync` vs the raw
 //!   SSH channel (`cat > file` over a ControlMaster connection).
 //!
+//! * the status page (`outpost-bench status`): its first snapshot, and the
+//!   server's CPU with one page open and with none.
+//!
 //! * checkpoints (`outpost-bench checkpoints`): checkpoint, restore, diff and
 //!   fork of a 10,000-file, 1 GiB work dir vs `cp -a`, `expose_port`'s
 //!   first byte and a terminal's keystroke-to-screen time.
 //!
 //! `outpost-bench fleet`, `outpost-bench sync`, `outpost-bench jobs`,
 //! `outpost-bench calls`, `outpost-bench sandboxes`, `outpost-bench code`,
-//! `outpost-bench checkpoints`,
+//! `outpost-bench checkpoints`, `outpost-bench status`,
 //! `outpost-bench slurm` or
 //! `outpost-bench slurm-batch` runs only that part.
 
@@ -79,6 +82,7 @@ mod fleet;
 mod jobs;
 mod sandboxes;
 mod slurm;
+mod status;
 mod sync;
 
 use std::path::Path;
@@ -308,6 +312,9 @@ async fn main() {
     }
     if only.is_none() || only.as_deref() == Some("checkpoints") {
         checkpoints().await;
+    }
+    if only.is_none() || only.as_deref() == Some("status") {
+        status::status_page();
     }
     if only.is_none() || only.as_deref() == Some("slurm") {
         slurm().await;
