@@ -128,7 +128,21 @@ pub struct Config {
     /// `max_sandboxes_per_host`: live isolated sandboxes this user may have
     /// on one host (0: no cap).
     pub max_sandboxes_per_host: u32,
+    /// `[oauth]`: an external authorization server the HTTP server trusts
+    /// instead of its own.
+    pub oauth: Option<ExternalOauth>,
     pub source: String,
+}
+
+/// `[oauth]`: who issues access tokens (`issuer`, exactly as their `iss`)
+/// and the keys that sign them (a JWKS file); the audience they must name
+/// (default: the MCP URL the request reached).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExternalOauth {
+    pub issuer: String,
+    pub jwks: PathBuf,
+    pub audience: Option<String>,
 }
 
 /// The `[hooks]` section. Only the config file sets these: a tool call that
@@ -330,6 +344,7 @@ struct RawFile {
     local_roots: Option<Vec<String>>,
     hooks: Option<RawHooks>,
     policy: Option<RawPolicy>,
+    oauth: Option<ExternalOauth>,
     #[serde(default)]
     client_budget_s: BTreeMap<String, f64>,
     max_sandboxes_per_host: Option<u32>,
@@ -438,6 +453,7 @@ impl Config {
             policy: PolicyRules::default(),
             client_budgets: Vec::new(),
             max_sandboxes_per_host: DEFAULT_MAX_SANDBOXES_PER_HOST,
+            oauth: None,
             source: "embedded".into(),
         }
     }
@@ -654,6 +670,10 @@ impl Config {
             max_sandboxes_per_host: file
                 .max_sandboxes_per_host
                 .unwrap_or(DEFAULT_MAX_SANDBOXES_PER_HOST),
+            oauth: file.oauth.map(|o| ExternalOauth {
+                jwks: expand_tilde(&o.jwks.to_string_lossy(), home.as_deref()),
+                ..o
+            }),
             hosts,
             known_hosts,
             home: outpost_home,

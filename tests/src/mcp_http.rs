@@ -37,9 +37,24 @@ impl McpHttp {
 
     /// The same, the server limited to `nofile` open files (`prlimit`).
     pub fn start_with(callers: &[(&str, &str)], nofile: Option<u32>) -> McpHttp {
+        McpHttp::launch(callers, nofile, None)
+    }
+
+    /// The same with `config` as its config file
+    /// (`~/.config/outpost/config.toml`).
+    pub fn start_configured(config: &str) -> McpHttp {
+        McpHttp::launch(&[], None, Some(config))
+    }
+
+    fn launch(callers: &[(&str, &str)], nofile: Option<u32>, config: Option<&str>) -> McpHttp {
         use std::io::BufRead;
         use std::os::unix::fs::PermissionsExt;
         let home = TempDir::new("http-home");
+        if let Some(config) = config {
+            let dir = home.path().join(".config/outpost");
+            fs::create_dir_all(&dir).unwrap();
+            fs::write(dir.join("config.toml"), config).unwrap();
+        }
         if !callers.is_empty() {
             let dir = home.path().join(".outpost/http-tokens");
             fs::create_dir_all(&dir).unwrap();

@@ -441,3 +441,74 @@ async fn the_status_page_follows_sandboxes_and_jobs_live() {
     assert!(artifacts().join("status-page.png").exists());
     client.cancel().await.unwrap();
 }
+
+/// `[oauth]`: tokens from an external authorization server (JWTs by keys
+/// in a JWKS file; made here with Node's own crypto) are taken for their
+/// issuer, audience and lifetime, and every other refused; the metadata
+/// points clients there and the built-in endpoints are gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_external_authorization_servers_tokens_are_checked() {
+    let issuer = "https://auth.example.test";
+    let audience = "https://outpost.example.test/mcp";
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/node/jwt.mjs");
+    let out = Command::new(test_node())
+        .args([script, issuer, audience])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let made: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let keys = outpost_e2e::TempDir::new("jwks");
+    let jwks = keys.path().join("jwks.json");
+    std::fs::write(&jwks, made["jwks"].to_string()).unwrap();
+    let server = McpHttp::start_configured(&format!(
+        "[oauth]\nissuer = \"{issuer}\"\njwks = \"{}\"\naudience = \"{audience}\"\n",
+        jwks.display()
+    ));
+    let token = |name: &str| made["tokens"][name].as_str().unwrap().to_string();
+
+    let r = mcp_status(&server, &server.addr, &token("good"));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let client = server.client_with_token((), &token("good")).await;
+    let result = client
+        .call_tool(
+            CallToolRequestParams::new("exec_bash")
+                .with_arguments(json!({"command": "echo team"}).as_object().unwrap().clone()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(result.structured_content.unwrap()["stdout"], "team\n");
+    client.cancel().await.unwrap();
+    let audit = std::fs::read_to_string(server.home.path().join(".outpost/audit.jsonl")).unwrap();
+    let line: Value = serde_json::from_str(audit.lines().last().unwrap()).unwrap();
+    assert_eq!(line["subject"], "alice@example.test", "{line}");
+    assert_eq!(line["oauth_client"], "team-agent", "{line}");
+
+    for (name, says) in [
+        ("wrong_audience", "another resource"),
+        ("expired", "expired"),
+        ("wrong_issuer", "not one this server"),
+        ("other_key", "not one this server"),
+        ("unknown_kid", "not one this server"),
+        ("symmetric", "not one this server"),
+        ("no_subject", "not one this server"),
+    ] {
+        let r = mcp_status(&server, &server.addr, &token(name));
+        assert_eq!(r.status, 401, "{name}: {}", r.body);
+        assert!(r.body.contains(says), "{name}: {}", r.body);
+    }
+
+    let r = http(
+        &server.addr,
+        &server.addr,
+        "GET",
+        "/.well-known/oauth-protected-resource/mcp",
+        None,
+        "",
+    );
+    let metadata: Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(metadata["authorization_servers"], json!([issuer]));
+    for path in ["/.well-known/oauth-authorization-server", "/register"] {
+        let r = http(&server.addr, &server.addr, "GET", path, None, "");
+        assert_eq!(r.status, 404, "{path}");
+    }
+}

@@ -382,10 +382,10 @@ pub async fn serve_http(fleet: Arc<Fleet>, addr: SocketAddr) -> anyhow::Result<(
     }
     let tokens = Arc::new(tokens);
     let authority = Arc::new(Authority::new(
-        &fleet.config.home,
+        &fleet.config,
         tokens.clone(),
         hosts.clone(),
-    ));
+    )?);
     let status_page = Arc::new(StatusPage::new(fleet.clone()));
     let stop = CancellationToken::new();
     let config = StreamableHttpServerConfig::default()

@@ -23,8 +23,13 @@
 //! Grants and clients live in [`crate::ops::grants`]. Every token is
 //! refused on another resource, after it expires, or once revoked, with
 //! a `WWW-Authenticate` that says which.
+//!
+//! With `[oauth]` in the config, an [`external`] authorization server
+//! issues the tokens instead: the resource metadata names it, and the
+//! built-in endpoints answer 404.
 
 mod consent;
+mod external;
 
 pub(super) use consent::escape;
 
@@ -75,6 +80,7 @@ pub fn serves(path: &str) -> bool {
 /// The authorization server and the resource's token check.
 pub struct Authority {
     grants: Grants,
+    external: Option<external::External>,
     tokens: Arc<Tokens>,
     /// Host names a request may name (loopback, and the address bound).
     hosts: Vec<String>,
@@ -116,9 +122,21 @@ fn fail(error: &'static str, why: impl Into<String>) -> Failure {
 }
 
 impl Authority {
-    pub fn new(home: &std::path::Path, tokens: Arc<Tokens>, hosts: Vec<String>) -> Authority {
+    /// The built-in authorization server, or the `[oauth]` one's check;
+    /// an error when its keys cannot be read.
+    pub fn new(
+        config: &crate::config::Config,
+        tokens: Arc<Tokens>,
+        hosts: Vec<String>,
+    ) -> anyhow::Result<Authority> {
+        let external = config
+            .oauth
+            .as_ref()
+            .map(external::External::load)
+            .transpose()?;
         let authority = Authority {
-            grants: Grants::new(home),
+            grants: Grants::new(&config.home),
+            external,
             tokens,
             hosts,
             approval: Mutex::new(Approval {
@@ -129,7 +147,7 @@ impl Authority {
             codes: Mutex::new(HashMap::new()),
         };
         authority.next_approval_code();
-        authority
+        Ok(authority)
     }
 
     /// A new approval code, printed for the owner.
@@ -186,6 +204,10 @@ impl Authority {
     pub fn caller(&self, headers: &HeaderMap, token: &[u8]) -> Result<Caller, Invalid> {
         let token = std::str::from_utf8(token).map_err(|_| Invalid::Unknown)?;
         let base = self.base(headers).ok_or(Invalid::Audience)?;
+        if let Some(external) = &self.external {
+            let (subject, client) = external.verify(token, &format!("{base}{PATH}"))?;
+            return Ok(Caller::oauth(&subject, &client));
+        }
         let bearer = self.grants.verify(token, &format!("{base}{PATH}"))?;
         let client = format!("{} ({})", bearer.client_name, bearer.client_id);
         Ok(Caller::oauth(&bearer.subject, &client))
@@ -209,6 +231,13 @@ impl Authority {
             Ok(body) => body.to_bytes(),
             Err(_) => return text(StatusCode::PAYLOAD_TOO_LARGE, "outpost: body too large\n"),
         };
+        let issuer = self.external.as_ref().map_or(base.as_str(), |e| e.issuer());
+        if self.external.is_some() && !path.starts_with(RESOURCE_METADATA) {
+            return text(
+                StatusCode::NOT_FOUND,
+                &format!("outpost: tokens come from the authorization server at {issuer}\n"),
+            );
+        }
         match (method, path.as_str()) {
             (Method::GET, SERVER_METADATA) => {
                 cors(json_answer(StatusCode::OK, &self.metadata(&base)))
@@ -217,7 +246,7 @@ impl Authority {
                 StatusCode::OK,
                 &json!({
                     "resource": format!("{base}{PATH}"),
-                    "authorization_servers": [base],
+                    "authorization_servers": [issuer],
                     "scopes_supported": [SCOPE],
                     "bearer_methods_supported": ["header"],
                     "resource_name": "Outpost",
