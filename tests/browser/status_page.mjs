@@ -1,7 +1,8 @@
 // The status page in a real browser: signs in with the bearer token, waits
 // for the local host, says `ready`, then reads `SANDBOX JOB` on stdin and
 // waits, without reloading, for the sandbox to show and the job to run and
-// end. Keeps a screenshot; prints {render_ms, navigations} as JSON.
+// end. Keeps a screenshot; prints {render_ms, navigations, ended,
+// failures, gpu_charts} as JSON.
 //
 // node status_page.mjs BASE_URL TOKEN SHOT_DIR
 import { createRequire } from 'node:module';
@@ -35,5 +36,6 @@ await page.waitForSelector(`[data-job="${job}"][data-state="running"]`, { timeou
 await page.screenshot({ path: join(shotDir, 'status-page.png'), fullPage: true });
 await page.waitForSelector(`[data-job="${job}"]:not([data-state="running"])`, { timeout: 30000 });
 const ended = await page.getAttribute(`[data-job="${job}"]`, 'data-state');
+const gpuCharts = await page.locator('[data-host="local"] figcaption', { hasText: 'GPU' }).count();
 await browser.close();
-console.log(JSON.stringify({ render_ms: renderMs, navigations, ended, failures }));
+console.log(JSON.stringify({ render_ms: renderMs, navigations, ended, failures, gpu_charts: gpuCharts }));

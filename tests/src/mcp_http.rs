@@ -37,16 +37,26 @@ impl McpHttp {
 
     /// The same, the server limited to `nofile` open files (`prlimit`).
     pub fn start_with(callers: &[(&str, &str)], nofile: Option<u32>) -> McpHttp {
-        McpHttp::launch(callers, nofile, None)
+        McpHttp::launch(callers, nofile, None, &[])
     }
 
     /// The same with `config` as its config file
     /// (`~/.config/outpost/config.toml`).
     pub fn start_configured(config: &str) -> McpHttp {
-        McpHttp::launch(&[], None, Some(config))
+        McpHttp::launch(&[], None, Some(config), &[])
     }
 
-    fn launch(callers: &[(&str, &str)], nofile: Option<u32>, config: Option<&str>) -> McpHttp {
+    /// The same with `env` set for the server (and so its local agent).
+    pub fn start_with_env(env: &[(&str, String)]) -> McpHttp {
+        McpHttp::launch(&[], None, None, env)
+    }
+
+    fn launch(
+        callers: &[(&str, &str)],
+        nofile: Option<u32>,
+        config: Option<&str>,
+        env: &[(&str, String)],
+    ) -> McpHttp {
         use std::io::BufRead;
         use std::os::unix::fs::PermissionsExt;
         let home = TempDir::new("http-home");
@@ -81,6 +91,7 @@ impl McpHttp {
             .env_clear()
             .env("HOME", home.path())
             .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -370,7 +370,16 @@ fn outpost_auth_revoke_ends_a_grant_at_once() {
 async fn the_status_page_follows_sandboxes_and_jobs_live() {
     use std::io::BufRead;
     let playwright = node_modules().join("playwright-core");
-    let server = McpHttp::start();
+    // The local agent reads two GPUs through NVML's test double.
+    let nvml = outpost_e2e::fake_nvml_lib();
+    let leases = outpost_e2e::TempDir::new("status-gpu-leases");
+    let server = McpHttp::start_with_env(&[
+        ("OUTPOST_NVML_LIB", nvml.display().to_string()),
+        (
+            "OUTPOST_GPU_LEASE_DIR",
+            leases.path().join("table").display().to_string(),
+        ),
+    ]);
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/browser/status_page.mjs");
     let mut browser = Command::new(test_node())
         .arg(script)
@@ -434,6 +443,10 @@ async fn the_status_page_follows_sandboxes_and_jobs_live() {
     assert_eq!(report["navigations"], 0, "the page reloaded: {report}");
     assert_eq!(report["ended"], "exited", "{report}");
     assert_eq!(report["failures"], json!([]), "{report}");
+    assert_eq!(
+        report["gpu_charts"], 4,
+        "two GPUs, use and memory: {report}"
+    );
     eprintln!(
         "status page: first render {} ms after sign-in",
         report["render_ms"]

@@ -23,11 +23,21 @@ function chart(label, series, now, color) {
   line.setAttribute('fill', 'none');
   line.setAttribute('stroke', color);
   line.setAttribute('stroke-width', '1.5');
-  line.setAttribute('points', series
+  const xy = series
     .filter(([, v]) => v >= 0)
-    .map(([t, v]) => `${(width * (1 - (now - t) / HOUR)).toFixed(1)},${(height - 2 - (height - 4) * Math.min(v, 100) / 100).toFixed(1)}`)
-    .join(' '));
+    .map(([t, v]) => [width * (1 - (now - t) / HOUR), height - 2 - (height - 4) * Math.min(v, 100) / 100]);
+  line.setAttribute('points', xy.map(([x, y]) => `${x.toFixed(1)},${y.toFixed(1)}`).join(' '));
   svg.append(line);
+  if (xy.length) {
+    // The newest point, visible while the hour fills.
+    const dot = document.createElementNS(ns, 'circle');
+    const [x, y] = xy[xy.length - 1];
+    dot.setAttribute('cx', Math.min(x, width - 2.5).toFixed(1));
+    dot.setAttribute('cy', y.toFixed(1));
+    dot.setAttribute('r', '2.5');
+    dot.setAttribute('fill', color);
+    svg.append(dot);
+  }
   const last = series.length ? series[series.length - 1][1] : -1;
   return el('figure', {}, el('figcaption', {}, `${label} ${last >= 0 ? last.toFixed(0) + ' %' : '—'}`), svg);
 }
