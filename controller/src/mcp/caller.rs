@@ -23,9 +23,10 @@ pub struct Caller {
     oauth_client: Option<Arc<str>>,
 }
 
+/// The name and whether it signed in by OAuth; not the OAuth client.
 impl PartialEq for Caller {
     fn eq(&self, other: &Caller) -> bool {
-        self.name == other.name
+        self.name == other.name && self.oauth_client.is_some() == other.oauth_client.is_some()
     }
 }
 
@@ -34,6 +35,7 @@ impl Eq for Caller {}
 impl std::hash::Hash for Caller {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
         self.name.hash(state);
+        self.oauth_client.is_some().hash(state);
     }
 }
 
@@ -78,5 +80,22 @@ impl Caller {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_oauth_subject_is_one_caller_whichever_client_it_uses() {
+        let claude = Caller::oauth("owner", "Claude (c1)");
+        let chatgpt = Caller::oauth("owner", "ChatGPT (c2)");
+        assert_eq!(claude, chatgpt, "tasks are bound to the subject");
+        assert_eq!(claude.oauth_identity(), Some(("owner", "Claude (c1)")));
+        assert_ne!(claude, Caller::oauth("alice", "Claude (c1)"));
+        // A token named like a subject is still another caller.
+        assert_ne!(claude, Caller::token("oauth:owner"));
+        assert_eq!(Caller::token("codex").oauth_identity(), None);
     }
 }
