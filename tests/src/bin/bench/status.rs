@@ -10,21 +10,33 @@ use outpost_e2e::McpHttp;
 
 use crate::ms;
 
-/// utime + stime of `pid`, in clock ticks.
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    let after = stat.rsplit_once(')').unwrap().1;
+/// utime + stime of `pid`, in clock ticks (none once it is gone).
+fn cpu_ticks(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = stat.rsplit_once(')')?.1;
     let fields: Vec<&str> = after.split_whitespace().collect();
-    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+    Some(fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?)
 }
 
-/// The server's CPU use over `span`, in % of one core.
-fn cpu_over(pid: u32, span: Duration) -> f64 {
+/// The CPU use of the server and of the local host's agents over `span`,
+/// in % of one core.
+fn cpu_over(pid: u32, span: Duration) -> (f64, f64) {
     // SAFETY: sysconf has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    let before = cpu_ticks(pid);
+    let agents = || -> u64 {
+        outpost_e2e::pids_with_cmdline("outpost-agent")
+            .into_iter()
+            .filter_map(cpu_ticks)
+            .sum()
+    };
+    let pid = pid as i32;
+    let (server, agent) = (cpu_ticks(pid).unwrap(), agents());
     std::thread::sleep(span);
-    (cpu_ticks(pid) - before) as f64 / hz / span.as_secs_f64() * 100.0
+    let share = |ticks: u64| ticks as f64 / hz / span.as_secs_f64() * 100.0;
+    (
+        share(cpu_ticks(pid).unwrap() - server),
+        share(agents().saturating_sub(agent)),
+    )
 }
 
 pub(crate) fn status_page() {
@@ -61,8 +73,14 @@ pub(crate) fn status_page() {
     // Keep reading, as a page does, while the server's CPU is measured.
     let reader = std::thread::spawn(move || for _ in lines.map_while(Result::ok) {});
     let open = cpu_over(server.pid(), Duration::from_secs(30));
-    println!("  server CPU, no page open    {idle:.2} % of a core");
-    println!("  server CPU, one page open   {open:.2} % of a core (a sample every 3 s)");
+    println!(
+        "  CPU, no page open           server {:.2} %, agents {:.2} % of a core",
+        idle.0, idle.1
+    );
+    println!(
+        "  CPU, one page open          server {:.2} %, agents {:.2} % of a core (a sample every 3 s)",
+        open.0, open.1
+    );
     let _ = events.shutdown(std::net::Shutdown::Both);
     let _ = reader.join();
 }
