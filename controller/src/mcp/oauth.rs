@@ -168,7 +168,7 @@ impl Authority {
 
     /// `http://HOST` as the request names this server, if the name is one
     /// it answers to (against DNS rebinding, as rmcp checks `/mcp`).
-    fn base(&self, headers: &HeaderMap) -> Option<String> {
+    pub(super) fn base(&self, headers: &HeaderMap) -> Option<String> {
         let host = headers.get(HOST)?.to_str().ok()?;
         let name = match host.rsplit_once(':') {
             Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,

@@ -76,6 +76,10 @@ impl StatusPage {
         authority: &Authority,
     ) -> Response<Body> {
         let path = request.uri().path().to_string();
+        // Against DNS rebinding, as for `/mcp`.
+        if authority.base(request.headers()).is_none() {
+            return plain(StatusCode::FORBIDDEN, "outpost: this Host is not served\n");
+        }
         if request.method() == Method::POST && path == "/login" {
             return self.login(request, authority).await;
         }
