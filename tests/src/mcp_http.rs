@@ -37,18 +37,23 @@ impl McpHttp {
 
     /// The same, the server limited to `nofile` open files (`prlimit`).
     pub fn start_with(callers: &[(&str, &str)], nofile: Option<u32>) -> McpHttp {
-        McpHttp::launch(callers, nofile, None, &[])
+        McpHttp::launch(callers, nofile, None, &[], &[])
     }
 
     /// The same with `config` as its config file
     /// (`~/.config/outpost/config.toml`).
     pub fn start_configured(config: &str) -> McpHttp {
-        McpHttp::launch(&[], None, Some(config), &[])
+        McpHttp::launch(&[], None, Some(config), &[], &[])
     }
 
     /// The same with `env` set for the server (and so its local agent).
     pub fn start_with_env(env: &[(&str, String)]) -> McpHttp {
-        McpHttp::launch(&[], None, None, env)
+        McpHttp::launch(&[], None, None, env, &[])
+    }
+
+    /// The same behind a TLS proxy at `url` (`--public-url`).
+    pub fn start_public(url: &str) -> McpHttp {
+        McpHttp::launch(&[], None, None, &[], &["--public-url", url])
     }
 
     fn launch(
@@ -56,6 +61,7 @@ impl McpHttp {
         nofile: Option<u32>,
         config: Option<&str>,
         env: &[(&str, String)],
+        args: &[&str],
     ) -> McpHttp {
         use std::io::BufRead;
         use std::os::unix::fs::PermissionsExt;
@@ -87,6 +93,7 @@ impl McpHttp {
         };
         let mut child = command
             .args(["mcp", "--http", "127.0.0.1:0"])
+            .args(args)
             .current_dir(std::env::temp_dir())
             .env_clear()
             .env("HOME", home.path())
@@ -98,8 +105,12 @@ impl McpHttp {
             .spawn()
             .expect("spawn outpost mcp --http");
         let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+        let mut listening = None;
         let config: serde_json::Value = loop {
             let line = lines.next().expect("outpost mcp --http exited").unwrap();
+            if let Some((_, rest)) = line.split_once("listening on ") {
+                listening = rest.split([' ', ')', ';']).next().map(str::to_string);
+            }
             if line.starts_with('{') {
                 break serde_json::from_str(&line).unwrap();
             }
@@ -120,12 +131,17 @@ impl McpHttp {
                 }
             }
         });
-        let url = config["url"].as_str().unwrap();
-        let addr = url
-            .strip_prefix("http://")
-            .and_then(|u| u.strip_suffix("/mcp"))
-            .unwrap()
-            .to_string();
+        let addr = match listening {
+            // Behind a proxy the lines name the public URL.
+            Some(addr) => addr,
+            None => config["url"]
+                .as_str()
+                .unwrap()
+                .strip_prefix("http://")
+                .and_then(|u| u.strip_suffix("/mcp"))
+                .unwrap()
+                .to_string(),
+        };
         let token = config["headers"]["Authorization"]
             .as_str()
             .and_then(|h| h.strip_prefix("Bearer "))

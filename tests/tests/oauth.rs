@@ -525,3 +525,56 @@ async fn an_external_authorization_servers_tokens_are_checked() {
         assert_eq!(r.status, 404, "{path}");
     }
 }
+
+/// `--public-url`: behind a TLS proxy, requests naming its host are served
+/// and OAuth names the https URL as resource and issuer; a token issued for
+/// the proxy's URL is refused when the request did not come through it.
+#[test]
+fn behind_a_proxy_oauth_names_the_public_url() {
+    let server = McpHttp::start_public("https://outpost.example.test");
+    let proxy_host = "outpost.example.test";
+    let r = http(
+        &server.addr,
+        proxy_host,
+        "GET",
+        "/.well-known/oauth-protected-resource/mcp",
+        None,
+        "",
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let metadata: Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(metadata["resource"], "https://outpost.example.test/mcp");
+    assert_eq!(
+        metadata["authorization_servers"],
+        json!(["https://outpost.example.test"])
+    );
+    let r = mcp_status(&server, proxy_host, "nope");
+    assert_eq!(r.status, 401);
+    assert!(
+        r.head
+            .contains("resource_metadata=\"https://outpost.example.test/.well-known/"),
+        "{}",
+        r.head
+    );
+    let grants = outpost::ops::grants::Grants::new(&server.home.path().join(".outpost"));
+    let client = grants
+        .register("proxied", vec!["https://client.example.test/cb".into()])
+        .unwrap();
+    let issued = grants
+        .issue(
+            &client.id,
+            "owner",
+            "mcp",
+            "https://outpost.example.test/mcp",
+            "code",
+        )
+        .unwrap();
+    assert_eq!(mcp_status(&server, proxy_host, &issued.access).status, 200);
+    assert_eq!(
+        mcp_status(&server, &server.addr, &issued.access).status,
+        401
+    );
+    // Other names are still refused.
+    let r = mcp_status(&server, "evil.example.test", &server.token);
+    assert_eq!(r.status, 403);
+}

@@ -55,6 +55,12 @@ enum Command {
               default_missing_value = mcp::http::DEFAULT_ADDR,
               value_parser = mcp::http::parse_listen_addr)]
         http: Option<std::net::SocketAddr>,
+        /// The https URL clients reach this server at through a TLS proxy
+        /// (e.g. https://outpost.example.org): its host is served too, and
+        /// OAuth names it as the resource and issuer.
+        #[arg(long, value_name = "URL", requires = "http",
+              value_parser = mcp::http::parse_public_url)]
+        public_url: Option<mcp::http::PublicUrl>,
     },
     /// List the sandboxes and check each one, all in parallel.
     Hosts {
@@ -461,7 +467,7 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         Ok(fleet) => Arc::new(fleet),
         // An MCP server serves anyway and answers every call with the
         // problem, which the client then shows; the CLI stops here.
-        Err(e) if matches!(cli.command, Command::Mcp { http: None }) => {
+        Err(e) if matches!(cli.command, Command::Mcp { http: None, .. }) => {
             let problem = format!("{e:#}");
             eprintln!("outpost: {problem}; serving MCP only to say so");
             Arc::new(Fleet::unusable(problem)?)
@@ -478,11 +484,14 @@ pub async fn run(cli: Cli) -> Result<ExitCode> {
         }
     }
     match cli.command {
-        Command::Mcp { http: Some(addr) } => {
-            mcp::http::serve_http(fleet, addr).await?;
+        Command::Mcp {
+            http: Some(addr),
+            public_url,
+        } => {
+            mcp::http::serve_http(fleet, addr, public_url).await?;
             Ok(ExitCode::SUCCESS)
         }
-        Command::Mcp { http: None } => {
+        Command::Mcp { http: None, .. } => {
             if std::io::IsTerminal::is_terminal(&std::io::stdin()) {
                 eprintln!(
                     "outpost mcp: serving MCP on stdin/stdout; sandboxes: {} (active: {}). Register this command in an MCP client (see README); Ctrl-C stops.",

@@ -75,6 +75,36 @@ pub fn parse_listen_addr(text: &str) -> Result<SocketAddr, String> {
     Ok(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))
 }
 
+/// `--public-url`: where clients reach this server through a TLS proxy.
+#[derive(Debug, Clone)]
+pub struct PublicUrl {
+    /// `https://HOST[:PORT]`, no path.
+    pub base: String,
+    /// `HOST[:PORT]`, as the proxy passes it in `Host`.
+    pub authority: String,
+    pub host: String,
+}
+
+/// `--public-url`'s value: an https URL with a host and no path.
+pub fn parse_public_url(text: &str) -> Result<PublicUrl, String> {
+    let url = url::Url::parse(text).map_err(|e| format!("`{text}` is not a URL: {e}"))?;
+    let host = url.host_str().unwrap_or_default().to_string();
+    if url.scheme() != "https" || host.is_empty() || url.path() != "/" || url.query().is_some() {
+        return Err(format!(
+            "`{text}`: give the https URL of the proxy in front of this server, with no path (e.g. https://outpost.example.org)"
+        ));
+    }
+    let authority = match url.port() {
+        Some(port) => format!("{host}:{port}"),
+        None => host.clone(),
+    };
+    Ok(PublicUrl {
+        base: format!("https://{authority}"),
+        authority,
+        host,
+    })
+}
+
 /// The bearer tokens clients may send: the default one, where it came
 /// from, and the named callers'.
 pub struct Tokens {
@@ -350,7 +380,11 @@ fn unauthorized(
 }
 
 /// Serves MCP over HTTP at `addr` until SIGTERM/SIGINT.
-pub async fn serve_http(fleet: Arc<Fleet>, addr: SocketAddr) -> anyhow::Result<()> {
+pub async fn serve_http(
+    fleet: Arc<Fleet>,
+    addr: SocketAddr,
+    public: Option<PublicUrl>,
+) -> anyhow::Result<()> {
     // `[::ffff:0.0.0.0]` is the IPv4 wildcard too.
     if addr.ip().to_canonical().is_unspecified() {
         bail!(
@@ -374,17 +408,21 @@ pub async fn serve_http(fleet: Arc<Fleet>, addr: SocketAddr) -> anyhow::Result<(
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
     let bound = listener.local_addr()?;
-    announce(&tokens, bound);
+    announce(&tokens, bound, public.as_ref());
 
     let mut hosts: Vec<String> = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
     if !bound.ip().is_loopback() {
         hosts.push(bound.ip().to_string());
+    }
+    if let Some(public) = &public {
+        hosts.push(public.host.clone());
     }
     let tokens = Arc::new(tokens);
     let authority = Arc::new(Authority::new(
         &fleet.config,
         tokens.clone(),
         hosts.clone(),
+        public.clone(),
     )?);
     let status_page = Arc::new(StatusPage::new(fleet.clone()));
     let stop = CancellationToken::new();
@@ -529,8 +567,11 @@ pub async fn serve_http(fleet: Arc<Fleet>, addr: SocketAddr) -> anyhow::Result<(
 /// ready `claude mcp add` and `codex mcp add` lines and the JSON form. The
 /// token itself is shown only when it was made just now; otherwise the
 /// lines read it where it is kept.
-fn announce(tokens: &Tokens, bound: SocketAddr) {
-    let url = format!("http://{bound}{PATH}");
+fn announce(tokens: &Tokens, bound: SocketAddr, public: Option<&PublicUrl>) {
+    let url = match public {
+        Some(public) => format!("{}{PATH}", public.base),
+        None => format!("http://{bound}{PATH}"),
+    };
     let (value, whence, env_value) = match &tokens.source {
         TokenSource::Made(path) => (
             tokens.value.clone(),
@@ -557,7 +598,11 @@ fn announce(tokens: &Tokens, bound: SocketAddr) {
         0 => String::new(),
         n => format!("; {n} more caller(s) with tokens of their own in {CALLERS_DIR}/"),
     };
-    eprintln!("outpost mcp: serving MCP at {url} ({whence}{others}); Ctrl-C stops.");
+    let behind = match public {
+        Some(_) => format!("; listening on {bound} behind that proxy"),
+        None => String::new(),
+    };
+    eprintln!("outpost mcp: serving MCP at {url} ({whence}{others}{behind}); Ctrl-C stops.");
     eprintln!("Claude Code:");
     eprintln!(
         "  claude mcp add --transport http outpost {url} --header \"Authorization: Bearer {value}\""
@@ -589,6 +634,20 @@ mod tests {
         assert_eq!(ok("9000"), "127.0.0.1:9000");
         let err = parse_listen_addr("example.org:9000").unwrap_err();
         assert!(err.contains("ADDR:PORT"), "{err}");
+    }
+
+    #[test]
+    fn a_public_url_is_https_with_no_path() {
+        let public = parse_public_url("https://Outpost.Example.org:8443").unwrap();
+        assert_eq!(public.base, "https://outpost.example.org:8443");
+        assert_eq!(public.host, "outpost.example.org");
+        for bad in [
+            "http://outpost.example.org",
+            "https://x.example/mcp",
+            "outpost",
+        ] {
+            assert!(parse_public_url(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -49,7 +49,7 @@ use sha2::Digest;
 use subtle::ConstantTimeEq;
 
 use super::Caller;
-use super::http::{PATH, Tokens};
+use super::http::{PATH, PublicUrl, Tokens};
 use crate::ops::grants::{Grants, Invalid, digest, random};
 
 type Body = BoxBody<Bytes, Infallible>;
@@ -84,6 +84,8 @@ pub struct Authority {
     tokens: Arc<Tokens>,
     /// Host names a request may name (loopback, and the address bound).
     hosts: Vec<String>,
+    /// Where a TLS proxy serves this server, if one does.
+    public: Option<PublicUrl>,
     approval: Mutex<Approval>,
     pending: Mutex<HashMap<String, Consent>>,
     codes: Mutex<HashMap<String, Code>>,
@@ -128,6 +130,7 @@ impl Authority {
         config: &crate::config::Config,
         tokens: Arc<Tokens>,
         hosts: Vec<String>,
+        public: Option<PublicUrl>,
     ) -> anyhow::Result<Authority> {
         let external = config
             .oauth
@@ -139,6 +142,7 @@ impl Authority {
             external,
             tokens,
             hosts,
+            public,
             approval: Mutex::new(Approval {
                 code: String::new(),
                 wrong: 0,
@@ -167,9 +171,15 @@ impl Authority {
     }
 
     /// `http://HOST` as the request names this server, if the name is one
-    /// it answers to (against DNS rebinding, as rmcp checks `/mcp`).
+    /// it answers to (against DNS rebinding, as rmcp checks `/mcp`); the
+    /// public https URL when it came through the proxy.
     pub(super) fn base(&self, headers: &HeaderMap) -> Option<String> {
         let host = headers.get(HOST)?.to_str().ok()?;
+        if let Some(public) = &self.public
+            && host.eq_ignore_ascii_case(&public.authority)
+        {
+            return Some(public.base.clone());
+        }
         let name = match host.rsplit_once(':') {
             Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
             _ => host,
