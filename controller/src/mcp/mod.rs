@@ -36,6 +36,7 @@
 //! `ServerHandler`.
 
 mod admission;
+mod answers;
 mod ask;
 mod budget;
 mod caller;

@@ -34,25 +34,22 @@ mod external;
 pub(super) use consent::escape;
 
 use std::collections::HashMap;
-use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
-use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Full};
-use hyper::body::{Bytes, Incoming};
-use hyper::header::{CACHE_CONTROL, CONTENT_TYPE, HOST, HeaderMap, HeaderValue, LOCATION};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::header::{HOST, HeaderMap, HeaderValue, LOCATION};
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{Value, json};
 use sha2::Digest;
 use subtle::ConstantTimeEq;
 
 use super::Caller;
+use super::answers::{self, Body, bare, json as json_answer, text};
 use super::http::{PATH, PublicUrl, Tokens};
 use crate::ops::grants::{Grants, Invalid, digest, random};
-
-type Body = BoxBody<Bytes, Infallible>;
 
 /// The one owner the built-in server signs in.
 pub const SUBJECT: &str = "owner";
@@ -746,47 +743,18 @@ fn redirect_to(
     response
 }
 
-fn bare(status: StatusCode) -> Response<Body> {
-    let mut response = Response::new(Full::new(Bytes::new()).boxed());
-    *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    response
-}
-
-fn with_body(status: StatusCode, body: String, kind: &'static str) -> Response<Body> {
-    let mut response = bare(status);
-    *response.body_mut() = Full::new(Bytes::from(body)).boxed();
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static(kind));
-    response
-}
-
-fn text(status: StatusCode, body: &str) -> Response<Body> {
-    with_body(status, body.to_string(), "text/plain; charset=utf-8")
-}
-
-fn json_answer(status: StatusCode, value: &Value) -> Response<Body> {
-    with_body(status, value.to_string(), "application/json")
-}
-
 fn failure_answer(Failure(error, status, why): Failure) -> Response<Body> {
     json_answer(status, &json!({"error": error, "error_description": why}))
 }
 
-/// A page that may not be framed or run anything from elsewhere.
+/// The consent and refusal pages: no script at all; the form may post
+/// here and the redirect may go to the client.
 fn page(status: StatusCode, html: &str) -> Response<Body> {
-    let mut response = with_body(status, html.to_string(), "text/html; charset=utf-8");
-    let headers = response.headers_mut();
-    headers.insert(
-        "content-security-policy",
-        HeaderValue::from_static("default-src 'none'; style-src 'unsafe-inline'; form-action 'self' http: https:; frame-ancestors 'none'"),
-    );
-    headers.insert("x-frame-options", HeaderValue::from_static("DENY"));
-    headers.insert("referrer-policy", HeaderValue::from_static("no-referrer"));
-    response
+    answers::page(
+        status,
+        html.to_string(),
+        "default-src 'none'; style-src 'unsafe-inline'; form-action 'self' http: https:; frame-ancestors 'none'",
+    )
 }
 
 /// Open to scripts of any origin: these endpoints take no cookie, so

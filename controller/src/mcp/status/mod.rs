@@ -18,18 +18,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use http_body_util::combinators::BoxBody;
-use http_body_util::{BodyExt, Full, StreamBody};
+use http_body_util::{BodyExt, StreamBody};
 use hyper::body::{Bytes, Frame, Incoming};
 use hyper::header::{CACHE_CONTROL, CONTENT_TYPE, COOKIE, HeaderValue, LOCATION, SET_COOKIE};
 use hyper::{Method, Request, Response, StatusCode};
 
 pub use snapshot::Sampler;
 
+use super::answers::{self, Body, bare, with_body};
 use super::oauth::{Authority, escape};
 use crate::ops::grants::{digest, random};
-
-type Body = BoxBody<Bytes, Infallible>;
 
 const COOKIE_NAME: &str = "outpost_status";
 const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
@@ -205,40 +203,16 @@ fn login_page(problem: Option<&str>) -> String {
     )
 }
 
-fn bare(status: StatusCode) -> Response<Body> {
-    let mut response = Response::new(Full::new(Bytes::new()).boxed());
-    *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    response
-}
-
-fn with_body(status: StatusCode, body: String, kind: &'static str) -> Response<Body> {
-    let mut response = bare(status);
-    *response.body_mut() = Full::new(Bytes::from(body)).boxed();
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static(kind));
-    response
-}
-
 fn plain(status: StatusCode, text: &str) -> Response<Body> {
-    with_body(status, text.to_string(), "text/plain; charset=utf-8")
+    answers::text(status, text)
 }
 
-/// A page that runs only this server's script and may not be framed.
+/// A page that runs only this server's script.
 fn page(status: StatusCode, html: String) -> Response<Body> {
-    let mut response = with_body(status, html, "text/html; charset=utf-8");
-    let headers = response.headers_mut();
-    headers.insert(
-        "content-security-policy",
-        HeaderValue::from_static(
-            "default-src 'none'; script-src 'self'; connect-src 'self'; style-src 'unsafe-inline'; \
-             form-action 'self'; frame-ancestors 'none'",
-        ),
-    );
-    headers.insert("x-frame-options", HeaderValue::from_static("DENY"));
-    headers.insert("referrer-policy", HeaderValue::from_static("no-referrer"));
-    response
+    answers::page(
+        status,
+        html,
+        "default-src 'none'; script-src 'self'; connect-src 'self'; style-src 'unsafe-inline'; \
+         form-action 'self'; frame-ancestors 'none'",
+    )
 }
