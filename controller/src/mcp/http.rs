@@ -122,10 +122,20 @@ enum TokenSource {
 }
 
 impl Tokens {
+    /// Only the default token, `value` (for tests of what checks tokens).
+    #[cfg(test)]
+    pub(super) fn only(value: &str) -> Tokens {
+        Tokens {
+            value: value.to_string(),
+            source: TokenSource::Env,
+            callers: Vec::new(),
+        }
+    }
+
     /// The caller a request's `Authorization` value names, if any. Every
     /// token is compared, so the time taken does not tell which matched.
     pub(super) fn caller(&self, authorization: Option<&[u8]>) -> Option<Caller> {
-        let given = authorization?.strip_prefix(b"Bearer ")?;
+        let given = bearer_token(authorization?)?;
         let mut found = None;
         let all = std::iter::once((DEFAULT_CALLER, self.value.as_str()))
             .chain(self.callers.iter().map(|(n, t)| (n.as_str(), t.as_str())));
@@ -136,6 +146,13 @@ impl Tokens {
         }
         found
     }
+}
+
+/// The token of an `Authorization: Bearer TOKEN` value (the scheme's case
+/// does not matter, RFC 7235).
+fn bearer_token(value: &[u8]) -> Option<&[u8]> {
+    let (scheme, token) = value.split_at_checked(7)?;
+    scheme.eq_ignore_ascii_case(b"Bearer ").then_some(token)
 }
 
 /// Refuses a token file others can read, or a token too short to be safe.
@@ -354,7 +371,7 @@ fn unauthorized(
 ) -> Response<BoxBody<Bytes, Infallible>> {
     let problem = match (authorization, oauth) {
         (None, _) => "this request has no `Authorization: Bearer <token>` header",
-        (Some(v), _) if !v.as_bytes().starts_with(b"Bearer ") => {
+        (Some(v), _) if bearer_token(v.as_bytes()).is_none() => {
             "the Authorization header is not `Bearer <token>`"
         }
         (Some(_), Some(invalid)) if invalid != crate::ops::grants::Invalid::Unknown => {
@@ -489,9 +506,7 @@ pub async fn serve_http(
                     let authorization = request.headers().get(AUTHORIZATION);
                     let caller = match tokens.caller(authorization.map(HeaderValue::as_bytes)) {
                         Some(caller) => Ok(caller),
-                        None => match authorization
-                            .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
-                        {
+                        None => match authorization.and_then(|v| bearer_token(v.as_bytes())) {
                             Some(token) => authority.caller(request.headers(), token).map_err(Some),
                             None => Err(None),
                         },

@@ -12,9 +12,9 @@
 //!   address (whose port may differ at sign-in, RFC 8252).
 //! * `GET /authorize`: authorization code with PKCE, S256 only; shows the
 //!   [`consent`] page. `POST /authorize`: the owner approves with the
-//!   one-time approval code this server prints on its console (each use
-//!   prints the next; five wrong tries replace it) or with its bearer
-//!   token.
+//!   one-time approval code this server prints on its console (50 random
+//!   bits; each use prints the next; five wrong tries refuse codes for
+//!   30 s, doubling up to 15 min) or with its bearer token.
 //! * `POST /token`: the code (single use, 60 s; a second use revokes what
 //!   the first got) for a 1 h access token bound to the MCP URL it was
 //!   asked for (RFC 8707) and a rotating refresh token; or a refresh.
@@ -37,6 +37,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use base64::Engine;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
@@ -58,8 +59,11 @@ const SCOPE: &str = "mcp";
 const CODE_TTL: Duration = Duration::from_secs(60);
 /// How long a consent page may wait for its answer.
 const CONSENT_TTL: Duration = Duration::from_secs(600);
-/// Wrong proofs before the approval code is replaced.
+/// Wrong approval codes before tries are refused for a while, doubling
+/// from [`FIRST_LOCKOUT`] up to [`MAX_LOCKOUT`].
 const MAX_WRONG: u32 = 5;
+const FIRST_LOCKOUT: Duration = Duration::from_secs(30);
+const MAX_LOCKOUT: Duration = Duration::from_secs(15 * 60);
 /// Consent pages waiting at once; past this the oldest goes.
 const MAX_PENDING: usize = 64;
 const MAX_BODY: usize = 64 * 1024;
@@ -88,9 +92,12 @@ pub struct Authority {
     codes: Mutex<HashMap<String, Code>>,
 }
 
+/// The approval code in force, and the wrong tries against it.
 struct Approval {
     code: String,
     wrong: u32,
+    lockouts: u32,
+    locked_until: Option<Instant>,
 }
 
 /// An authorization request waiting on the consent page.
@@ -111,6 +118,8 @@ struct Code {
     consent: Consent,
     issued: Instant,
     used: bool,
+    /// Presented again: whatever its first use gets is revoked.
+    replayed: bool,
 }
 
 /// An OAuth error answer: its `error`, status and description.
@@ -118,6 +127,24 @@ struct Failure(&'static str, StatusCode, String);
 
 fn fail(error: &'static str, why: impl Into<String>) -> Failure {
     Failure(error, StatusCode::BAD_REQUEST, why.into())
+}
+
+impl Approval {
+    /// A new code, printed for the owner: 10 letters of 32 (no 0/O, 1/I),
+    /// 5 random bits each, so 50 bits.
+    fn renew(&mut self) -> std::io::Result<()> {
+        const LETTERS: &[u8] = b"ABCDEFGHJKLMNPQRSTUVWXYZ23456789";
+        let mut raw = [0u8; 10];
+        std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut raw)?;
+        self.code = raw
+            .iter()
+            .map(|b| LETTERS[usize::from(b & 31)] as char)
+            .collect();
+        self.wrong = 0;
+        let shown = format!("{}-{}", &self.code[..5], &self.code[5..]);
+        eprintln!("outpost mcp: OAuth approval code: {shown} (enter it on the consent page)");
+        Ok(())
+    }
 }
 
 impl Authority {
@@ -143,28 +170,16 @@ impl Authority {
             approval: Mutex::new(Approval {
                 code: String::new(),
                 wrong: 0,
+                lockouts: 0,
+                locked_until: None,
             }),
             pending: Mutex::new(HashMap::new()),
             codes: Mutex::new(HashMap::new()),
         };
-        authority.next_approval_code();
+        let mut approval = authority.approval.lock().unwrap_or_else(|p| p.into_inner());
+        approval.renew().context("cannot make an approval code")?;
+        drop(approval);
         Ok(authority)
-    }
-
-    /// A new approval code, printed for the owner.
-    fn next_approval_code(&self) {
-        // 8 letters of 32 (no 0/O, 1/I): 40 bits, five tries each.
-        const LETTERS: &[u8] = b"ABCDEFGHJKLMNPQRSTUVWXYZ23456789";
-        let raw = random(8).unwrap_or_default();
-        let code: String = raw
-            .bytes()
-            .take(8)
-            .map(|b| LETTERS[usize::from(b) % LETTERS.len()] as char)
-            .collect();
-        let shown = format!("{}-{}", &code[..4], &code[4..]);
-        eprintln!("outpost mcp: OAuth approval code: {shown} (enter it on the consent page)");
-        let mut approval = self.approval.lock().unwrap_or_else(|p| p.into_inner());
-        *approval = Approval { code, wrong: 0 };
     }
 
     /// `http://HOST` as the request names this server, if the name is one
@@ -172,8 +187,12 @@ impl Authority {
     /// public https URL when it came through the proxy.
     pub(super) fn base(&self, headers: &HeaderMap) -> Option<String> {
         let host = headers.get(HOST)?.to_str().ok()?;
+        // A proxy may pass the name without the port.
+        let name_only = host.rsplit_once(':').map_or(host, |(name, _)| name);
         if let Some(public) = &self.public
-            && host.eq_ignore_ascii_case(&public.authority)
+            && (host.eq_ignore_ascii_case(&public.authority)
+                || name_only.eq_ignore_ascii_case(&public.host)
+                || host.eq_ignore_ascii_case(&public.host))
         {
             return Some(public.base.clone());
         }
@@ -259,20 +278,20 @@ impl Authority {
                     "resource_name": "Outpost",
                 }),
             )),
-            (Method::POST, "/register") => cors(match self.register(&body) {
+            (Method::POST, "/register") => cors(match blocking(|| self.register(&body)) {
                 Ok(client) => json_answer(StatusCode::CREATED, &client),
                 Err(failure) => failure_answer(failure),
             }),
             (Method::GET, "/authorize") => self.authorize(&base, &query),
             (Method::POST, "/authorize") => self.decide(&body),
-            (Method::POST, "/token") => cors(match self.token(&base, &body) {
+            (Method::POST, "/token") => cors(match blocking(|| self.token(&base, &body)) {
                 Ok(answer) => json_answer(StatusCode::OK, &answer),
                 Err(failure) => failure_answer(failure),
             }),
             (Method::POST, "/revoke") => {
                 let form = form(&body).unwrap_or_default();
                 if let Some(token) = form.get("token") {
-                    let _ = self.grants.revoke_token(token);
+                    let _ = blocking(|| self.grants.revoke_token(token));
                 }
                 cors(bare(StatusCode::OK))
             }
@@ -474,8 +493,17 @@ impl Authority {
                 );
                 return page(StatusCode::FORBIDDEN, &html);
             }
-            Proof::ApprovalCode => self.next_approval_code(),
-            Proof::Token => {}
+            Proof::Locked(wait) => {
+                let why = format!(
+                    "Too many wrong codes: try again in {} s, or use the bearer token.",
+                    wait.as_secs().max(1)
+                );
+                return page(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    &consent_page(&id, &consent, Some(&why)),
+                );
+            }
+            Proof::ApprovalCode | Proof::Token => {}
         }
         self.pending
             .lock()
@@ -492,6 +520,7 @@ impl Authority {
                 consent: consent.clone(),
                 issued: Instant::now(),
                 used: false,
+                replayed: false,
             },
         );
         back(&[("code", &code)])
@@ -501,35 +530,48 @@ impl Authority {
     /// it then spends): a person at the server's console or holding its
     /// token (the status page's sign-in).
     pub fn approves(&self, proof: &str) -> bool {
-        match self.proven(proof) {
-            Proof::ApprovalCode => {
-                self.next_approval_code();
-                true
-            }
-            Proof::Token => true,
-            Proof::Wrong => false,
-        }
+        matches!(self.proven(proof), Proof::ApprovalCode | Proof::Token)
     }
 
+    /// Which proof `proof` is. The approval code is spent, and the next one
+    /// made, under the same lock as the comparison, so it works once; wrong
+    /// codes lock tries out for a while (the token still works).
     fn proven(&self, proof: &str) -> Proof {
+        let bearer = format!("Bearer {}", proof.trim());
+        if self.tokens.caller(Some(bearer.as_bytes())).is_some() {
+            return Proof::Token;
+        }
         let typed: String = proof
             .chars()
             .filter(|c| c.is_ascii_alphanumeric())
             .map(|c| c.to_ascii_uppercase())
             .collect();
         let mut approval = self.approval.lock().unwrap_or_else(|p| p.into_inner());
-        if !typed.is_empty() && bool::from(typed.as_bytes().ct_eq(approval.code.as_bytes())) {
-            return Proof::ApprovalCode;
+        if let Some(until) = approval.locked_until {
+            match until.checked_duration_since(Instant::now()) {
+                Some(wait) => return Proof::Locked(wait),
+                None => approval.locked_until = None,
+            }
         }
-        let bearer = format!("Bearer {}", proof.trim());
-        if self.tokens.caller(Some(bearer.as_bytes())).is_some() {
-            return Proof::Token;
+        if !typed.is_empty() && bool::from(typed.as_bytes().ct_eq(approval.code.as_bytes())) {
+            if let Err(e) = approval.renew() {
+                // No next code: none works until the server restarts.
+                tracing::warn!("cannot make the next approval code: {e}");
+                approval.code.clear();
+            }
+            approval.lockouts = 0;
+            return Proof::ApprovalCode;
         }
         approval.wrong += 1;
         if approval.wrong >= MAX_WRONG {
-            drop(approval);
-            eprintln!("outpost mcp: {MAX_WRONG} wrong approval codes; here is a new one");
-            self.next_approval_code();
+            let lockout = (FIRST_LOCKOUT * 2u32.saturating_pow(approval.lockouts)).min(MAX_LOCKOUT);
+            approval.wrong = 0;
+            approval.lockouts += 1;
+            approval.locked_until = Some(Instant::now() + lockout);
+            eprintln!(
+                "outpost mcp: {MAX_WRONG} wrong approval codes; codes are refused for {} s",
+                lockout.as_secs()
+            );
         }
         Proof::Wrong
     }
@@ -577,9 +619,26 @@ impl Authority {
                         "resource differs from the authorization request's",
                     ));
                 }
-                self.grants
+                let issued = self
+                    .grants
                     .issue(client_id, SUBJECT, SCOPE, &consent.resource, code)
-                    .map_err(|e| Failure("server_error", StatusCode::INTERNAL_SERVER_ERROR, e))?
+                    .map_err(|e| Failure("server_error", StatusCode::INTERNAL_SERVER_ERROR, e))?;
+                // A replay while the grant was being written found none to
+                // revoke: revoke it now.
+                let replayed = self
+                    .codes
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(&digest(code))
+                    .is_some_and(|c| c.replayed);
+                if replayed {
+                    let _ = self.grants.revoke_code(code);
+                    return Err(fail(
+                        "invalid_grant",
+                        "the authorization code was used twice",
+                    ));
+                }
+                issued
             }
             Some("refresh_token") => {
                 let resource = get("resource").map(|r| r.trim_end_matches('/'));
@@ -621,6 +680,7 @@ impl Authority {
             .get_mut(&digest(code))
             .ok_or_else(|| fail("invalid_grant", "unknown authorization code"))?;
         if entry.used {
+            entry.replayed = true;
             drop(codes);
             let _ = self.grants.revoke_code(code);
             return Err(fail(
@@ -640,6 +700,8 @@ enum Proof {
     ApprovalCode,
     Token,
     Wrong,
+    /// Codes are refused for this long yet.
+    Locked(Duration),
 }
 
 fn consent_page(id: &str, consent: &Consent, problem: Option<&str>) -> String {
@@ -686,6 +748,15 @@ fn same_redirect(registered: &str, given: &str) -> bool {
             a == b
         }
         _ => false,
+    }
+}
+
+/// Runs `work`, which reads and writes the grants file under its lock,
+/// without holding up the runtime's other tasks.
+fn blocking<T>(work: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(work),
+        _ => work(),
     }
 }
 
@@ -776,6 +847,50 @@ fn cors(mut response: Response<Body>) -> Response<Body> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn authority(token: &str) -> (Authority, std::path::PathBuf) {
+        let home = std::env::temp_dir().join(format!("outpost-oauth-{}", std::process::id()));
+        let mut config = crate::config::Config::new(Vec::new(), home.join("known_hosts"));
+        config.home = home.clone();
+        let tokens = Arc::new(Tokens::only(token));
+        let authority = Authority::new(&config, tokens, vec!["127.0.0.1".into()], None).unwrap();
+        (authority, home)
+    }
+
+    fn code(authority: &Authority) -> String {
+        authority.approval.lock().unwrap().code.clone()
+    }
+
+    #[test]
+    fn approval_codes_work_once_and_wrong_ones_lock_codes_out() {
+        let token = "t".repeat(32);
+        let (authority, home) = authority(&token);
+        let first = code(&authority);
+        assert_eq!(first.len(), 10);
+        assert!(
+            first
+                .bytes()
+                .all(|b| b"ABCDEFGHJKLMNPQRSTUVWXYZ23456789".contains(&b))
+        );
+        let typed = format!("{}-{}", &first[..5], first[5..].to_lowercase());
+        assert!(authority.approves(&typed));
+        assert!(!authority.approves(&typed), "a code works once");
+        let second = code(&authority);
+        assert_ne!(first, second);
+        // The spent code was the first wrong try.
+        for _ in 0..MAX_WRONG - 2 {
+            assert!(matches!(authority.proven("AAAAA-AAAAA"), Proof::Wrong));
+        }
+        // The fifth wrong try locks codes out, the right one included; the
+        // code itself stays, and the token still works.
+        assert!(matches!(authority.proven("AAAAA-AAAAA"), Proof::Wrong));
+        assert!(matches!(authority.proven(&second), Proof::Locked(_)));
+        assert_eq!(code(&authority), second);
+        assert!(authority.approves(&token));
+        authority.approval.lock().unwrap().locked_until = Some(Instant::now());
+        assert!(authority.approves(&second));
+        let _ = std::fs::remove_dir_all(home);
+    }
 
     #[test]
     fn redirect_uris_are_https_or_loopback_and_loopback_ports_may_move() {

@@ -34,6 +34,8 @@ pub const REFRESH_TTL_S: u64 = 30 * 86_400;
 const MAX_CLIENTS: usize = 200;
 /// Spent refresh tokens remembered per grant, to notice a replay.
 const SPENT_KEPT: usize = 8;
+/// Live access tokens kept per grant; a refresh past this ends the oldest.
+const ACCESS_KEPT: usize = 8;
 
 /// A client that registered itself (RFC 7591); public, so no secret.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -190,11 +192,17 @@ impl Grants {
         let file = locked().map_err(io)?;
         let _held = Flock::exclusive(&file).map_err(io)?;
         let mut records = self.read().map_err(io)?;
+        let before = serde_json::to_vec(&records).map_err(|e| e.to_string())?;
         let answer = change(&mut records);
         let now = now();
         records.grants.retain(|g| g.refresh_expires > now);
         for grant in &mut records.grants {
             grant.access.retain(|(_, expires)| *expires > now);
+        }
+        // A request that changed nothing (an unknown token revoked) costs
+        // no write.
+        if serde_json::to_vec(&records).map_err(|e| e.to_string())? == before {
+            return answer;
         }
         self.write(&records).map_err(io)?;
         // A write within the clock's grain could leave the same stamp.
@@ -339,6 +347,9 @@ impl Grants {
             grant
                 .access
                 .push((digest(&issued.access), now + ACCESS_TTL_S));
+            if grant.access.len() > ACCESS_KEPT {
+                grant.access.remove(0);
+            }
             grant.refreshed = now;
             grant.refresh_expires = now + REFRESH_TTL_S;
             Ok(issued)

@@ -86,9 +86,23 @@ impl External {
             None => None,
         }
         .ok_or(Invalid::Unknown)?;
+        // A key that names its algorithm or use is taken only for those.
+        let alg_differs = jwk
+            .common
+            .key_algorithm
+            .is_some_and(|k| format!("{k:?}") != format!("{:?}", header.alg));
+        let not_for_signing = jwk
+            .common
+            .public_key_use
+            .as_ref()
+            .is_some_and(|u| *u != jsonwebtoken::jwk::PublicKeyUse::Signature);
+        if alg_differs || not_for_signing {
+            return Err(Invalid::Unknown);
+        }
         let key = DecodingKey::from_jwk(jwk).map_err(|_| Invalid::Unknown)?;
         let mut validation = Validation::new(header.alg);
         validation.leeway = LEEWAY_S;
+        validation.validate_nbf = true;
         validation.set_issuer(&[&self.issuer, &format!("{}/", self.issuer)]);
         validation.set_audience(&[self.audience.as_deref().unwrap_or(resource)]);
         validation.set_required_spec_claims(&["exp", "iss", "aud", "sub"]);

@@ -7,8 +7,10 @@
 //! The same people may look as may call tools: a request with a bearer
 //! token (or an OAuth access token) is let in, and a browser signs in once
 //! on `/login` with the token or the console's approval code, and then
-//! carries a cookie (HttpOnly, SameSite=Strict, 12 h) that names a session
-//! this process keeps in memory.
+//! carries a cookie (HttpOnly, SameSite=Strict, 12 h; Secure behind the
+//! TLS proxy) that names a session this process keeps in memory. Browsers
+//! share cookies across a host's ports, so another local web service sees
+//! it; it is good only here, and only for this page.
 
 mod snapshot;
 
@@ -103,6 +105,10 @@ impl StatusPage {
     /// The sign-in form's answer: a session cookie for the bearer token or
     /// the approval code.
     async fn login(&self, request: Request<Incoming>, authority: &Authority) -> Response<Body> {
+        // Through the TLS proxy, the cookie never goes over plain http.
+        let secure = authority
+            .base(request.headers())
+            .is_some_and(|base| base.starts_with("https://"));
         let body = http_body_util::Limited::new(request.into_body(), 8192)
             .collect()
             .await
@@ -141,8 +147,9 @@ impl StatusPage {
         let headers = response.headers_mut();
         headers.insert(LOCATION, HeaderValue::from_static("/"));
         if let Ok(cookie) = HeaderValue::from_str(&format!(
-            "{COOKIE_NAME}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}",
-            SESSION_TTL.as_secs()
+            "{COOKIE_NAME}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={}{}",
+            SESSION_TTL.as_secs(),
+            if secure { "; Secure" } else { "" }
         )) {
             headers.insert(SET_COOKIE, cookie);
         }
