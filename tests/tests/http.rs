@@ -98,14 +98,15 @@ async fn mcp_over_http_needs_the_token_and_serves_clients_at_once() {
         let r = raw_on(&server, "/mcp", &headers);
         assert!(r.contains("connection: close\r\n"), "{r}");
     }
-    // A foreign Origin (DNS rebinding) is refused; other paths do not exist.
+    // A foreign Origin (DNS rebinding) is refused; other paths than MCP's,
+    // OAuth's and the status page's do not exist.
     let r = raw(
         &server,
         "/mcp",
         &format!("{bearer}Origin: http://evil.example\r\n"),
     );
     assert_eq!(status(&r), "403", "{r}");
-    assert_eq!(status(&raw(&server, "/", &bearer)), "404");
+    assert_eq!(status(&raw(&server, "/elsewhere", &bearer)), "404");
     let r = raw(
         &server,
         "/mcp",
