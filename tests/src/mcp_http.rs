@@ -167,6 +167,20 @@ impl McpHttp {
         self.approval.lock().unwrap().clone()
     }
 
+    /// A grant made through the server's OAuth records as its token
+    /// endpoint makes one, for `resource`: the client's id and an access
+    /// token (the browser sign-in itself is the oauth test's).
+    pub fn oauth_grant(&self, resource: &str) -> (String, String) {
+        let grants = outpost::ops::grants::Grants::new(&self.home.path().join(".outpost"));
+        let client = grants
+            .register("test client", vec!["https://client.example.test/cb".into()])
+            .unwrap();
+        let issued = grants
+            .issue(&client.id, "owner", "mcp", resource, "test-code")
+            .unwrap();
+        (client.id, issued.access)
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }

@@ -328,34 +328,19 @@ async fn a_browser_signs_in_and_every_bad_grant_is_refused() {
 fn outpost_auth_revoke_ends_a_grant_at_once() {
     let server = McpHttp::start();
     // A grant made through the records as the server makes them.
-    let grants = outpost::ops::grants::Grants::new(&server.home.path().join(".outpost"));
-    let client = grants
-        .register("cli test", vec!["http://127.0.0.1:1/cb".into()])
-        .unwrap();
-    let issued = grants
-        .issue(
-            &client.id,
-            "owner",
-            "mcp",
-            &format!("http://{}/mcp", server.addr),
-            "code",
-        )
-        .unwrap();
-    assert_eq!(
-        mcp_status(&server, &server.addr, &issued.access).status,
-        200
-    );
+    let (client_id, access) = server.oauth_grant(&format!("http://{}/mcp", server.addr));
+    assert_eq!(mcp_status(&server, &server.addr, &access).status, 200);
     let out = Command::new(target_bin("outpost"))
-        .args(["auth", "revoke", &client.id])
+        .args(["auth", "revoke", &client_id])
         .env("HOME", server.home.path())
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}");
-    let r = mcp_status(&server, &server.addr, &issued.access);
+    let r = mcp_status(&server, &server.addr, &access);
     assert_eq!(r.status, 401);
     assert!(r.head.contains("resource_metadata="), "{}", r.head);
     let out = Command::new(target_bin("outpost"))
-        .args(["auth", "revoke", &client.id])
+        .args(["auth", "revoke", &client_id])
         .env("HOME", server.home.path())
         .output()
         .unwrap();
@@ -556,24 +541,9 @@ fn behind_a_proxy_oauth_names_the_public_url() {
         "{}",
         r.head
     );
-    let grants = outpost::ops::grants::Grants::new(&server.home.path().join(".outpost"));
-    let client = grants
-        .register("proxied", vec!["https://client.example.test/cb".into()])
-        .unwrap();
-    let issued = grants
-        .issue(
-            &client.id,
-            "owner",
-            "mcp",
-            "https://outpost.example.test/mcp",
-            "code",
-        )
-        .unwrap();
-    assert_eq!(mcp_status(&server, proxy_host, &issued.access).status, 200);
-    assert_eq!(
-        mcp_status(&server, &server.addr, &issued.access).status,
-        401
-    );
+    let (_, access) = server.oauth_grant("https://outpost.example.test/mcp");
+    assert_eq!(mcp_status(&server, proxy_host, &access).status, 200);
+    assert_eq!(mcp_status(&server, &server.addr, &access).status, 401);
     // Other names are still refused.
     let r = mcp_status(&server, "evil.example.test", &server.token);
     assert_eq!(r.status, 403);

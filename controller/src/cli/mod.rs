@@ -49,18 +49,19 @@ enum Command {
         /// (default 127.0.0.1:8742; also localhost:PORT or PORT). Clients
         /// must send `Authorization: Bearer <token>`: $OUTPOST_HTTP_TOKEN,
         /// else $OUTPOST_HOME/http-token (made on first use), or a named
-        /// caller's in $OUTPOST_HOME/http-tokens/NAME. Prints the client
+        /// caller's in $OUTPOST_HOME/http-tokens/NAME; or they sign in by
+        /// OAuth 2.1. A live status page is at /. Prints the client
         /// configuration when it starts.
         #[arg(long, value_name = "ADDR:PORT", num_args = 0..=1,
-              default_missing_value = mcp::http::DEFAULT_ADDR,
-              value_parser = mcp::http::parse_listen_addr)]
+              default_missing_value = mcp::endpoint::DEFAULT_ADDR,
+              value_parser = mcp::endpoint::parse_listen_addr)]
         http: Option<std::net::SocketAddr>,
         /// The https URL clients reach this server at through a TLS proxy
         /// (e.g. https://outpost.example.org): its host is served too, and
         /// OAuth names it as the resource and issuer.
         #[arg(long, value_name = "URL", requires = "http",
-              value_parser = mcp::http::parse_public_url)]
-        public_url: Option<mcp::http::PublicUrl>,
+              value_parser = mcp::endpoint::parse_public_url)]
+        public_url: Option<mcp::endpoint::PublicUrl>,
     },
     /// List the sandboxes and check each one, all in parallel.
     Hosts {

@@ -42,6 +42,7 @@ mod budget;
 mod caller;
 mod checkpoints;
 mod code;
+pub mod endpoint;
 mod exec;
 mod files;
 mod hostkey;
@@ -63,6 +64,7 @@ mod sync_view;
 mod task_slot;
 mod tasks;
 mod terminals;
+mod tokens;
 mod watch;
 
 use std::collections::HashMap;

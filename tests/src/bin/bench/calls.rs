@@ -297,17 +297,9 @@ pub(crate) async fn long_calls() {
     let stdio = mcp_client(home.path(), None).await;
     let http_server = McpHttp::start();
     let http = http_server.client(()).await;
-    // An OAuth access token as the built-in server issues it (the browser
-    // sign-in itself is the oauth test's).
-    let grants = outpost::ops::grants::Grants::new(&http_server.home.path().join(".outpost"));
-    let client = grants
-        .register("bench", vec!["http://127.0.0.1:1/cb".into()])
-        .unwrap();
-    let resource = format!("http://{}/mcp", http_server.addr);
-    let issued = grants
-        .issue(&client.id, "owner", "mcp", &resource, "bench-code")
-        .unwrap();
-    let oauth = http_server.client_with_token((), &issued.access).await;
+    // An OAuth access token as the built-in server issues it.
+    let (_, access) = http_server.oauth_grant(&format!("http://{}/mcp", http_server.addr));
+    let oauth = http_server.client_with_token((), &access).await;
     let (mut over_stdio, mut over_http, mut over_oauth) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..ROUNDS {
         for (client, times) in [
