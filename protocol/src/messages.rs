@@ -846,6 +846,10 @@ pub struct CopyReport {
     pub bytes: u64,
     /// Of those, files that share their content copy-on-write.
     pub cloned: u64,
+    /// Of those, files unchanged since the previous checkpoint, which share
+    /// its copy (a checkpoint is never written in place).
+    #[serde(default)]
+    pub unchanged: u64,
     /// Entries removed (a restore).
     pub removed: u64,
     /// Entries that are no file, directory or symlink, left out.

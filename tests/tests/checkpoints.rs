@@ -1,6 +1,7 @@
 //! Undo and branch through MCP over stdio, on the `local` host: a
 //! checkpoint of a 10,000-file, 1 GiB work dir, its diff, a restore of one
-//! path and of the whole tree (byte-identical), a checkpoint taken while a
+//! path and of the whole tree (byte-identical), later checkpoints that share
+//! what did not change, a checkpoint taken while a
 //! process writes, pause and resume, and a fork that goes its own way.
 
 mod common;
@@ -165,6 +166,45 @@ async fn a_checkpoint_restores_a_big_work_dir_exactly_and_names_what_changed() {
     .map(|(p, c)| (p.to_string(), c.to_string()))
     .collect();
     assert_eq!(named, want, "{r}");
+
+    // A checkpoint after a few edits shares every file unchanged since the
+    // one before (the pauses keep the edits clear of the file clock's
+    // slack); each still restores exactly.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (err, second) = call(&client, "checkpoint_sandbox", json!({"sandbox_name": name})).await;
+    assert!(!err, "{second}");
+    let at_second = common::snapshot(Path::new(&work));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    exec(&client, &name, "echo z >> d8/f8.txt; echo new > d9/new.txt").await;
+    let started = Instant::now();
+    let (err, third) = call(&client, "checkpoint_sandbox", json!({"sandbox_name": name})).await;
+    assert!(!err, "{third}");
+    eprintln!(
+        "checkpoint after 2 edits: {} ms in the agent, {:?} in all: {third}",
+        third["took_ms"],
+        started.elapsed()
+    );
+    assert_eq!(third["files"], 10_006, "{third}");
+    // All but the symlink and the two edited files.
+    assert_eq!(third["unchanged"], 10_003, "{third}");
+    let third_id = third["checkpoint"].as_str().unwrap();
+    assert_eq!(
+        common::snapshot(&checkpoint_tree(&work, third_id)),
+        common::snapshot(Path::new(&work))
+    );
+    let second_id = second["checkpoint"].as_str().unwrap();
+    assert_eq!(
+        common::snapshot(&checkpoint_tree(&work, second_id)),
+        at_second
+    );
+    let (err, r) = call(
+        &client,
+        "restore_checkpoint",
+        json!({"checkpoint": second_id}),
+    )
+    .await;
+    assert!(!err, "{r}");
+    assert_eq!(common::snapshot(Path::new(&work)), at_second);
 
     let (err, r) = call(&client, "list_checkpoints", json!({"sandbox_name": name})).await;
     assert!(!err, "{r}");

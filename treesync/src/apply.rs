@@ -67,7 +67,7 @@ use crate::cache::{StatCache, Written};
 use crate::chunk::{self, CHUNKED_MIN_SIZE};
 use crate::codec;
 use crate::filter::TEMP_PREFIX;
-use crate::parallel::hash_in_parallel;
+use crate::parallel::in_parallel;
 use crate::relpath;
 use crate::sys::{self, Stat};
 

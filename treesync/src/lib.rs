@@ -13,7 +13,8 @@
 //! * [`relpath`]: relative paths as raw bytes, checked so nothing escapes the root.
 //! * [`filter`]: gitignore-syntax excludes.
 //! * [`codec`]: content on the wire, zstd-compressed or stored.
-//! * [`mirror`]: one local tree made the same as another (checkpoints, forks).
+//! * [`mirror`]: one local tree made the same as another (restores, forks).
+//! * [`snapshot`]: a checkpoint's copy, sharing unchanged files with the last.
 
 pub mod apply;
 pub mod cache;
@@ -25,6 +26,7 @@ mod parallel;
 pub mod plan;
 pub mod relpath;
 pub mod scan;
+pub mod snapshot;
 mod sys;
 
 #[cfg(test)]

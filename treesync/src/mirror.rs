@@ -25,7 +25,7 @@ use crate::sys::{self, Stat};
 /// `_IOW(0x94, 9, int)`: share `src`'s extents with `dst`.
 const FICLONE: libc::c_ulong = 0x4004_9409;
 
-const DIR_FLAGS: libc::c_int = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
+pub(crate) const DIR_FLAGS: libc::c_int = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW;
 
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct MirrorOptions {
@@ -48,6 +48,9 @@ pub struct MirrorReport {
     pub bytes: u64,
     /// Of those, files whose content is shared copy-on-write.
     pub cloned: u64,
+    /// Of those, files a [`crate::snapshot`] found unchanged since the
+    /// earlier snapshot and linked to its copy.
+    pub linked: u64,
     /// Entries removed from the destination (a directory counts once).
     pub removed: u64,
     /// Source entries that are no file, directory or symlink, left out.
@@ -88,7 +91,7 @@ fn cname(name: &[u8]) -> io::Result<CString> {
     sys::cstring(name)
 }
 
-fn lstat_opt(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Option<Stat>> {
+pub(crate) fn lstat_opt(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Option<Stat>> {
     match sys::lstatat(dir, name) {
         Ok(st) => Ok(Some(st)),
         Err(e) if sys::is_errno(&e, libc::ENOENT) => Ok(None),
@@ -96,7 +99,7 @@ fn lstat_opt(dir: BorrowedFd<'_>, name: &CStr) -> io::Result<Option<Stat>> {
     }
 }
 
-fn join(base: &[u8], name: &[u8]) -> Vec<u8> {
+pub(crate) fn join(base: &[u8], name: &[u8]) -> Vec<u8> {
     if base.is_empty() {
         return name.to_vec();
     }
@@ -104,6 +107,52 @@ fn join(base: &[u8], name: &[u8]) -> Vec<u8> {
     out.push(b'/');
     out.extend_from_slice(name);
     out
+}
+
+/// `st`'s mode and mtime on an open entry, and `owner` (as root).
+pub(crate) fn set_attributes(
+    fd: BorrowedFd<'_>,
+    st: &Stat,
+    owner: Option<(u32, u32)>,
+) -> io::Result<()> {
+    if let Some((uid, gid)) = owner {
+        // SAFETY: fchown on a descriptor we hold.
+        let r = unsafe { libc::fchown(fd.as_raw_fd(), uid, gid) };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    sys::fchmod(fd, st.perm())?;
+    sys::futimens(fd, st.mtime_ns)
+}
+
+/// A symlink to `target` at `name` in `dst`, with `st`'s mtime and `owner`
+/// (as root).
+pub(crate) fn make_symlink(
+    target: &[u8],
+    dst: BorrowedFd<'_>,
+    name: &CStr,
+    st: &Stat,
+    owner: Option<(u32, u32)>,
+) -> io::Result<()> {
+    sys::symlinkat(&cname(target)?, dst, name)?;
+    if let Some((uid, gid)) = owner {
+        // SAFETY: fchownat on a name in a directory we hold, not following
+        // the link.
+        let r = unsafe {
+            libc::fchownat(
+                dst.as_raw_fd(),
+                name.as_ptr(),
+                uid,
+                gid,
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    sys::lutimensat(dst, name, st.mtime_ns)
 }
 
 /// Removes `name` in `dir` and, for a directory, everything under it.
@@ -236,16 +285,10 @@ impl Run<'_> {
 
     /// Mode, owner and mtime of an open destination entry.
     fn finish(&self, fd: BorrowedFd<'_>, st: &Stat) -> io::Result<()> {
-        if self.as_root {
-            let (uid, gid) = self.options.owner.unwrap_or((st.uid, st.gid));
-            // SAFETY: fchown on a descriptor we hold.
-            let r = unsafe { libc::fchown(fd.as_raw_fd(), uid, gid) };
-            if r != 0 {
-                return Err(io::Error::last_os_error());
-            }
-        }
-        sys::fchmod(fd, st.perm())?;
-        sys::futimens(fd, st.mtime_ns)
+        let owner = self
+            .as_root
+            .then(|| self.options.owner.unwrap_or((st.uid, st.gid)));
+        set_attributes(fd, st, owner)
     }
 
     fn unchanged(&self, have: &Stat, want: &Stat) -> bool {
@@ -328,25 +371,10 @@ impl Run<'_> {
             }
             remove_at(dst, name)?;
         }
-        sys::symlinkat(&cname(&target)?, dst, name)?;
-        if self.as_root {
-            let (uid, gid) = self.options.owner.unwrap_or((st.uid, st.gid));
-            // SAFETY: fchownat on a name in a directory we hold, not
-            // following the link.
-            let r = unsafe {
-                libc::fchownat(
-                    dst.as_raw_fd(),
-                    name.as_ptr(),
-                    uid,
-                    gid,
-                    libc::AT_SYMLINK_NOFOLLOW,
-                )
-            };
-            if r != 0 {
-                return Err(io::Error::last_os_error());
-            }
-        }
-        sys::lutimensat(dst, name, st.mtime_ns)?;
+        let owner = self
+            .as_root
+            .then(|| self.options.owner.unwrap_or((st.uid, st.gid)));
+        make_symlink(&target, dst, name, st, owner)?;
         self.report.files += 1;
         Ok(())
     }
@@ -498,7 +526,7 @@ pub fn read_small(root: &Path, rel: &[u8], max: u64) -> io::Result<Option<Vec<u8
 /// Copies `len` bytes of `from` into the empty `to`: a clone where the
 /// filesystem shares extents (true), else in the kernel, else through a
 /// buffer (a filesystem with neither).
-fn copy_content(from: &File, to: &File, len: u64) -> io::Result<bool> {
+pub(crate) fn copy_content(from: &File, to: &File, len: u64) -> io::Result<bool> {
     if len == 0 {
         return Ok(false);
     }
@@ -531,41 +559,8 @@ fn copy_content(from: &File, to: &File, len: u64) -> io::Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testutil::describe_tree as tree;
     use std::os::unix::fs::{PermissionsExt, symlink};
-
-    fn tree(root: &Path) -> BTreeMap<String, String> {
-        let mut out = BTreeMap::new();
-        for entry in walk(root) {
-            let rel = entry.strip_prefix(root).unwrap().display().to_string();
-            let meta = std::fs::symlink_metadata(&entry).unwrap();
-            let what = if meta.is_symlink() {
-                format!("-> {}", std::fs::read_link(&entry).unwrap().display())
-            } else if meta.is_dir() {
-                format!("dir {:o}", meta.permissions().mode() & 0o7777)
-            } else if !meta.is_file() {
-                "special".to_string()
-            } else {
-                format!(
-                    "{:o} {:?}",
-                    meta.permissions().mode() & 0o7777,
-                    std::fs::read(&entry).unwrap()
-                )
-            };
-            out.insert(rel, what);
-        }
-        out
-    }
-
-    fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
-        let mut out = Vec::new();
-        for e in std::fs::read_dir(dir).unwrap().flatten() {
-            out.push(e.path());
-            if e.file_type().unwrap().is_dir() {
-                out.extend(walk(&e.path()));
-            }
-        }
-        out
-    }
 
     #[test]
     fn a_tree_is_mirrored_restored_and_limited_to_named_paths() {

@@ -1,17 +1,17 @@
 //! Work over many files on several threads: a sync's hashing, on either
 //! side (the scan that lists a tree, the apply that checks what it is
-//! about to overwrite).
+//! about to overwrite), and a checkpoint's copies.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// Runs `hash(buf, j)` for every `j` below `count` (files of `bytes` in
+/// Runs `work(buf, j)` for every `j` below `count` (files of `bytes` in
 /// all) and returns the results in that order: on several threads once
 /// there is real work, many files (per-file latency overlaps) or many bytes
 /// (hashing runs on several cores). Each thread reuses one read buffer.
-pub(crate) fn hash_in_parallel<T: Send>(
+pub(crate) fn in_parallel<T: Send>(
     count: usize,
     bytes: u64,
-    hash: impl Fn(&mut Vec<u8>, usize) -> T + Sync,
+    work: impl Fn(&mut Vec<u8>, usize) -> T + Sync,
 ) -> Vec<T> {
     let threads = if count >= 32 || (count >= 2 && bytes >= 16 << 20) {
         std::thread::available_parallelism()
@@ -24,7 +24,7 @@ pub(crate) fn hash_in_parallel<T: Send>(
     };
     if threads <= 1 {
         let mut buf = Vec::new();
-        return (0..count).map(|j| hash(&mut buf, j)).collect();
+        return (0..count).map(|j| work(&mut buf, j)).collect();
     }
     let next = AtomicUsize::new(0);
     let mut results: Vec<Option<T>> = (0..count).map(|_| None).collect();
@@ -39,7 +39,7 @@ pub(crate) fn hash_in_parallel<T: Send>(
                         if j >= count {
                             return done;
                         }
-                        done.push((j, hash(&mut buf, j)));
+                        done.push((j, work(&mut buf, j)));
                     }
                 })
             })

@@ -29,7 +29,7 @@ use crate::apply;
 use crate::cache::StatCache;
 use crate::chunk::{self, CHUNKED_MIN_SIZE};
 use crate::filter::{Filter, TEMP_PREFIX};
-use crate::parallel::hash_in_parallel;
+use crate::parallel::in_parallel;
 use crate::sys::{self, DirStream, Stat};
 
 #[derive(Debug, Clone)]
@@ -458,7 +458,7 @@ fn hash_entries(
 /// Hashes the files `jobs` (indices into `entries`), in order.
 fn run_jobs(root: &Path, entries: &[TreeEntry], stats: &[Stat], jobs: &[usize]) -> Vec<Hashed> {
     let bytes: u64 = jobs.iter().map(|&i| stats[i].size).sum();
-    hash_in_parallel(jobs.len(), bytes, |buf, j| {
+    in_parallel(jobs.len(), bytes, |buf, j| {
         let i = jobs[j];
         hash_one(root, &entries[i].path, &stats[i], buf)
     })

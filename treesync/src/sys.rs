@@ -239,6 +239,26 @@ pub(crate) fn renameat(
     Ok(())
 }
 
+/// A hard link at `to`/`to_name` to `from`/`from_name`, never following a
+/// final symlink.
+pub(crate) fn linkat(
+    from: BorrowedFd<'_>,
+    from_name: &CStr,
+    to: BorrowedFd<'_>,
+    to_name: &CStr,
+) -> io::Result<()> {
+    cvt(unsafe {
+        libc::linkat(
+            from.as_raw_fd(),
+            from_name.as_ptr(),
+            to.as_raw_fd(),
+            to_name.as_ptr(),
+            0,
+        )
+    })?;
+    Ok(())
+}
+
 pub(crate) fn symlinkat(target: &CStr, dir: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
     cvt(unsafe { libc::symlinkat(target.as_ptr(), dir.as_raw_fd(), name.as_ptr()) })?;
     Ok(())

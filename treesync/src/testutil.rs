@@ -1,5 +1,7 @@
 //! Helpers shared by the unit tests.
 
+use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 /// A directory under the system's temp dir, removed (with everything in it)
@@ -38,5 +40,41 @@ pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
         out.extend_from_slice(&x.to_le_bytes());
     }
     out.truncate(len);
+    out
+}
+
+/// Each entry under `root` by relative path: a directory's mode, a file's
+/// mode and bytes, a symlink's target; "special" for anything else.
+pub fn describe_tree(root: &Path) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for entry in walk(root) {
+        let rel = entry.strip_prefix(root).unwrap().display().to_string();
+        let meta = std::fs::symlink_metadata(&entry).unwrap();
+        let what = if meta.is_symlink() {
+            format!("-> {}", std::fs::read_link(&entry).unwrap().display())
+        } else if meta.is_dir() {
+            format!("dir {:o}", meta.permissions().mode() & 0o7777)
+        } else if !meta.is_file() {
+            "special".to_string()
+        } else {
+            format!(
+                "{:o} {:?}",
+                meta.permissions().mode() & 0o7777,
+                std::fs::read(&entry).unwrap()
+            )
+        };
+        out.insert(rel, what);
+    }
+    out
+}
+
+fn walk(dir: &Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        out.push(e.path());
+        if e.file_type().unwrap().is_dir() {
+            out.extend(walk(&e.path()));
+        }
+    }
     out
 }

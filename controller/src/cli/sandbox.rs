@@ -115,8 +115,8 @@ pub(super) async fn sandbox_cli(fleet: &Fleet, action: SandboxAction) -> Result<
                 .map_err(msg)?;
             println!("{}", c.checkpoint);
             println!(
-                "  {} files, {} bytes, {} ms",
-                c.copy.files, c.copy.bytes, c.copy.took_ms
+                "  {} files ({} unchanged since the checkpoint before), {} bytes, {} ms",
+                c.copy.files, c.copy.unchanged, c.copy.bytes, c.copy.took_ms
             );
         }
         SandboxAction::Checkpoints { name } => {

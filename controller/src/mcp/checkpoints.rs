@@ -47,7 +47,8 @@ pub struct PauseParams {
 }
 
 /// A checkpoint made: its name, files and bytes, how many share content
-/// copy-on-write, what was left out (fifos, sockets, devices).
+/// copy-on-write or are unchanged since the checkpoint before (and share
+/// its copy), what was left out (fifos, sockets, devices).
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct CheckpointResult {
     pub checkpoint: String,
@@ -55,6 +56,8 @@ pub struct CheckpointResult {
     pub bytes: u64,
     #[serde(skip_serializing_if = "is_zero")]
     pub copy_on_write: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub unchanged: u64,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub skipped: Vec<String>,
     pub took_ms: u64,
@@ -135,6 +138,7 @@ impl From<CheckpointView> for CheckpointResult {
             files: v.copy.files,
             bytes: v.copy.bytes,
             copy_on_write: v.copy.copy_on_write,
+            unchanged: v.copy.unchanged,
             skipped: v.copy.skipped,
             took_ms: v.copy.took_ms,
         }

@@ -27,14 +27,17 @@ pub struct CheckpointView {
 }
 
 /// What a copy did: files (and symlinks) written, their bytes, how many
-/// share their content copy-on-write, entries removed, and what was left
-/// out (fifos, sockets, devices).
+/// share their content copy-on-write, how many a checkpoint shares with the
+/// one before (unchanged since), entries removed, and what was left out
+/// (fifos, sockets, devices).
 #[derive(Debug, Clone, Serialize)]
 pub struct CopyView {
     pub files: u64,
     pub bytes: u64,
     #[serde(skip_serializing_if = "is_zero")]
     pub copy_on_write: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub unchanged: u64,
     #[serde(skip_serializing_if = "is_zero")]
     pub removed: u64,
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -52,6 +55,7 @@ impl From<CopyReport> for CopyView {
             files: r.files,
             bytes: r.bytes,
             copy_on_write: r.cloned,
+            unchanged: r.unchanged,
             removed: r.removed,
             skipped: r.skipped,
             took_ms: r.took_ms,

@@ -1,9 +1,10 @@
 //! Checkpoints of a sandbox's work dir, their restore and diff, and forks.
 //!
-//! A checkpoint is `meta/checkpoints/<n>/tree`, a mirror of `work` taken
+//! A checkpoint is `meta/checkpoints/<n>/tree`, a copy of `work` taken
 //! with the sandbox's commands frozen ([`super::pause::Frozen`]), shared
-//! copy-on-write where the filesystem allows and copied otherwise (see
-//! [`outpost_treesync::mirror`]), and `info.json`. It is made under a
+//! copy-on-write where the filesystem allows and copied otherwise, its
+//! files unchanged since the latest checkpoint hard-linked to that one's
+//! (see [`outpost_treesync::snapshot`]), and `info.json`. It is made under a
 //! temporary name and renamed into place, so a failed one leaves nothing
 //! that lists. `meta/` is never bound into the sandbox: nothing it runs can
 //! change a checkpoint. A restore mirrors a checkpoint back, all of it or
@@ -18,6 +19,7 @@ use outpost_protocol::{
     AgentError, Change, CheckpointInfo, CopyReport, ErrorKind, PathChange, Response, SandboxSpec,
 };
 use outpost_treesync::mirror::{self, Difference, MirrorOptions, MirrorReport};
+use outpost_treesync::snapshot::{Earlier, snapshot};
 use serde::{Deserialize, Serialize};
 
 use super::pause::Frozen;
@@ -63,6 +65,7 @@ fn report(r: MirrorReport, started: Instant) -> CopyReport {
         files: r.files,
         bytes: r.bytes,
         cloned: r.cloned,
+        unchanged: r.linked,
         removed: r.removed,
         skipped: r.skipped,
         took_ms: started.elapsed().as_millis() as u64,
@@ -130,14 +133,20 @@ pub fn create(id: &str, label: Option<String>) -> Result<Response, AgentError> {
         ));
     }
     let number = have.last().map_or(1, |n| n + 1);
+    // The latest checkpoint: what is unchanged since is linked to its copy.
+    let latest = have.last().and_then(|&n| stored(&dirs, n).ok());
     let partial = root.join(format!(".{number}.partial"));
     let _ = fs::remove_dir_all(&partial);
     let result = (|| {
         make_dir_all(&partial.join(TREE)).map_err(|e| internal(&dirs, e))?;
         let started = Instant::now();
         let taken_ns = now_ns();
+        let earlier_tree = latest.as_ref().map(|(then, tree)| Earlier {
+            tree,
+            unchanged_before_ns: then.taken_ns - CLOCK_SLACK_NS,
+        });
         let frozen = Frozen::new(&dirs)?;
-        let copied = mirror::mirror(&dirs.work(), &partial.join(TREE), &MirrorOptions::default())
+        let copied = snapshot(&dirs.work(), &partial.join(TREE), earlier_tree)
             .map_err(|e| internal(&dirs, format!("checkpoint failed: {e}")))?;
         drop(frozen);
         let info = CheckpointInfo {

@@ -120,7 +120,7 @@ pub fn describe_files(
         }
         out.read += to_read.len();
         let bytes = to_read.iter().map(|(_, _, st)| st.size).sum();
-        let read = hash_in_parallel(to_read.len(), bytes, |buf, j| {
+        let read = in_parallel(to_read.len(), bytes, |buf, j| {
             let (_, file, st) = &to_read[j];
             read_whole(file, st, buf)
         });
