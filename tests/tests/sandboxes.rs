@@ -558,6 +558,16 @@ async fn contain_and_expire(env: &[(&'static str, String)], as_root: bool) {
                 let uid: u64 = r["stdout"].as_str().unwrap().trim().parse().unwrap_or(0);
                 assert!(uid >= 1_900_000_000, "{isolation}: {r}");
                 assert_ne!(r["exit_code"], 0, "read /etc/shadow: {r}");
+                // Born in the sandbox's cgroup, which holds its limits.
+                let r = sh("cat /proc/self/cgroup".into()).await;
+                let id = name.rsplit('/').next().unwrap();
+                assert!(
+                    r["stdout"]
+                        .as_str()
+                        .unwrap()
+                        .contains(&format!("/outpost-{id}\n")),
+                    "{isolation}: not in its cgroup: {r}"
+                );
             }
             let r = sh(connect.clone()).await;
             assert_ne!(r["exit_code"], 0, "{isolation} reached the network: {r}");

@@ -467,11 +467,15 @@ fn same_entry(
     same_content(a, b, name)
 }
 
-/// Whether `name` holds the same bytes in both directories.
+/// Whether `name` holds the same bytes in both directories: the same
+/// blocks on disk, or else byte for byte.
 fn same_content(a: BorrowedFd<'_>, b: BorrowedFd<'_>, name: &CStr) -> io::Result<bool> {
     let flags = libc::O_RDONLY | libc::O_NOFOLLOW;
     let mut fa = File::from(sys::openat(a, name, flags, 0)?);
     let mut fb = File::from(sys::openat(b, name, flags, 0)?);
+    if sys::same_extents(fa.as_fd(), fb.as_fd()) {
+        return Ok(true);
+    }
     let (mut ba, mut bb) = (vec![0u8; 1 << 16], vec![0u8; 1 << 16]);
     loop {
         let n = read_full(&mut fa, &mut ba)?;
@@ -662,6 +666,42 @@ mod tests {
             Some(&b"abd"[..])
         );
         assert_eq!(read_small(&now, b"d/edit", 2).unwrap(), None);
+        let _ = std::fs::remove_dir_all(&base);
+    }
+
+    /// A reflinked copy compares equal without reading where the filesystem
+    /// shares blocks (XFS, btrfs: set OUTPOST_TEST_SCRATCH to one), and by
+    /// bytes elsewhere; an unflushed write to the copy is always a change.
+    #[test]
+    fn a_shared_copy_is_the_same_until_written() {
+        let base = std::env::var_os("OUTPOST_TEST_SCRATCH")
+            .map_or_else(std::env::temp_dir, std::path::PathBuf::from)
+            .join(format!("outpost-extents-{}", std::process::id()));
+        let (a, b) = (base.join("a"), base.join("b"));
+        std::fs::create_dir_all(&a).unwrap();
+        std::fs::create_dir_all(&b).unwrap();
+        std::fs::write(a.join("f"), crate::testutil::pseudo_random(3 << 20, 7)).unwrap();
+        let (fa, fb) = (
+            sys::open_path(&a, DIR_FLAGS, 0).unwrap(),
+            sys::open_path(&b, DIR_FLAGS, 0).unwrap(),
+        );
+        let name = cname(b"f").unwrap();
+        let report = mirror(&a, &b, &MirrorOptions::default()).unwrap();
+        let shared = || {
+            let (x, y) = (
+                File::open(a.join("f")).unwrap(),
+                File::open(b.join("f")).unwrap(),
+            );
+            sys::same_extents(x.as_fd(), y.as_fd())
+        };
+        // Where the copy is a reflink, the blocks tell; elsewhere they never
+        // do.
+        assert_eq!(shared(), report.cloned == 1);
+        assert!(same_content(fa.as_fd(), fb.as_fd(), &name).unwrap());
+        let copy = File::options().write(true).open(b.join("f")).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&copy, b"x", 2 << 20).unwrap();
+        assert!(!shared());
+        assert!(!same_content(fa.as_fd(), fb.as_fd(), &name).unwrap());
         let _ = std::fs::remove_dir_all(&base);
     }
 }

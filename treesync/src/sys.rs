@@ -515,3 +515,88 @@ impl Drop for DirStream {
 pub(crate) fn is_errno(err: &io::Error, errno: libc::c_int) -> bool {
     err.raw_os_error() == Some(errno)
 }
+
+/// `_IOWR('f', 11, struct fiemap)`.
+const FS_IOC_FIEMAP: libc::c_ulong = 0xC020_660B;
+const FIEMAP_FLAG_SYNC: u32 = 0x1;
+const FIEMAP_EXTENT_LAST: u32 = 0x1;
+/// Extents whose place on disk is not known or not theirs alone to read:
+/// unknown, delayed allocation, encoded, inline data, packed tails.
+const FIEMAP_EXTENT_UNCERTAIN: u32 = 0x2 | 0x4 | 0x8 | 0x200 | 0x400;
+const FIEMAP_EXTENT_SHARED: u32 = 0x2000;
+/// Extents asked for at once; a file with more is compared by content.
+const FIEMAP_MAX_EXTENTS: usize = 256;
+
+#[repr(C)]
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
+struct FiemapExtent {
+    logical: u64,
+    physical: u64,
+    length: u64,
+    reserved64: [u64; 2],
+    flags: u32,
+    reserved: [u32; 3],
+}
+
+#[repr(C)]
+struct Fiemap {
+    start: u64,
+    length: u64,
+    flags: u32,
+    mapped_extents: u32,
+    extent_count: u32,
+    reserved: u32,
+    extents: [FiemapExtent; FIEMAP_MAX_EXTENTS],
+}
+
+/// The file's extents (flushed first with `sync`); None when the
+/// filesystem cannot map them or there are more than fit.
+fn fiemap(fd: BorrowedFd<'_>, sync: bool) -> Option<Vec<FiemapExtent>> {
+    let mut map = Box::new(Fiemap {
+        start: 0,
+        length: u64::MAX,
+        flags: if sync { FIEMAP_FLAG_SYNC } else { 0 },
+        mapped_extents: 0,
+        extent_count: FIEMAP_MAX_EXTENTS as u32,
+        reserved: 0,
+        extents: [FiemapExtent::default(); FIEMAP_MAX_EXTENTS],
+    });
+    // SAFETY: the kernel writes at most `extent_count` extents into the
+    // buffer, which holds that many.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), FS_IOC_FIEMAP as _, &mut *map as *mut Fiemap) } != 0 {
+        return None;
+    }
+    let found = map.extents[..(map.mapped_extents as usize).min(FIEMAP_MAX_EXTENTS)].to_vec();
+    let complete = found
+        .last()
+        .is_none_or(|e| e.flags & FIEMAP_EXTENT_LAST != 0);
+    complete.then_some(found)
+}
+
+/// Whether two files of the same size provably hold the same bytes because
+/// they share every block on disk (one is a reflink copy of the other, as
+/// a restore writes them): a comparison without reading. False when it
+/// cannot tell. Files with no shared block cost one look each, and are
+/// not flushed.
+pub(crate) fn same_extents(a: BorrowedFd<'_>, b: BorrowedFd<'_>) -> bool {
+    let shares = |fd| {
+        fiemap(fd, false).is_some_and(|x| x.iter().any(|e| e.flags & FIEMAP_EXTENT_SHARED != 0))
+    };
+    if !shares(a) || !shares(b) {
+        return false;
+    }
+    // Flushed: data not yet written back still has its old blocks mapped.
+    let certain = |fd| {
+        fiemap(fd, true)
+            .filter(|x| x.iter().all(|e| e.flags & FIEMAP_EXTENT_UNCERTAIN == 0))
+            .map(|x| {
+                x.iter()
+                    .map(|e| (e.logical, e.physical, e.length))
+                    .collect::<Vec<_>>()
+            })
+    };
+    match (certain(a), certain(b)) {
+        (Some(x), Some(y)) => !x.is_empty() && x == y,
+        _ => false,
+    }
+}

@@ -1,13 +1,17 @@
-//! `outpost-agent enter <sandbox dir> <cwd> -- PROGRAM ARGS…`: becomes
-//! PROGRAM inside the sandbox, in `cwd` as the sandbox sees it. Every command and job of a sandbox starts through
-//! it (see [`super::Scope::command`]).
+//! `outpost-agent enter <sandbox dir> <cwd> -- PROGRAM ARGS…`: runs PROGRAM
+//! inside the sandbox, in `cwd` as the sandbox sees it. Every command and
+//! job of a sandbox starts through it (see [`super::Scope::command`]).
 //!
-//! It joins the sandbox's cgroups, becomes its uid when the agent is root
-//! (see `crate::account`), then, by rung: under bwrap it enters the
-//! holder's namespaces, forks (a pid namespace applies to children) and
-//! waits for the child, passing its exit status on; under Landlock it
-//! restricts itself and execs; in a plain workspace it just execs. It runs
-//! single-threaded from `main`, as joining a user namespace requires.
+//! Where the sandbox has cgroups (the agent is root), the command is forked
+//! into them ([`CgroupEntry`]) and `enter` waits for it, passing its exit
+//! status on and forwarding the signals a supervisor sends. Then, by rung:
+//! under bwrap it joins the holder's namespaces (root joins all but the
+//! user namespaces itself, and the child joins those as the sandbox's uid,
+//! so root stays outside; otherwise `enter` joins them all) and always
+//! forks, as a pid namespace applies to children; under Landlock it becomes
+//! the sandbox's uid and restricts itself; in a plain workspace nothing
+//! more. Without a cgroup and bwrap, `enter` becomes the command (exec). It
+//! runs single-threaded from `main`, as joining a user namespace requires.
 //! Failures exit 125 with a message on stderr, as `env` and `docker` do.
 
 use std::os::unix::process::CommandExt;
@@ -20,6 +24,7 @@ use outpost_protocol::Isolation;
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 
+use super::cgroup_entry::CgroupEntry;
 use super::isolation::{self, Namespaces};
 use super::limits;
 use super::ruleset;
@@ -66,9 +71,12 @@ fn run(dir: &Path, cwd: &Path, argv: &[String]) -> Result<i32, String> {
     let record = dirs
         .record()
         .ok_or_else(|| format!("cannot read sandbox {id}"))?;
-    limits::join(&setup.cgroups).map_err(|e| format!("cannot join the sandbox's cgroup: {e}"))?;
+    let cgroups = CgroupEntry::open(&setup.cgroups)
+        .map_err(|e| format!("cannot open the sandbox's cgroup: {e}"))?;
     let mut command = Command::new(program);
     command.args(args).env_clear().envs(command_env(id));
+    // SAFETY: geteuid and getpid cannot fail.
+    let (as_root, parent) = unsafe { (libc::geteuid() == 0, libc::getpid()) };
     match setup.isolation {
         Isolation::Bwrap => {
             let holder = setup
@@ -78,35 +86,33 @@ fn run(dir: &Path, cwd: &Path, argv: &[String]) -> Result<i32, String> {
                 .ok_or_else(|| format!("sandbox {id}'s bwrap is not running"))?;
             let ns = Namespaces::open(holder.pid)
                 .map_err(|e| format!("cannot open the sandbox's namespaces: {e}"))?;
-            // As its own uid, as the holder is: the namespaces are that
-            // uid's to join, and root stays outside.
-            become_its_account(&record)?;
-            ns.enter()
-                .map_err(|e| format!("cannot enter the sandbox's namespaces: {e}"))?;
-            drop(ns);
-            // SAFETY: single-threaded; the child only execs or exits.
-            let child = unsafe { libc::fork() };
-            if child == -1 {
-                return Err(format!("fork: {}", std::io::Error::last_os_error()));
-            }
+            let entered = if as_root {
+                // Root joins all but the user namespaces itself and forks
+                // the child into the cgroup, which the child could not
+                // enter as the sandbox's uid; the child then becomes that
+                // uid and joins the user namespaces (root stays outside).
+                ns.enter_others()
+            } else {
+                ns.enter()
+            };
+            entered.map_err(|e| format!("cannot enter the sandbox's namespaces: {e}"))?;
+            let child = cgroups.fork().map_err(|e| format!("fork: {e}"))?;
             if child == 0 {
-                // The command dies with `enter`: whoever ends `enter` (a
-                // timeout, a cancel, a code context's restart) ends it too,
-                // though it lives in a pid namespace the killer cannot see.
-                // Its parent is outside that namespace (getppid is 0); a
-                // parent already gone shows as the namespace's init.
-                // SAFETY: prctl and getppid are plain syscalls.
-                if unsafe {
-                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 || libc::getppid() != 0
-                } {
-                    // SAFETY: leave without running the parent's destructors.
-                    unsafe { libc::_exit(FAILED) };
+                if as_root
+                    && let Err(e) = become_its_account(&record).and_then(|()| {
+                        ns.enter_user()
+                            .map_err(|e| format!("cannot enter the sandbox's namespaces: {e}"))
+                    })
+                {
+                    child_failed(&e);
                 }
-                let e = become_command(&mut command, cwd, setup.nproc, true);
-                eprintln!("outpost-agent enter: {program}: {e}");
-                // SAFETY: leave without running the parent's destructors.
-                unsafe { libc::_exit(if e.contains("not found") { 127 } else { FAILED }) };
+                die_with(parent);
+                child_failed(&format!(
+                    "{program}: {}",
+                    become_command(&mut command, cwd, setup.nproc, true)
+                ));
             }
+            drop(ns);
             Ok(wait_for(child))
         }
         Isolation::Landlock => {
@@ -114,14 +120,72 @@ fn run(dir: &Path, cwd: &Path, argv: &[String]) -> Result<i32, String> {
             let prebuilt = dirs
                 .keeper()
                 .and_then(|k| ruleset::fetch(&dirs.meta().join(ruleset::SOCKET), k.pid));
-            become_its_account(&record)?;
-            match prebuilt {
-                Some(rules) => isolation::restrict(&rules, record.spec.network)?,
-                None => isolation::apply_landlock(&dirs, record.spec.network, &setup.hidden)?,
+            let restrict = || -> Result<(), String> {
+                become_its_account(&record)?;
+                match &prebuilt {
+                    Some(rules) => isolation::restrict(rules, record.spec.network),
+                    None => isolation::apply_landlock(&dirs, record.spec.network, &setup.hidden),
+                }
+            };
+            if cgroups.is_empty() {
+                restrict()?;
+                return Err(become_command(&mut command, cwd, None, false));
             }
-            Err(become_command(&mut command, cwd, None, false))
+            let child = cgroups.fork().map_err(|e| format!("fork: {e}"))?;
+            if child == 0 {
+                die_with(parent);
+                if let Err(e) = restrict() {
+                    child_failed(&e);
+                }
+                child_failed(&format!(
+                    "{program}: {}",
+                    become_command(&mut command, cwd, None, false)
+                ));
+            }
+            Ok(wait_for(child))
         }
-        _ => Err(become_command(&mut command, cwd, None, false)),
+        _ if cgroups.is_empty() => Err(become_command(&mut command, cwd, None, false)),
+        _ => {
+            let child = cgroups.fork().map_err(|e| format!("fork: {e}"))?;
+            if child == 0 {
+                die_with(parent);
+                child_failed(&format!(
+                    "{program}: {}",
+                    become_command(&mut command, cwd, None, false)
+                ));
+            }
+            Ok(wait_for(child))
+        }
+    }
+}
+
+/// In a child: dies with `enter`, so whoever ends `enter` (a timeout, a
+/// cancel, a code context's restart) ends the command too, though it may
+/// live in a pid namespace the killer cannot see. Its parent is `parent`,
+/// or, from inside that namespace, outside it (getppid is 0); a parent
+/// already gone shows as another.
+fn die_with(parent: libc::pid_t) {
+    // SAFETY: prctl and getppid are plain syscalls.
+    unsafe {
+        let ppid = libc::getppid();
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 || (ppid != 0 && ppid != parent)
+        {
+            libc::_exit(FAILED);
+        }
+    }
+}
+
+/// In a child: says why it could not become the command, and leaves
+/// without running the parent's destructors.
+fn child_failed(why: &str) -> ! {
+    eprintln!("outpost-agent enter: {why}");
+    // SAFETY: _exit ends the process at once.
+    unsafe {
+        libc::_exit(if why.contains("not found") {
+            127
+        } else {
+            FAILED
+        })
     }
 }
 

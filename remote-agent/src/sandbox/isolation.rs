@@ -370,46 +370,22 @@ impl Namespaces {
     /// single-threaded (a user namespace is only joined by one), and must
     /// fork afterwards for the pid namespace to apply to its child.
     pub fn enter(&self) -> std::io::Result<()> {
-        let set = |file: &File, flag| {
-            // SAFETY: plain syscall on an open namespace descriptor.
-            if unsafe { libc::setns(file.as_raw_fd(), flag) } == -1 {
-                let e = std::io::Error::last_os_error();
-                let name = match flag {
-                    libc::CLONE_NEWUSER => "user",
-                    libc::CLONE_NEWIPC => "ipc",
-                    libc::CLONE_NEWUTS => "uts",
-                    libc::CLONE_NEWNET => "net",
-                    libc::CLONE_NEWPID => "pid",
-                    _ => "mount",
-                };
-                Err(std::io::Error::new(
-                    e.kind(),
-                    format!("{name} namespace: {e}"),
-                ))
-            } else {
-                Ok(())
-            }
-        };
         // First the user namespace that owns the others: it grants the
         // right to join them. Unprivileged bwrap nests a second one for
         // the sandbox's own uid map; that one is joined last.
-        const NS_GET_USERNS: libc::c_ulong = 0xb701;
-        // SAFETY: ioctl on an open namespace descriptor; returns a new fd.
-        let owner = unsafe { libc::ioctl(self.mnt.as_raw_fd(), NS_GET_USERNS) };
-        let owner = if owner >= 0 {
-            // SAFETY: a descriptor the kernel just gave us.
-            Some(unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(owner) })
-        } else {
-            None
-        };
-        let inode = |f: &File| {
-            f.metadata()
-                .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
-        };
-        let first = owner.as_ref().unwrap_or(&self.user);
-        set(first, libc::CLONE_NEWUSER)?;
+        let owner = self.owner();
+        set_ns(owner.as_ref().unwrap_or(&self.user), libc::CLONE_NEWUSER)?;
+        self.enter_others()?;
+        self.enter_nested(owner.as_ref())
+    }
+
+    /// Root's part, before it forks: every namespace but the user ones,
+    /// which root has the right to join from outside, and the holder's
+    /// root as `/`. The child joins the user namespaces as the sandbox's
+    /// uid ([`Namespaces::enter_user`]).
+    pub fn enter_others(&self) -> std::io::Result<()> {
         for (file, flag) in &self.others {
-            set(file, *flag)?;
+            set_ns(file, *flag)?;
         }
         let dot = CString::new(".").expect("no NUL");
         // SAFETY: plain syscalls; `root` is an open directory.
@@ -418,11 +394,58 @@ impl Namespaces {
                 return Err(std::io::Error::last_os_error());
             }
         }
-        if inode(first)? != inode(&self.user)? {
-            set(&self.user, libc::CLONE_NEWUSER)?;
-        }
         Ok(())
     }
+
+    /// The user namespaces, after [`Namespaces::enter_others`].
+    pub fn enter_user(&self) -> std::io::Result<()> {
+        let owner = self.owner();
+        set_ns(owner.as_ref().unwrap_or(&self.user), libc::CLONE_NEWUSER)?;
+        self.enter_nested(owner.as_ref())
+    }
+
+    /// The user namespace that owns the mount namespace, where it is not
+    /// the holder's own.
+    fn owner(&self) -> Option<File> {
+        const NS_GET_USERNS: libc::c_ulong = 0xb701;
+        // SAFETY: ioctl on an open namespace descriptor; returns a new fd.
+        let owner = unsafe { libc::ioctl(self.mnt.as_raw_fd(), NS_GET_USERNS) };
+        // SAFETY: a descriptor the kernel just gave us.
+        (owner >= 0).then(|| unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(owner) })
+    }
+
+    fn enter_nested(&self, owner: Option<&File>) -> std::io::Result<()> {
+        let inode = |f: &File| {
+            f.metadata()
+                .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+        };
+        match owner {
+            Some(first) if inode(first)? != inode(&self.user)? => {
+                set_ns(&self.user, libc::CLONE_NEWUSER)
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+fn set_ns(file: &File, flag: libc::c_int) -> std::io::Result<()> {
+    // SAFETY: plain syscall on an open namespace descriptor.
+    if unsafe { libc::setns(file.as_raw_fd(), flag) } != -1 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    let name = match flag {
+        libc::CLONE_NEWUSER => "user",
+        libc::CLONE_NEWIPC => "ipc",
+        libc::CLONE_NEWUTS => "uts",
+        libc::CLONE_NEWNET => "net",
+        libc::CLONE_NEWPID => "pid",
+        _ => "mount",
+    };
+    Err(std::io::Error::new(
+        e.kind(),
+        format!("{name} namespace: {e}"),
+    ))
 }
 
 /// Drops every capability (the user namespace joined grants them all) and

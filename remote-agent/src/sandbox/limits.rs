@@ -284,20 +284,6 @@ pub fn probe() -> String {
     "no cgroup (made only as root): pids by rlimit under bwrap, memory and disk by the keeper's watchdog, cpus not enforced".into()
 }
 
-/// Puts this process into the sandbox's cgroups.
-pub fn join(cgroups: &[PathBuf]) -> std::io::Result<()> {
-    let me = std::process::id().to_string();
-    for dir in cgroups {
-        if !write(dir, "cgroup.procs", &me) {
-            return Err(std::io::Error::other(format!(
-                "cannot join {}",
-                dir.display()
-            )));
-        }
-    }
-    Ok(())
-}
-
 /// Every process in the sandbox's cgroups.
 pub fn cgroup_members(cgroups: &[PathBuf]) -> HashSet<i32> {
     cgroups

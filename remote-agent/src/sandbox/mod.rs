@@ -19,6 +19,7 @@
 //! its keeper finds and ends it whatever rung applies; under bwrap all of
 //! them also live in the holder's pid namespace, which dies with the keeper.
 
+pub mod cgroup_entry;
 pub mod checkpoint;
 pub mod egress;
 pub mod enter;

@@ -162,22 +162,23 @@ pub(crate) async fn checkpoints() {
     for i in 0..20 {
         let marker = format!("key{i}");
         let t = Instant::now();
-        tool(
+        let sent = tool(
             &client,
             "send_terminal",
             json!({"terminal": terminal, "text": marker, "wait_ms": 0}),
         )
         .await;
-        loop {
+        // The echo may be on the screen the send answers with already;
+        // then a read would wait for output after it.
+        let mut screen = sent["screen"].as_str().unwrap().to_string();
+        while !screen.contains(&marker) {
             let r = tool(
                 &client,
                 "read_terminal",
                 json!({"terminal": terminal, "wait_ms": 1000}),
             )
             .await;
-            if r["screen"].as_str().unwrap().contains(&marker) {
-                break;
-            }
+            screen = r["screen"].as_str().unwrap().to_string();
         }
         took.push(t.elapsed());
     }

@@ -8,6 +8,9 @@ use serde_json::json;
 
 use crate::{Client, EXEC_ROUNDS, exec_true_in, mcp_client, median, ms, pct, tool, write_config};
 
+const IDLE_ROUNDS: usize = 15;
+const IDLE: std::time::Duration = std::time::Duration::from_millis(200);
+
 pub(crate) async fn sandboxes() {
     const CREATE_ROUNDS: usize = 10;
     let sshd = Sshd::start();
@@ -101,6 +104,16 @@ pub(crate) async fn sandboxes() {
         root_host.push(exec_true_in(&client, "root0", "true", 10).await);
         root_inside.push(exec_true_in(&client, &root_bwrap, "true", 10).await);
     }
+    // What an agent's commands meet: each after a pause (the model
+    // thinking), when moving a process into a cgroup would cost most (see
+    // the agent's sandbox/cgroup_entry.rs).
+    let (mut idle_host, mut idle_inside) = (Vec::new(), Vec::new());
+    for _ in 0..IDLE_ROUNDS {
+        tokio::time::sleep(IDLE).await;
+        idle_host.push(exec_true_in(&client, "bench0", "true", 1).await);
+        tokio::time::sleep(IDLE).await;
+        idle_inside.push(exec_true_in(&client, &root_bwrap, "true", 1).await);
+    }
     let (host, inside, ll, fresh) = (median(host), median(inside), median(ll), median(fresh));
     let (root_host, root_inside) = (median(root_host), median(root_inside));
     for name in [&bwrap, &landlock, &root_bwrap] {
@@ -154,6 +167,15 @@ pub(crate) async fn sandboxes() {
         ms(root_inside),
         ms(root_inside.saturating_sub(host)),
         ms(root_host)
+    );
+    let (idle_root_host, idle_root_inside) = (median(idle_host), median(idle_inside.clone()));
+    println!(
+        "  as root, each after {} ms idle: in bwrap median {}  p90 {}  (+{} over the login's host exec after the same, {})",
+        IDLE.as_millis(),
+        ms(idle_root_inside),
+        ms(pct(idle_inside, 0.9)),
+        ms(idle_root_inside.saturating_sub(idle_root_host)),
+        ms(idle_root_host)
     );
     println!(
         "  exec_bash(a new bwrap per command)       median {}  (+{})",
