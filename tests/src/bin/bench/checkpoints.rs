@@ -82,6 +82,7 @@ pub(crate) async fn checkpoints() {
     );
 
     run("for d in $(seq 0 9); do echo x >> d$d/f1.txt; rm d$d/f2.txt; done; printf y | dd of=big0 bs=1 seek=7 conv=notrunc status=none").await;
+    settle();
     let t = Instant::now();
     let r = tool(
         &client,
@@ -112,6 +113,7 @@ pub(crate) async fn checkpoints() {
     .await;
     println!("diff with nothing changed: {}", ms(t.elapsed()));
 
+    settle();
     let t = Instant::now();
     let fork = tool(&client, "fork_sandbox", json!({"sandbox_name": name})).await;
     println!("fork of the same sandbox: {}", ms(t.elapsed()));
