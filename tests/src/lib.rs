@@ -55,6 +55,17 @@ pub fn skip(what: &str) {
     eprintln!("skipped: {what}");
 }
 
+/// A directory on a filesystem that shares extents (`FICLONE`), which
+/// scripts/test mounts (an XFS on a loop device) and names in
+/// `OUTPOST_TEST_REFLINK_DIR`; None, after [`skip`], without one.
+pub fn reflink_dir() -> Option<PathBuf> {
+    let dir = std::env::var_os("OUTPOST_TEST_REFLINK_DIR").map(PathBuf::from);
+    if dir.is_none() {
+        skip("no filesystem with reflink (OUTPOST_TEST_REFLINK_DIR; scripts/test mounts one)");
+    }
+    dir
+}
+
 /// The `node_modules` where scripts/setup-test-env installs Node 22 and the
 /// npm packages the tests drive (the Inspector, Claude Code, Playwright).
 pub fn node_modules() -> PathBuf {

@@ -1,8 +1,9 @@
 //! Undo and branch through MCP over stdio, on the `local` host: a
 //! checkpoint of a 10,000-file, 1 GiB work dir, its diff, a restore of one
 //! path and of the whole tree (byte-identical), later checkpoints that share
-//! what did not change, a checkpoint taken while a
-//! process writes, pause and resume, and a fork that goes its own way.
+//! what did not change, copy-on-write where the filesystem can, a
+//! checkpoint taken while a process writes, pause and resume, and a fork
+//! that goes its own way.
 
 mod common;
 
@@ -225,6 +226,76 @@ async fn a_checkpoint_restores_a_big_work_dir_exactly_and_names_what_changed() {
         assert!(err, "{args}: {r}");
         assert!(r.to_string().contains(wanted), "{args}: {r}");
     }
+    let (err, r) = call(&client, "delete_sandbox", json!({"sandbox_name": name})).await;
+    assert!(!err, "{r}");
+    client.cancel().await.unwrap();
+}
+
+/// Where the filesystem shares extents (the XFS scripts/test mounts): a
+/// checkpoint shares every file copy-on-write, the next one every file
+/// unchanged since, and a restore puts back exactly what changed, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoints_share_blocks_where_the_filesystem_can() {
+    let Some(root) = outpost_e2e::reflink_dir() else {
+        return;
+    };
+    let state = root.join(format!("outpost-checkpoints-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&state);
+    std::fs::create_dir_all(&state).unwrap();
+    struct Gone(PathBuf);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _gone = Gone(state.clone());
+    let (client, _home) = start(&[("OUTPOST_STATE_DIR", state.display().to_string())]).await;
+    let (err, made) = call(
+        &client,
+        "create_sandbox",
+        json!({"host": "local", "isolation": "none", "ttl_s": 600}),
+    )
+    .await;
+    assert!(!err, "{made}");
+    let name = made["sandbox_name"].as_str().unwrap().to_string();
+    let work = made["work_dir"].as_str().unwrap().to_string();
+    assert!(work.starts_with(&state.display().to_string()), "{made}");
+    exec(
+        &client,
+        &name,
+        "for i in $(seq 100); do echo file $i > f$i; done; head -c 67108864 /dev/urandom > big",
+    )
+    .await;
+    let before = common::snapshot(Path::new(&work));
+
+    let (err, first) = call(&client, "checkpoint_sandbox", json!({"sandbox_name": name})).await;
+    assert!(!err, "{first}");
+    assert_eq!(first["files"], 101, "{first}");
+    assert_eq!(first["copy_on_write"], 101, "{first}");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    exec(
+        &client,
+        &name,
+        "echo more >> f1; printf y | dd of=big bs=1 seek=5 conv=notrunc status=none",
+    )
+    .await;
+    let (err, second) = call(&client, "checkpoint_sandbox", json!({"sandbox_name": name})).await;
+    assert!(!err, "{second}");
+    assert_eq!(second["unchanged"], 99, "{second}");
+    assert_eq!(second["copy_on_write"], 2, "{second}");
+
+    let id = first["checkpoint"].as_str().unwrap();
+    let (err, r) = call(&client, "restore_checkpoint", json!({"checkpoint": id})).await;
+    assert!(!err, "{r}");
+    assert_eq!(r["files"], 2, "{r}");
+    assert_eq!(common::snapshot(Path::new(&work)), before);
+    // What that restore wrote back shares the checkpoint's blocks: the same.
+    let (err, r) = call(&client, "restore_checkpoint", json!({"checkpoint": id})).await;
+    assert!(!err, "{r}");
+    assert_eq!(r["files"], 0, "{r}");
+    let (err, r) = call(&client, "diff_checkpoint", json!({"checkpoint": id})).await;
+    assert!(!err, "{r}");
+    assert_eq!(r["changes"], json!([]), "{r}");
     let (err, r) = call(&client, "delete_sandbox", json!({"sandbox_name": name})).await;
     assert!(!err, "{r}");
     client.cancel().await.unwrap();

@@ -262,18 +262,25 @@ fn open_rel(root: BorrowedFd<'_>, rel: &[u8]) -> io::Result<OwnedFd> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testutil::{TempDir, describe_tree};
+    use crate::testutil::{TempDir, describe_tree, reflink_dir};
     use std::os::unix::ffi::OsStrExt;
     use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
 
     #[test]
     fn a_snapshot_copies_the_tree_and_links_only_what_is_unchanged() {
-        let base = TempDir::new();
-        let (src, one, two) = (
-            base.path().join("src"),
-            base.path().join("one"),
-            base.path().join("two"),
-        );
+        let plain = TempDir::new();
+        copies_and_links(plain.path(), false);
+        if let Some(dir) = reflink_dir() {
+            let base = dir.join(format!("outpost-snapshot-{:016x}", sys::random_u64()));
+            std::fs::create_dir(&base).unwrap();
+            copies_and_links(&base, true);
+            std::fs::remove_dir_all(&base).unwrap();
+        }
+    }
+
+    /// `reflink`: `base` shares extents, so every copied file must too.
+    fn copies_and_links(base: &Path, reflink: bool) {
+        let (src, one, two) = (base.join("src"), base.join("one"), base.join("two"));
         // Wide enough that the copies run on several threads.
         for d in 0..3 {
             std::fs::create_dir_all(src.join(format!("d{d}/deep"))).unwrap();
@@ -298,6 +305,10 @@ mod tests {
         assert_eq!(describe_tree(&one), want);
         assert_eq!(first.skipped, ["fifo (a fifo)"]);
         assert_eq!((first.files, first.linked), (63, 0));
+        if reflink {
+            // All but the symlink.
+            assert_eq!(first.cloned, 62, "{first:?}");
+        }
         for p in ["d1", "d0/deep", "d2/f3", "d2/link"] {
             assert_eq!(mtime(&one.join(p)), mtime(&src.join(p)), "{p}");
         }
@@ -330,6 +341,9 @@ mod tests {
         want.remove("fifo");
         assert_eq!(describe_tree(&two), want);
         assert_eq!((second.files, second.linked), (64, 60));
+        if reflink {
+            assert_eq!(second.cloned, 3, "{second:?}");
+        }
         let ino = |p: &Path| std::fs::symlink_metadata(p).unwrap().ino();
         assert_eq!(ino(&two.join("d2/f3")), ino(&one.join("d2/f3")));
         for p in ["d0/deep/edit", "same-size", "d2/link"] {

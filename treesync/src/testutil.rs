@@ -29,6 +29,24 @@ impl Drop for TempDir {
     }
 }
 
+/// A directory on a filesystem that shares extents (`FICLONE`), from
+/// `OUTPOST_TEST_REFLINK_DIR` (scripts/test mounts an XFS there). Without
+/// one a test of that sharing says so, and fails under CI.
+pub fn reflink_dir() -> Option<PathBuf> {
+    match std::env::var_os("OUTPOST_TEST_REFLINK_DIR") {
+        Some(dir) => Some(PathBuf::from(dir)),
+        None if std::env::var("CI").is_ok_and(|v| v == "true") => {
+            panic!(
+                "OUTPOST_TEST_REFLINK_DIR is not set: run the tests through scripts/test, which mounts an XFS for it"
+            )
+        }
+        None => {
+            eprintln!("no OUTPOST_TEST_REFLINK_DIR: copy-on-write left untested");
+            None
+        }
+    }
+}
+
 /// Deterministic incompressible bytes (xorshift), so tests need no RNG crate.
 pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
