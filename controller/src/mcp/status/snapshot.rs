@@ -84,13 +84,17 @@ impl Sampler {
     async fn collect(&self) -> Value {
         let rows = ops::sandboxes::hosts(&self.fleet, true, DEADLINE).await;
         let now = now_unix();
-        let mut hosts = Vec::new();
-        for row in rows {
-            let status = &row.status;
-            let jobs = match status.connection_alive {
-                true => self.jobs(&status.name, now).await,
+        // Every host's jobs at once: one slow host costs one deadline.
+        let all_jobs = futures::future::join_all(rows.iter().map(|row| async move {
+            match row.status.connection_alive {
+                true => self.jobs(&row.status.name, now).await,
                 false => Vec::new(),
-            };
+            }
+        }))
+        .await;
+        let mut hosts = Vec::new();
+        for (row, jobs) in rows.into_iter().zip(all_jobs) {
+            let status = &row.status;
             let point = status.resources.as_ref().map(|r| {
                 let gpus: Vec<Value> = r
                     .gpu
@@ -172,23 +176,34 @@ impl Sampler {
         let Ok(Ok((jobs, _))) = listed.await else {
             return Vec::new();
         };
-        let mut shown = Vec::new();
-        for job in jobs.into_iter().rev() {
-            let running = job.ended_unix.is_none();
-            if !running && job.ended_unix.is_some_and(|e| e + ENDED_SHOWN_S < now) {
-                continue;
-            }
-            let tail = match running {
-                true => tokio::time::timeout(
+        let shown_jobs: Vec<_> = jobs
+            .into_iter()
+            .rev()
+            .filter(|job| {
+                job.ended_unix
+                    .is_none_or(|ended| ended + ENDED_SHOWN_S >= now)
+            })
+            .collect();
+        // The running ones' log tails, asked at once.
+        let tails = futures::future::join_all(shown_jobs.iter().map(|job| {
+            let session = &session;
+            async move {
+                if job.ended_unix.is_some() {
+                    return String::new();
+                }
+                tokio::time::timeout(
                     DEADLINE,
-                    ops::jobs::tail(&session, &job.name, TAIL_LINES, 4096),
+                    ops::jobs::tail(session, &job.name, TAIL_LINES, 4096),
                 )
                 .await
                 .ok()
                 .and_then(Result::ok)
-                .unwrap_or_default(),
-                false => String::new(),
-            };
+                .unwrap_or_default()
+            }
+        }))
+        .await;
+        let mut shown = Vec::new();
+        for (job, tail) in shown_jobs.into_iter().zip(tails) {
             shown.push(json!({
                 "name": job.name,
                 "command": ops::audit::truncate(&job.command, 200),
