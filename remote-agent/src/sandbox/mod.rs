@@ -28,6 +28,7 @@ pub mod isolation;
 pub mod keeper;
 pub mod lifecycle;
 pub mod limits;
+pub mod listening;
 pub mod pause;
 pub mod ports;
 pub mod ruleset;
@@ -762,8 +763,8 @@ impl Scope {
 
     /// The ports it listens on before a command runs, to name those the
     /// command opened; only a sandbox with a network of its own has them.
-    pub fn listening(&self) -> Option<ports::Listening> {
-        ports::Listening::of(&self.setup, self.spec.network)
+    pub fn listening(&self) -> Option<listening::Listening> {
+        listening::Listening::of(&self.setup, self.spec.network)
     }
 
     /// The account (uid, gid) its commands run as, when it has one.

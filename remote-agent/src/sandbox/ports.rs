@@ -13,7 +13,7 @@
 //! directly; a connection that breaks is made again by the next one. All
 //! of it ends with the keeper.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::HashSet;
 use std::fs;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
@@ -211,55 +211,4 @@ pub fn relay(port: u16) -> i32 {
     unsafe { libc::shutdown(1, libc::SHUT_WR) };
     let _ = upstream.join();
     0
-}
-
-/// The ports a sandbox with a network namespace of its own (bwrap,
-/// `network: false`) listens on, read from its holder's `/proc/PID/net`:
-/// every socket there is the sandbox's.
-pub struct Listening {
-    holder: i32,
-    before: BTreeSet<u16>,
-}
-
-impl Listening {
-    pub fn of(setup: &Setup, network: bool) -> Option<Listening> {
-        if setup.isolation != Isolation::Bwrap || network {
-            return None;
-        }
-        let holder = setup.holder.as_ref()?.pid;
-        Some(Listening {
-            holder,
-            before: listening_in(holder),
-        })
-    }
-
-    /// The ports listening now that were not before.
-    pub fn opened(&self) -> Vec<u16> {
-        listening_in(self.holder)
-            .difference(&self.before)
-            .copied()
-            .collect()
-    }
-}
-
-/// `LISTEN` (state `0A`) TCP sockets in `pid`'s network namespace.
-fn listening_in(pid: i32) -> BTreeSet<u16> {
-    let mut out = BTreeSet::new();
-    for table in ["tcp", "tcp6"] {
-        let Ok(text) = fs::read_to_string(format!("/proc/{pid}/net/{table}")) else {
-            continue;
-        };
-        for line in text.lines().skip(1) {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            if fields.get(3) != Some(&"0A") {
-                continue;
-            }
-            let port = fields
-                .get(1)
-                .and_then(|local| local.rsplit_once(':'))
-                .and_then(|(_, port)| u16::from_str_radix(port, 16).ok());
-            out.extend(port);
-        }
-    }
-    out
 }

@@ -104,7 +104,7 @@ fn send_fd(stream: &UnixStream, fd: RawFd) -> io::Result<()> {
     Ok(())
 }
 
-fn receive_fd(stream: &UnixStream) -> Option<OwnedFd> {
+pub(super) fn receive_fd(stream: &UnixStream) -> Option<OwnedFd> {
     let mut one = OneFd::new();
     let mut msg = one.header();
     // SAFETY: recvmsg into `one`'s buffers; a descriptor received is ours.

@@ -79,6 +79,15 @@ pub(crate) async fn sandboxes() {
         json!({"host": "bench0", "isolation": "landlock"}),
     )
     .await;
+    // With no network: a namespace of its own, whose listening ports each
+    // command's result reports.
+    let offline = tool(
+        &client,
+        "create_sandbox",
+        json!({"host": "bench0", "isolation": "bwrap", "network": false}),
+    )
+    .await;
+    let offline = offline["sandbox_name"].as_str().unwrap().to_string();
     let root_bwrap = tool(
         &client,
         "create_sandbox",
@@ -93,12 +102,13 @@ pub(crate) async fn sandboxes() {
     let per_command = "bwrap --unshare-user --unshare-pid --unshare-ipc --unshare-uts --die-with-parent \
         --new-session --ro-bind / / --dev /dev --proc /proc --tmpfs /tmp -- true";
     // Interleaved, so drift hits all alike.
-    let (mut host, mut inside, mut ll, mut fresh) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut host, mut inside, mut ll, mut fresh, mut no_net) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut root_host, mut root_inside) = (Vec::new(), Vec::new());
     for _ in 0..EXEC_ROUNDS / 10 {
         host.push(exec_true_in(&client, "bench0", "true", 10).await);
         inside.push(exec_true_in(&client, &bwrap, "true", 10).await);
+        no_net.push(exec_true_in(&client, &offline, "true", 10).await);
         ll.push(exec_true_in(&client, &landlock, "true", 10).await);
         fresh.push(exec_true_in(&client, "bench0", per_command, 10).await);
         root_host.push(exec_true_in(&client, "root0", "true", 10).await);
@@ -115,8 +125,9 @@ pub(crate) async fn sandboxes() {
         idle_inside.push(exec_true_in(&client, &root_bwrap, "true", 1).await);
     }
     let (host, inside, ll, fresh) = (median(host), median(inside), median(ll), median(fresh));
+    let no_net = median(no_net);
     let (root_host, root_inside) = (median(root_host), median(root_inside));
-    for name in [&bwrap, &landlock, &root_bwrap] {
+    for name in [&bwrap, &landlock, &root_bwrap, &offline] {
         tool(&client, "delete_sandbox", json!({"sandbox_name": name})).await;
     }
     let egress = egress_cost(&client).await;
@@ -148,6 +159,11 @@ pub(crate) async fn sandboxes() {
         "  exec_bash('true') in a bwrap sandbox     median {}  (+{})",
         ms(inside),
         ms(inside.saturating_sub(host))
+    );
+    println!(
+        "  the same with no network (ports watched) median {}  (+{})",
+        ms(no_net),
+        ms(no_net.saturating_sub(host))
     );
     println!(
         "  exec_bash('true') in a landlock sandbox  median {}  (+{})",
