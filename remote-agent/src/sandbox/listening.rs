@@ -313,3 +313,51 @@ fn listening_in_proc(pid: i32) -> BTreeSet<u16> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn socket_diagnostics_find_listening_ports_of_both_families() {
+        let v4 = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let v6 = std::net::TcpListener::bind("[::1]:0");
+        // A connected socket is not listening.
+        let _client = std::net::TcpStream::connect(v4.local_addr().unwrap()).unwrap();
+        // SAFETY: a plain socket call.
+        let raw = unsafe {
+            libc::socket(
+                libc::AF_NETLINK,
+                libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+                libc::NETLINK_SOCK_DIAG,
+            )
+        };
+        assert!(raw >= 0, "{}", io::Error::last_os_error());
+        // SAFETY: the descriptor just made.
+        let socket = Arc::new(Mutex::new(unsafe { OwnedFd::from_raw_fd(raw) }));
+        let found = Source::Diag(socket).ports();
+        assert!(
+            found.contains(&v4.local_addr().unwrap().port()),
+            "{found:?}"
+        );
+        if let Ok(v6) = &v6 {
+            assert!(
+                found.contains(&v6.local_addr().unwrap().port()),
+                "{found:?}"
+            );
+        }
+        // The same as /proc says, which walks every connection.
+        let from_proc = listening_in_proc(std::process::id() as i32);
+        assert!(from_proc.is_superset(&[v4.local_addr().unwrap().port()].into()));
+        // As root, the socket is made through a child that joins this
+        // process's own network namespace, the way into a sandbox's.
+        if unsafe { libc::geteuid() } == 0 {
+            let made = socket_in_netns(std::process::id() as i32).unwrap();
+            let found = Source::Diag(Arc::new(Mutex::new(made))).ports();
+            assert!(
+                found.contains(&v4.local_addr().unwrap().port()),
+                "{found:?}"
+            );
+        }
+    }
+}
