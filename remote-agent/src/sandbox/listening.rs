@@ -12,12 +12,12 @@
 //! process with threads may not join a user namespace) and passes it back;
 //! where that fails, `/proc` is read as before.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::fs::{self, File};
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use outpost_protocol::Isolation;
 
@@ -91,25 +91,26 @@ impl Source {
 /// The holder's diagnostics socket, made on first use and kept while the
 /// holder lives.
 fn diag_socket(holder: &ProcId) -> Option<DiagSocket> {
-    /// By holder: pid and start time.
-    static SOCKETS: OnceLock<Mutex<HashMap<(i32, u64), DiagSocket>>> = OnceLock::new();
-    let sockets = SOCKETS.get_or_init(Default::default);
-    let key = (holder.pid, holder.start_time);
-    if let Some(found) = sockets.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
-        return Some(found.clone());
+    /// By holder; a few per agent, one per sandbox without network.
+    static SOCKETS: Mutex<Vec<(ProcId, DiagSocket)>> = Mutex::new(Vec::new());
+    let find = |sockets: &[(ProcId, DiagSocket)]| {
+        sockets
+            .iter()
+            .find(|(h, _)| h == holder)
+            .map(|(_, s)| s.clone())
+    };
+    if let Some(found) = find(&SOCKETS.lock().unwrap_or_else(|p| p.into_inner())) {
+        return Some(found);
     }
     let made = Arc::new(Mutex::new(socket_in_netns(holder.pid).ok()?));
-    let mut sockets = sockets.lock().unwrap_or_else(|p| p.into_inner());
+    let mut sockets = SOCKETS.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(found) = find(&sockets) {
+        return Some(found);
+    }
     // Those of sandboxes gone go with them.
-    sockets.retain(|(pid, start), _| {
-        ProcId {
-            pid: *pid,
-            start_time: *start,
-            boot_id: crate::proctree::boot_id().to_string(),
-        }
-        .alive()
-    });
-    Some(sockets.entry(key).or_insert(made).clone())
+    sockets.retain(|(h, _)| h.alive());
+    sockets.push((holder.clone(), made.clone()));
+    Some(made)
 }
 
 /// A `NETLINK_SOCK_DIAG` socket in `pid`'s network namespace.
