@@ -173,20 +173,6 @@ pub fn new_token() -> String {
 
 fn spawn(plan: &Plan, token: &str) -> Result<Running, AgentError> {
     let shell = paths::shell();
-    let mut cmd = match &plan.sandbox {
-        Some(scope) => scope
-            .command(shell, &plan.command, &plan.cwd, &plan.env)
-            .map_err(|e| error(ErrorKind::SpawnFailed, e))?,
-        None => {
-            let mut cmd = std::process::Command::new(shell);
-            cmd.arg("-c")
-                .arg(&plan.command)
-                .current_dir(&plan.cwd)
-                .envs(plan.env.iter().map(|(k, v)| (k, v)));
-            cmd
-        }
-    };
-    cmd.env(TOKEN_VAR, token);
     let failed = |e: io::Error| {
         let message = if e.kind() == io::ErrorKind::NotFound && !shell.exists() {
             format!("shell not found: {}", shell.display())
@@ -199,10 +185,39 @@ fn spawn(plan: &Plan, token: &str) -> Result<Running, AgentError> {
         };
         error(ErrorKind::SpawnFailed, message)
     };
+    let spawn_failed = |e: String| error(ErrorKind::SpawnFailed, e);
+    let mut cmd = match &plan.sandbox {
+        Some(scope) => match scope.entry().map_err(spawn_failed)? {
+            // Straight in, under a supervisor, with no `enter` in between.
+            Some(entry) => {
+                let program = supervisor::Program {
+                    path: shell.into(),
+                    args: vec!["-c".into(), plan.command.clone().into()],
+                    env: scope.entry_env(&plan.env, (TOKEN_VAR, token)),
+                    cwd: plan.cwd.clone().into(),
+                };
+                return supervisor::start(&program, plan.stdin.is_some(), Some(&entry))
+                    .and_then(Running::supervised)
+                    .map_err(failed);
+            }
+            None => scope
+                .command(shell, &plan.command, &plan.cwd, &plan.env)
+                .map_err(spawn_failed)?,
+        },
+        None => {
+            let mut cmd = std::process::Command::new(shell);
+            cmd.arg("-c")
+                .arg(&plan.command)
+                .current_dir(&plan.cwd)
+                .envs(plan.env.iter().map(|(k, v)| (k, v)));
+            cmd
+        }
+    };
+    cmd.env(TOKEN_VAR, token);
     if plan.hand_over.is_some() {
         // A sandbox's command starts from the environment it was given.
         let program = supervisor::Program::of(&cmd, plan.sandbox.is_none());
-        return supervisor::start(&program, plan.stdin.is_some())
+        return supervisor::start(&program, plan.stdin.is_some(), None)
             .and_then(Running::supervised)
             .map_err(failed);
     }

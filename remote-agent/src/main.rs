@@ -39,7 +39,7 @@ fn main() -> ExitCode {
         ["daemon", "--started-by", how] => outpost_agent::daemon(Some(how)),
         ["shim", dir] => outpost_agent::shim(Path::new(dir), false),
         ["shim", dir, "--resume"] => outpost_agent::shim(Path::new(dir), true),
-        // Not in the usage: an exec's supervisor becomes this (see supervisor.rs).
+        // Not in the usage: an exec's supervisor becomes this (see supervisor/).
         ["shim", "--adopt", dir, pid, elapsed_ms] => match (pid.parse(), elapsed_ms.parse()) {
             (Ok(pid), Ok(elapsed_ms)) => outpost_agent::adopt(Path::new(dir), pid, elapsed_ms),
             _ => 2,

@@ -569,6 +569,24 @@ async fn contain_and_expire(env: &[(&'static str, String)], as_root: bool) {
                     "{isolation}: not in its cgroup: {r}"
                 );
             }
+            if isolation != "none" {
+                command_is_born_inside(&sh, isolation, as_root).await;
+            }
+            if isolation == "bwrap" {
+                // A cwd that only the sandbox could have: named as such.
+                let (err, r) = call(
+                    &client,
+                    "exec_bash",
+                    json!({"command": "true", "cwd": "/no/such/dir", "sandbox_name": name}),
+                )
+                .await;
+                assert!(
+                    err && r
+                        .to_string()
+                        .contains("cannot enter /no/such/dir inside the sandbox"),
+                    "{r}"
+                );
+            }
             let r = sh(connect.clone()).await;
             assert_ne!(r["exit_code"], 0, "{isolation} reached the network: {r}");
             let r = sh(format!(
@@ -686,6 +704,64 @@ async fn contain_and_expire(env: &[(&'static str, String)], as_root: bool) {
         created.elapsed()
     );
     let _ = std::fs::remove_file(&shm);
+}
+
+/// A sandbox's command is the agent's own child, started without an
+/// `outpost-agent enter` in between, with no capability left and no way to
+/// gain one; under bwrap, inside every namespace of the sandbox (pid 1
+/// there is its holder).
+async fn command_is_born_inside<F, R>(sh: &F, isolation: &str, as_root: bool)
+where
+    F: Fn(String) -> R,
+    R: std::future::Future<Output = serde_json::Value>,
+{
+    let r = sh("grep -E '^(CapEff|CapBnd|NoNewPrivs)' /proc/self/status; \
+                for n in ipc mnt net pid user uts; do \
+                  [ \"$(readlink /proc/self/ns/$n)\" = \"$(readlink /proc/1/ns/$n)\" ] || echo not in $n; \
+                done; tr '\\0' ' ' < /proc/1/cmdline"
+        .into())
+    .await;
+    let out = r["stdout"].as_str().unwrap();
+    let mut expected = vec!["CapEff:\t0000000000000000", "NoNewPrivs:\t1"];
+    if isolation == "bwrap" {
+        expected.push("CapBnd:\t0000000000000000");
+        assert!(!out.contains("not in") && out.contains("bwrap"), "{r}");
+    }
+    for line in expected {
+        assert!(
+            out.contains(line),
+            "{isolation}, as_root {as_root}: {line} missing: {r}"
+        );
+    }
+    let mark = format!("sleep 3.{}", 100 + std::process::id() % 900);
+    let needle = mark.clone();
+    let parent = tokio::task::spawn_blocking(move || {
+        let mut parent = String::new();
+        outpost_e2e::wait_until(std::time::Duration::from_secs(3), || {
+            let Some(pid) = outpost_e2e::pids_with_cmdline(&needle).pop() else {
+                return false;
+            };
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let ppid = stat
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .split_whitespace()
+                .nth(1);
+            parent = std::fs::read(format!("/proc/{}/cmdline", ppid.unwrap_or("0")))
+                .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+                .unwrap_or_default();
+            !parent.is_empty()
+        });
+        parent
+    });
+    let (r, parent) = tokio::join!(sh(format!("exec {mark}")), parent);
+    let parent = parent.unwrap();
+    assert_eq!(r["exit_code"], 0, "{r}");
+    assert!(
+        parent.contains("outpost-agent serve") && !parent.contains(" enter "),
+        "{isolation}, as_root {as_root}: the command's parent is {parent:?}"
+    );
 }
 
 /// OpenSandbox's several-files tools (advanced): all checked before the

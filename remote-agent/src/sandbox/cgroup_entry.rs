@@ -9,7 +9,7 @@
 
 use std::fs::File;
 use std::io::{self, Write};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 
 /// `CLONE_INTO_CGROUP`: the child starts in the cgroup `cgroup` names.
@@ -64,29 +64,27 @@ impl CgroupEntry {
         self.procs.is_empty()
     }
 
+    /// For a child that another process forks with `clone3`: the v2 cgroup
+    /// to name there, None without cgroups; Err on cgroup v1, where only a
+    /// move ([`CgroupEntry::fork`]) serves.
+    pub fn into_v2(self) -> Result<Option<OwnedFd>, CgroupEntry> {
+        match self.v2 {
+            Some(fd) => Ok(Some(fd)),
+            None if self.procs.is_empty() => Ok(None),
+            None => Err(self),
+        }
+    }
+
     /// Forks a child in the cgroups: 0 in the child, its pid in the parent.
     /// The caller must be single-threaded, and the child may only exec or
     /// exit (after a raw `clone3`, libc's idea of the thread is the
     /// parent's).
     pub fn fork(&self) -> io::Result<libc::pid_t> {
         if let Some(dir) = &self.v2 {
-            let args = CloneArgs {
-                flags: CLONE_INTO_CGROUP,
-                exit_signal: libc::SIGCHLD as u64,
-                cgroup: dir.as_raw_fd() as u64,
-                ..CloneArgs::default()
-            };
-            // SAFETY: clone3 without a new stack returns twice, like fork;
-            // the caller is single-threaded.
-            let pid = unsafe {
-                libc::syscall(
-                    libc::SYS_clone3,
-                    &args as *const CloneArgs,
-                    std::mem::size_of::<CloneArgs>(),
-                )
-            };
+            // SAFETY: the caller is single-threaded.
+            let pid = unsafe { fork_into(Some(dir.as_raw_fd()), 0) };
             if pid >= 0 {
-                return Ok(pid as libc::pid_t);
+                return Ok(pid);
             }
             let e = io::Error::last_os_error();
             // An older kernel: move, then fork.
@@ -105,6 +103,38 @@ impl CgroupEntry {
             -1 => Err(io::Error::last_os_error()),
             pid => Ok(pid),
         }
+    }
+}
+
+/// A raw `clone3` without a new stack, which returns twice like `fork`:
+/// the child is born in `cgroup` (a v2 directory) when one is given, and
+/// with `CLONE_PARENT` is its caller's sibling (whose exit signal it
+/// shares). -1 and errno on failure.
+///
+/// # Safety
+/// As for `fork` in a threaded process: the child may only make
+/// async-signal-safe calls (libc's idea of the thread is the parent's).
+pub unsafe fn fork_into(cgroup: Option<RawFd>, flags: u64) -> libc::pid_t {
+    let parent = flags & libc::CLONE_PARENT as u64 != 0;
+    let args = CloneArgs {
+        flags: flags
+            | if cgroup.is_some() {
+                CLONE_INTO_CGROUP
+            } else {
+                0
+            },
+        // clone3 refuses one with CLONE_PARENT: the caller's own applies.
+        exit_signal: if parent { 0 } else { libc::SIGCHLD as u64 },
+        cgroup: cgroup.unwrap_or(0) as u64,
+        ..CloneArgs::default()
+    };
+    // SAFETY: clone3 without a new stack returns twice, like fork.
+    unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &args as *const CloneArgs,
+            std::mem::size_of::<CloneArgs>(),
+        ) as libc::pid_t
     }
 }
 

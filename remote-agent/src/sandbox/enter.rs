@@ -1,14 +1,14 @@
 //! `outpost-agent enter <sandbox dir> <cwd> -- PROGRAM ARGS…`: runs PROGRAM
 //! inside the sandbox, in `cwd` as the sandbox sees it. Every command and
-//! job of a sandbox starts through it (see [`super::Scope::command`]).
+//! job of a sandbox starts through it (see [`super::Scope::command`]) but
+//! an exec in bwrap, which takes the same steps without it (see [`Entry`]).
 //!
 //! Where the sandbox has cgroups (the agent is root), the command is forked
 //! into them ([`CgroupEntry`]) and `enter` waits for it, passing its exit
 //! status on and forwarding the signals a supervisor sends. Then, by rung:
-//! under bwrap it joins the holder's namespaces (root joins all but the
-//! user namespaces itself, and the child joins those as the sandbox's uid,
-//! so root stays outside; otherwise `enter` joins them all) and always
-//! forks, as a pid namespace applies to children; under Landlock it becomes
+//! under bwrap it takes [`Entry::before`] (the pid namespace, which applies
+//! to children) and always forks, and the child takes [`Entry::inside`];
+//! under Landlock it becomes
 //! the sandbox's uid and restricts itself; in a plain workspace nothing
 //! more. Without a cgroup and bwrap, `enter` becomes the command (exec). It
 //! runs single-threaded from `main`, as joining a user namespace requires.
@@ -25,8 +25,8 @@ use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 
 use super::cgroup_entry::CgroupEntry;
-use super::isolation::{self, Namespaces};
-use super::limits;
+use super::entry::{self, Entry};
+use super::isolation;
 use super::ruleset;
 use super::store::{self, Dirs};
 
@@ -84,35 +84,24 @@ fn run(dir: &Path, cwd: &Path, argv: &[String]) -> Result<i32, String> {
                 .as_ref()
                 .filter(|h| h.alive())
                 .ok_or_else(|| format!("sandbox {id}'s bwrap is not running"))?;
-            let ns = Namespaces::open(holder.pid)
+            let account = if as_root { record.account } else { None };
+            let entry = Entry::open(holder.pid, account, setup.nproc)
                 .map_err(|e| format!("cannot open the sandbox's namespaces: {e}"))?;
-            let entered = if as_root {
-                // Root joins all but the user namespaces itself and forks
-                // the child into the cgroup, which the child could not
-                // enter as the sandbox's uid; the child then becomes that
-                // uid and joins the user namespaces (root stays outside).
-                ns.enter_others()
-            } else {
-                ns.enter()
-            };
-            entered.map_err(|e| format!("cannot enter the sandbox's namespaces: {e}"))?;
+            let fd_of = |i: usize| entry.fd(i);
+            // SAFETY: `enter` is single-threaded (it runs from `main`).
+            unsafe { entry.take(&entry.before, fd_of) }
+                .map_err(|code| entry::describe(code, &cwd.to_string_lossy()).to_string())?;
             let child = cgroups.fork().map_err(|e| format!("fork: {e}"))?;
             if child == 0 {
-                if as_root
-                    && let Err(e) = become_its_account(&record).and_then(|()| {
-                        ns.enter_user()
-                            .map_err(|e| format!("cannot enter the sandbox's namespaces: {e}"))
-                    })
-                {
-                    child_failed(&e);
+                // SAFETY: the child of a single-threaded process.
+                if let Err(code) = unsafe { entry.take(&entry.inside, fd_of) } {
+                    child_failed(&entry::describe(code, &cwd.to_string_lossy()).to_string());
                 }
+                // Last: a change of uid would clear it.
                 die_with(parent);
-                child_failed(&format!(
-                    "{program}: {}",
-                    become_command(&mut command, cwd, setup.nproc, true)
-                ));
+                child_failed(&format!("{program}: {}", become_command(&mut command, cwd)));
             }
-            drop(ns);
+            drop(entry);
             Ok(wait_for(child))
         }
         Isolation::Landlock => {
@@ -129,7 +118,7 @@ fn run(dir: &Path, cwd: &Path, argv: &[String]) -> Result<i32, String> {
             };
             if cgroups.is_empty() {
                 restrict()?;
-                return Err(become_command(&mut command, cwd, None, false));
+                return Err(become_command(&mut command, cwd));
             }
             let child = cgroups.fork().map_err(|e| format!("fork: {e}"))?;
             if child == 0 {
@@ -137,22 +126,16 @@ fn run(dir: &Path, cwd: &Path, argv: &[String]) -> Result<i32, String> {
                 if let Err(e) = restrict() {
                     child_failed(&e);
                 }
-                child_failed(&format!(
-                    "{program}: {}",
-                    become_command(&mut command, cwd, None, false)
-                ));
+                child_failed(&format!("{program}: {}", become_command(&mut command, cwd)));
             }
             Ok(wait_for(child))
         }
-        _ if cgroups.is_empty() => Err(become_command(&mut command, cwd, None, false)),
+        _ if cgroups.is_empty() => Err(become_command(&mut command, cwd)),
         _ => {
             let child = cgroups.fork().map_err(|e| format!("fork: {e}"))?;
             if child == 0 {
                 die_with(parent);
-                child_failed(&format!(
-                    "{program}: {}",
-                    become_command(&mut command, cwd, None, false)
-                ));
+                child_failed(&format!("{program}: {}", become_command(&mut command, cwd)));
             }
             Ok(wait_for(child))
         }
@@ -228,24 +211,10 @@ fn command_env(id: &str) -> Vec<(OsString, OsString)> {
     env
 }
 
-/// Execs the command (returning only why it could not). `in_userns`: the
-/// joined user namespace granted every capability; drop them.
-fn become_command(
-    command: &mut Command,
-    cwd: &Path,
-    nproc: Option<u64>,
-    in_userns: bool,
-) -> String {
+/// Execs the command (returning only why it could not).
+fn become_command(command: &mut Command, cwd: &Path) -> String {
     if let Err(e) = std::env::set_current_dir(cwd) {
         return format!("cannot enter {} inside the sandbox: {e}", cwd.display());
-    }
-    if let Some(n) = nproc
-        && let Err(e) = limits::set_nproc(n)
-    {
-        return format!("cannot limit processes: {e}");
-    }
-    if in_userns && let Err(e) = isolation::drop_privileges() {
-        return format!("cannot drop privileges: {e}");
     }
     let e = command.exec();
     if e.kind() == std::io::ErrorKind::NotFound {

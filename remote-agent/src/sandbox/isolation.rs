@@ -8,9 +8,6 @@
 //! Landlock and seccomp are applied by `outpost-agent enter` to itself just
 //! before it becomes the command.
 
-use std::ffi::CString;
-use std::fs::File;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
@@ -327,178 +324,6 @@ fn fs_canonical(path: &Path) -> Option<PathBuf> {
     std::fs::canonicalize(path).ok()
 }
 
-/// The namespaces of a running holder, opened before any is entered.
-pub struct Namespaces {
-    user: File,
-    others: Vec<(File, libc::c_int)>,
-    /// The mount namespace (also in `others`): bwrap always makes one, so
-    /// its owner is the user namespace bwrap made first.
-    mnt: File,
-    root: File,
-}
-
-impl Namespaces {
-    pub fn open(holder: i32) -> std::io::Result<Namespaces> {
-        use std::os::unix::fs::MetadataExt;
-        let ns = |name: &str| File::open(format!("/proc/{holder}/ns/{name}"));
-        let mut others = Vec::new();
-        for (name, flag) in [
-            ("ipc", libc::CLONE_NEWIPC),
-            ("uts", libc::CLONE_NEWUTS),
-            ("net", libc::CLONE_NEWNET),
-            ("pid", libc::CLONE_NEWPID),
-            ("mnt", libc::CLONE_NEWNS),
-        ] {
-            let theirs = ns(name)?;
-            // One the sandbox shares with the host (the network, when on)
-            // is not joined: it belongs to the host's user namespace, which
-            // grants nothing to a process in the sandbox's.
-            let ours = std::fs::metadata(format!("/proc/self/ns/{name}"))?;
-            if theirs.metadata()?.ino() != ours.ino() {
-                others.push((theirs, flag));
-            }
-        }
-        Ok(Namespaces {
-            user: ns("user")?,
-            others,
-            mnt: ns("mnt")?,
-            root: File::open(format!("/proc/{holder}/root"))?,
-        })
-    }
-
-    /// Joins them and takes the holder's root as `/`. The caller must be
-    /// single-threaded (a user namespace is only joined by one), and must
-    /// fork afterwards for the pid namespace to apply to its child.
-    pub fn enter(&self) -> std::io::Result<()> {
-        // First the user namespace that owns the others: it grants the
-        // right to join them. Unprivileged bwrap nests a second one for
-        // the sandbox's own uid map; that one is joined last.
-        let owner = self.owner();
-        set_ns(owner.as_ref().unwrap_or(&self.user), libc::CLONE_NEWUSER)?;
-        self.enter_others()?;
-        self.enter_nested(owner.as_ref())
-    }
-
-    /// Root's part, before it forks: every namespace but the user ones,
-    /// which root has the right to join from outside, and the holder's
-    /// root as `/`. The child joins the user namespaces as the sandbox's
-    /// uid ([`Namespaces::enter_user`]).
-    pub fn enter_others(&self) -> std::io::Result<()> {
-        for (file, flag) in &self.others {
-            set_ns(file, *flag)?;
-        }
-        let dot = CString::new(".").expect("no NUL");
-        // SAFETY: plain syscalls; `root` is an open directory.
-        unsafe {
-            if libc::fchdir(self.root.as_raw_fd()) == -1 || libc::chroot(dot.as_ptr()) == -1 {
-                return Err(std::io::Error::last_os_error());
-            }
-        }
-        Ok(())
-    }
-
-    /// The user namespaces, after [`Namespaces::enter_others`].
-    pub fn enter_user(&self) -> std::io::Result<()> {
-        let owner = self.owner();
-        set_ns(owner.as_ref().unwrap_or(&self.user), libc::CLONE_NEWUSER)?;
-        self.enter_nested(owner.as_ref())
-    }
-
-    /// The user namespace that owns the mount namespace, where it is not
-    /// the holder's own.
-    fn owner(&self) -> Option<File> {
-        const NS_GET_USERNS: libc::c_ulong = 0xb701;
-        // SAFETY: ioctl on an open namespace descriptor; returns a new fd.
-        let owner = unsafe { libc::ioctl(self.mnt.as_raw_fd(), NS_GET_USERNS) };
-        // SAFETY: a descriptor the kernel just gave us.
-        (owner >= 0).then(|| unsafe { <File as std::os::fd::FromRawFd>::from_raw_fd(owner) })
-    }
-
-    fn enter_nested(&self, owner: Option<&File>) -> std::io::Result<()> {
-        let inode = |f: &File| {
-            f.metadata()
-                .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
-        };
-        match owner {
-            Some(first) if inode(first)? != inode(&self.user)? => {
-                set_ns(&self.user, libc::CLONE_NEWUSER)
-            }
-            _ => Ok(()),
-        }
-    }
-}
-
-fn set_ns(file: &File, flag: libc::c_int) -> std::io::Result<()> {
-    // SAFETY: plain syscall on an open namespace descriptor.
-    if unsafe { libc::setns(file.as_raw_fd(), flag) } != -1 {
-        return Ok(());
-    }
-    let e = std::io::Error::last_os_error();
-    let name = match flag {
-        libc::CLONE_NEWUSER => "user",
-        libc::CLONE_NEWIPC => "ipc",
-        libc::CLONE_NEWUTS => "uts",
-        libc::CLONE_NEWNET => "net",
-        libc::CLONE_NEWPID => "pid",
-        _ => "mount",
-    };
-    Err(std::io::Error::new(
-        e.kind(),
-        format!("{name} namespace: {e}"),
-    ))
-}
-
-/// Drops every capability (the user namespace joined grants them all) and
-/// sets no-new-privileges, as bubblewrap does for its own command.
-pub fn drop_privileges() -> std::io::Result<()> {
-    let last_cap: libc::c_ulong = std::fs::read_to_string("/proc/sys/kernel/cap_last_cap")
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(40);
-    #[repr(C)]
-    struct Header {
-        version: u32,
-        pid: libc::c_int,
-    }
-    #[repr(C)]
-    #[derive(Clone, Copy)]
-    struct Data {
-        effective: u32,
-        permitted: u32,
-        inheritable: u32,
-    }
-    // SAFETY: prctl and capset with valid arguments; errors are reported.
-    unsafe {
-        for cap in 0..=last_cap {
-            // EINVAL for caps this kernel lacks: nothing to drop.
-            libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0);
-        }
-        libc::prctl(
-            libc::PR_CAP_AMBIENT,
-            libc::PR_CAP_AMBIENT_CLEAR_ALL,
-            0,
-            0,
-            0,
-        );
-        let header = Header {
-            version: 0x2008_0522, // _LINUX_CAPABILITY_VERSION_3
-            pid: 0,
-        };
-        let data = [Data {
-            effective: 0,
-            permitted: 0,
-            inheritable: 0,
-        }; 2];
-        if libc::syscall(libc::SYS_capset, &header, data.as_ptr()) == -1 {
-            return Err(std::io::Error::last_os_error());
-        }
-        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == -1 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    Ok(())
-}
-
 /// Landlock for the calling process: everything readable and executable
 /// except the home and the agent's state dir (only the sandbox's own
 /// directories there), writes only to the sandbox's directories and the
@@ -578,10 +403,10 @@ pub fn restrict(ruleset: &std::os::fd::OwnedFd, network: bool) -> Result<(), Str
             return Err(format!("landlock: {}", std::io::Error::last_os_error()));
         }
     }
-    // The ABI alone: `rungs()` would also probe bwrap by running it, for
-    // every command.
-    let kernel_abi = landlock_abi().unwrap_or(0);
-    socket_filter(network, kernel_abi >= LANDLOCK_UNIX_ABI)
+    match socket_program(network)? {
+        Some(program) => seccompiler::apply_filter(&program).map_err(|e| format!("seccomp: {e}")),
+        None => Ok(()),
+    }
 }
 
 /// The Landlock ABI that fences connecting to named unix sockets.
@@ -617,7 +442,13 @@ fn readable_around(dir: &Path, hidden: &[PathBuf]) -> Vec<PathBuf> {
 /// the `socket` call) fail; without `unix` (a kernel whose Landlock cannot
 /// fence named unix sockets: the user's D-Bus or an SSH agent would be an
 /// open door), `socket(AF_UNIX, …)` fails too (`socketpair` still works).
-fn socket_filter(network: bool, unix: bool) -> Result<(), String> {
+/// The seccomp program that refuses the socket families a Landlock sandbox
+/// must not use: the network's unless it has one, and unix sockets where
+/// Landlock cannot fence them; None when nothing is refused.
+pub fn socket_program(network: bool) -> Result<Option<seccompiler::BpfProgram>, String> {
+    // The ABI alone: `rungs()` would also probe bwrap by running it, for
+    // every command.
+    let unix = landlock_abi().unwrap_or(0) >= LANDLOCK_UNIX_ABI;
     use seccompiler::{
         BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
         SeccompRule, TargetArch,
@@ -643,7 +474,7 @@ fn socket_filter(network: bool, unix: bool) -> Result<(), String> {
         families.push(libc::AF_UNIX);
     }
     if families.is_empty() {
-        return Ok(());
+        return Ok(None);
     }
     let mut rules = vec![(
         libc::SYS_socket,
@@ -666,7 +497,7 @@ fn socket_filter(network: bool, unix: bool) -> Result<(), String> {
     let program: BpfProgram = filter
         .try_into()
         .map_err(|e: seccompiler::BackendError| fail(&e))?;
-    seccompiler::apply_filter(&program).map_err(|e| fail(&e))
+    Ok(Some(program))
 }
 
 #[cfg(test)]

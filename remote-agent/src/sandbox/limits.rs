@@ -304,19 +304,6 @@ pub fn remove(cgroups: &[PathBuf]) {
     }
 }
 
-/// Sets `RLIMIT_NPROC` for the calling process.
-pub fn set_nproc(n: u64) -> std::io::Result<()> {
-    let lim = libc::rlimit {
-        rlim_cur: n as libc::rlim_t,
-        rlim_max: n as libc::rlim_t,
-    };
-    // SAFETY: plain syscall with a valid struct.
-    if unsafe { libc::setrlimit(libc::RLIMIT_NPROC, &lim) } == -1 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
 /// Resident memory of a process, in bytes.
 pub fn rss_bytes(pid: i32) -> u64 {
     let pages: u64 = fs::read_to_string(format!("/proc/{pid}/statm"))

@@ -8,14 +8,16 @@
 //! - `egress.rs`: `allow_hosts`, through a proxy outside its network.
 //! - `keeper.rs`: one process per sandbox that sets it up and ends it.
 //! - `staging.rs`: what a root agent's holder sees before bwrap starts.
-//! - `enter.rs`: how a command starts inside.
+//! - `enter.rs`: how a command starts inside; `entry.rs`: the steps in,
+//!   which a supervised exec also takes without `enter`.
 //!
 //! The job daemon creates sandboxes (it starts their keepers, and starts a
 //! new keeper for a live sandbox whose keeper died); `serve` answers
 //! list, renew, delete and the scoped requests straight from the files.
 //!
 //! Architecture invariant: every process a sandbox runs starts through
-//! `outpost-agent enter` with the sandbox's marker in its environment, so
+//! `outpost-agent enter` or [`entry::Entry`]'s steps (a supervised exec),
+//! with the sandbox's marker in its environment, so
 //! its keeper finds and ends it whatever rung applies; under bwrap all of
 //! them also live in the holder's pid namespace, which dies with the keeper.
 
@@ -23,6 +25,7 @@ pub mod cgroup_entry;
 pub mod checkpoint;
 pub mod egress;
 pub mod enter;
+pub mod entry;
 pub mod gpu_nodes;
 pub mod isolation;
 pub mod keeper;
@@ -777,29 +780,9 @@ impl Scope {
         self.spec.network
     }
 
-    /// `program args…` inside the sandbox, as [`Scope::command`] has it.
-    pub fn program(
-        &self,
-        program: &str,
-        args: &[&str],
-        cwd: &Path,
-        env: &[(String, String)],
-    ) -> Result<Command, String> {
-        self.dirs.may_start()?;
-        let mut cmd = Command::new(agent_exe()?);
-        cmd.arg("enter")
-            .arg(&self.dirs.dir)
-            .arg(cwd)
-            .arg("--")
-            .arg(program)
-            .args(args)
-            // The enter process itself starts where the host can see.
-            .current_dir(self.dirs.work())
-            .env_clear()
-            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-            .env(store::MARKER_VAR, &self.dirs.id);
-        // Everything the command gets travels under loader-inert names;
-        // later entries win, as `env` would have it.
+    /// What a command's environment is made of, in order (a later entry
+    /// wins): the basics, the sandbox's own variables, then `env`.
+    fn environment(&self, env: &[(String, String)]) -> Vec<(OsString, OsString)> {
         let mut carried: Vec<(OsString, OsString)> = Vec::new();
         for name in [
             "PATH", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "USER", "LOGNAME", "TZ",
@@ -828,6 +811,33 @@ impl Scope {
         if let Some(devices) = &self.setup.cuda_visible_devices {
             carried.push(("CUDA_VISIBLE_DEVICES".into(), devices.into()));
         }
+        carried
+    }
+
+    /// `program args…` inside the sandbox, as [`Scope::command`] has it.
+    pub fn program(
+        &self,
+        program: &str,
+        args: &[&str],
+        cwd: &Path,
+        env: &[(String, String)],
+    ) -> Result<Command, String> {
+        self.dirs.may_start()?;
+        let mut cmd = Command::new(agent_exe()?);
+        cmd.arg("enter")
+            .arg(&self.dirs.dir)
+            .arg(cwd)
+            .arg("--")
+            .arg(program)
+            .args(args)
+            // The enter process itself starts where the host can see.
+            .current_dir(self.dirs.work())
+            .env_clear()
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .env(store::MARKER_VAR, &self.dirs.id);
+        // Everything the command gets travels under loader-inert names;
+        // later entries win, as `env` would have it.
+        let carried = self.environment(env);
         for (i, (k, v)) in carried.into_iter().enumerate() {
             let mut entry = k;
             entry.push("=");

@@ -11,7 +11,14 @@
 //! shim --adopt`, which keeps the pid and so stays the command's parent, and
 //! takes the pipes over from where `serve` stopped (see [`crate::jobs::shim`]).
 //!
-//! Everything the two forked processes do is prepared before the first fork:
+//! A command in a bwrap sandbox starts under a supervisor too, with no
+//! `outpost-agent enter` in between (see [`crate::sandbox::entry`]): a
+//! third process, the entrant, takes the steps that apply to a command's
+//! parent (the pid namespace), forks the command as the supervisor's child
+//! (`CLONE_PARENT`), says its pid and ends; the command takes the rest of
+//! the steps before its exec.
+//!
+//! Everything the forked processes do is prepared before the first fork:
 //! a fork of a threaded process may only make async-signal-safe calls, so
 //! the children touch no allocator, no lock and no Rust runtime, only
 //! syscalls on memory that already exists.
@@ -35,7 +42,12 @@ use std::path::Path;
 use std::process::ExitStatus;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::sandbox::entry::{self, Entry};
+use entrant::{fork_command, slot, start_entrant};
 use tokio::net::UnixStream;
+
+mod entrant;
 use tokio::net::unix::pipe;
 
 /// Fixed descriptor numbers in the supervisor, so that the shim it becomes
@@ -48,8 +60,16 @@ const CMD_STDOUT: RawFd = 7;
 const CMD_STDERR: RawFd = 8;
 const EXEC_ERR_READ: RawFd = 9;
 const EXEC_ERR_WRITE: RawFd = 10;
+/// Where the process that forks a command into a sandbox says its pid.
+const ENTRANT_READ: RawFd = 11;
+const ENTRANT_WRITE: RawFd = 12;
+/// A sandbox's descriptors ([`Entry::fds`], then its cgroup), from here.
+const ENTRY_FIRST: RawFd = 13;
+const ENTRY_FDS: usize = 10;
 /// The first descriptor the supervisor closes from.
-const FIRST_FREE: RawFd = 11;
+const FIRST_FREE: RawFd = ENTRY_FIRST + ENTRY_FDS as RawFd;
+/// The most descriptors placed in slots.
+const SLOTS: usize = 10 + ENTRY_FDS;
 
 /// What the command is: program, arguments, environment, working directory.
 pub struct Program {
@@ -120,8 +140,9 @@ fn pipe_pair() -> io::Result<(OwnedFd, OwnedFd)> {
 }
 
 /// Starts `program` under a new supervisor and waits until it runs (or
-/// says why it could not). Blocking: call it off the runtime's threads.
-pub fn start(program: &Program, with_stdin: bool) -> io::Result<Started> {
+/// says why it could not); `entry`: into a sandbox, without `enter`.
+/// Blocking: call it off the runtime's threads.
+pub fn start(program: &Program, with_stdin: bool, entry: Option<&Entry>) -> io::Result<Started> {
     let path = cstring(&program.path)?;
     let mut argv_owned = vec![path.clone()];
     for a in &program.args {
@@ -156,7 +177,8 @@ pub fn start(program: &Program, with_stdin: bool) -> io::Result<Started> {
     }
     // SAFETY: just opened, ours.
     let null = unsafe { OwnedFd::from_raw_fd(null) };
-    let sources: [(RawFd, RawFd); 8] = [
+    let (entrant_r, entrant_w) = pipe_pair()?;
+    let mut sources: Vec<(RawFd, RawFd)> = vec![
         (theirs.as_raw_fd(), CONTROL_FD),
         (out_r.as_raw_fd(), STDOUT_FD),
         (err_r.as_raw_fd(), STDERR_FD),
@@ -170,7 +192,29 @@ pub fn start(program: &Program, with_stdin: bool) -> io::Result<Started> {
         (err_w.as_raw_fd(), CMD_STDERR),
         (exec_r.as_raw_fd(), EXEC_ERR_READ),
         (exec_w.as_raw_fd(), EXEC_ERR_WRITE),
+        (entrant_r.as_raw_fd(), ENTRANT_READ),
+        (entrant_w.as_raw_fd(), ENTRANT_WRITE),
     ];
+    let mut cgroup = -1;
+    if let Some(entry) = entry {
+        let fds: Vec<RawFd> = entry
+            .fds()
+            .chain(entry.cgroup.as_ref().map(AsRawFd::as_raw_fd))
+            .collect();
+        if fds.len() > ENTRY_FDS {
+            return Err(io::Error::other(
+                "too many descriptors to enter the sandbox",
+            ));
+        }
+        for (i, fd) in fds.into_iter().enumerate() {
+            sources.push((fd, ENTRY_FIRST + i as RawFd));
+        }
+        if entry.cgroup.is_some() {
+            cgroup = sources.last().map_or(-1, |s| s.1);
+        }
+    }
+    let mut slots = [(-1, -1); SLOTS];
+    slots[..sources.len()].copy_from_slice(&sources);
     let mut stack = vec![0u128; STACK_LEN / 16];
     let prepared = Prepared {
         path: path.as_ptr(),
@@ -178,7 +222,10 @@ pub fn start(program: &Program, with_stdin: bool) -> io::Result<Started> {
         envp: envp.as_ptr(),
         cwd: cwd.as_ptr(),
         self_exe: self_exe.as_ptr(),
-        sources,
+        sources: slots,
+        source_count: sources.len(),
+        entry: entry.map_or(std::ptr::null(), |e| e as *const Entry),
+        cgroup,
         null: null.as_raw_fd(),
         stack: stack.as_mut_ptr().cast(),
     };
@@ -201,7 +248,9 @@ pub fn start(program: &Program, with_stdin: bool) -> io::Result<Started> {
     if pid < 0 {
         return Err(io::Error::last_os_error());
     }
-    drop((theirs, out_w, err_w, exec_r, exec_w, null));
+    drop((
+        theirs, out_w, err_w, exec_r, exec_w, null, entrant_r, entrant_w,
+    ));
     let stdin = stdin.map(|(r, w)| {
         drop(r);
         w
@@ -227,7 +276,7 @@ pub fn start(program: &Program, with_stdin: bool) -> io::Result<Started> {
             // It ends right after saying so.
             // SAFETY: waitpid on our own child.
             unsafe { libc::waitpid(pid, std::ptr::null_mut(), 0) };
-            Err(io::Error::from_raw_os_error(value))
+            Err(entry::describe(value, &program.cwd.to_string_lossy()))
         }
     }
 }
@@ -381,8 +430,14 @@ struct Prepared {
     envp: *const *const libc::c_char,
     cwd: *const libc::c_char,
     self_exe: *const libc::c_char,
-    /// (descriptor now, descriptor in the supervisor).
-    sources: [(RawFd, RawFd); 8],
+    /// (descriptor now, descriptor in the supervisor), the first
+    /// `source_count` of them.
+    sources: [(RawFd, RawFd); SLOTS],
+    source_count: usize,
+    /// The way into a sandbox (null: none), its descriptors in slots.
+    entry: *const Entry,
+    /// The slot of the cgroup to be born in, or -1.
+    cgroup: RawFd,
     null: RawFd,
     /// [`STACK_LEN`] bytes, 16-aligned at both ends.
     stack: *mut u8,
@@ -455,14 +510,15 @@ unsafe fn supervise(p: &Prepared) -> ! {
         // Every needed descriptor to its slot: first above the slots (so no
         // source is overwritten before it is copied), then into place; then
         // nothing else of serve's stays open here.
-        let mut high = [0; 8];
-        for (i, (fd, _)) in p.sources.iter().enumerate() {
+        let sources = &p.sources[..p.source_count];
+        let mut high = [0; SLOTS];
+        for (i, (fd, _)) in sources.iter().enumerate() {
             high[i] = libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, FIRST_FREE);
             if high[i] < 0 {
                 libc::_exit(120);
             }
         }
-        for (i, (_, slot)) in p.sources.iter().enumerate() {
+        for (i, (_, slot)) in sources.iter().enumerate() {
             if libc::dup3(high[i], *slot, libc::O_CLOEXEC) < 0 {
                 libc::_exit(121);
             }
@@ -470,21 +526,34 @@ unsafe fn supervise(p: &Prepared) -> ! {
         for fd in 0..3 {
             libc::dup2(p.null, fd);
         }
-        close_from(FIRST_FREE);
+        // The slots are contiguous from 3; whatever of serve's lies above
+        // the last one goes, though below FIRST_FREE.
+        let last = sources.iter().map(|(_, slot)| *slot).max().unwrap_or(2);
+        close_from(last + 1);
 
-        // Like posix_spawn: the command shares this process's memory, on a
-        // stack of its own, until its exec, so nothing is copied for it.
-        let top = p.stack.add(STACK_LEN).cast::<libc::c_void>();
-        let child = libc::clone(
-            command_entry,
-            top,
-            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
-            (p as *const Prepared).cast_mut().cast(),
-        );
-        if child < 0 {
-            tagged(CONTROL_FD, b'E', errno());
-            libc::_exit(0);
-        }
+        let child = if p.entry.is_null() {
+            // Like posix_spawn: the command shares this process's memory, on
+            // a stack of its own, until its exec, so nothing is copied for it.
+            let child = libc::clone(
+                command_entry,
+                p.stack.add(STACK_LEN).cast(),
+                libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+                (p as *const Prepared).cast_mut().cast(),
+            );
+            if child < 0 { Err(errno()) } else { Ok(child) }
+        } else if (*p.entry).before.is_empty() {
+            let child = fork_command(p, 0);
+            if child < 0 { Err(errno()) } else { Ok(child) }
+        } else {
+            start_entrant(p)
+        };
+        let child = match child {
+            Ok(child) => child,
+            Err(code) => {
+                tagged(CONTROL_FD, b'E', code);
+                libc::_exit(0);
+            }
+        };
         for fd in [CMD_STDIN, CMD_STDOUT, CMD_STDERR, EXEC_ERR_WRITE] {
             libc::close(fd);
         }
@@ -675,8 +744,16 @@ unsafe fn run_command(p: &Prepared) -> ! {
         if child_setup().is_err() {
             fail(errno());
         }
+        let entering = !p.entry.is_null();
+        if entering && let Err(code) = (*p.entry).take(&(*p.entry).inside, slot) {
+            fail(code);
+        }
         if libc::chdir(p.cwd) != 0 {
-            fail(errno());
+            fail(if entering {
+                entry::failure(entry::STAGE_CWD, errno())
+            } else {
+                errno()
+            });
         }
         libc::execve(p.path, p.argv, p.envp);
         fail(errno());
