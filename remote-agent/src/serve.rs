@@ -732,19 +732,11 @@ async fn answer_boxed(
             }
             daemon::client::start_job(spec).await
         }
-        Request::JobStatus { name } => job_request(move || jobs::status(&name)).await,
-        Request::JobList { state, limit } => job_request(move || jobs::list(state, limit)).await,
-        Request::JobCancel { name, grace_ms } => {
-            job_request(move || jobs::cancel(&name, grace_ms)).await
+        request => {
+            // In a sandbox, only its own jobs.
+            let only = scope.map(|s| s.dirs.id);
+            job_request(move || jobs::answer(request, only.as_deref(), &cancel)).await
         }
-        Request::JobWait(req) => job_request(move || jobs::wait(&req, &cancel)).await,
-        Request::JobRead(req) => job_request(move || jobs::read(&req)).await,
-        Request::JobCollect(req) => job_request(move || jobs::collect(&req)).await,
-        Request::JobEvents {
-            name,
-            after_seq,
-            limit,
-        } => job_request(move || jobs::events(name.as_deref(), after_seq, limit)).await,
     }
 }
 

@@ -75,7 +75,21 @@ async fn a_call_past_the_budget_leaves_its_command_running_as_a_job() {
     let sshd = Sshd::new();
     let (client, _home, _config) =
         server("some-agent", &sshd, "[client_budget_s]\ndefault = 3").await;
-    for sandbox in ["local", "box"] {
+    // And in bwrap sandboxes, whose commands start inside without
+    // `outpost-agent enter`: as root here, as the test user over SSH.
+    let mut sandboxes = vec!["local".to_string(), "box".to_string()];
+    for host in ["local", "box"] {
+        let (err, made) = call(
+            &client,
+            "create_sandbox",
+            json!({"host": host, "isolation": "bwrap"}),
+        )
+        .await;
+        assert!(!err && made["isolation"] == "bwrap", "{made}");
+        sandboxes.push(made["sandbox_name"].as_str().unwrap().to_string());
+    }
+    let mut host_jobs = std::collections::HashMap::new();
+    for sandbox in sandboxes.iter().map(String::as_str) {
         // Ends within the budget: an ordinary result, streams apart, no job left.
         let (r, _) = exec(
             &client,
@@ -115,6 +129,16 @@ async fn a_call_past_the_budget_leaves_its_command_running_as_a_job() {
         )
         .await;
         assert_eq!(listed["tasks"][0]["name"], job.as_str(), "{listed}");
+        // A sandbox sees only its own jobs: the host's are unknown there.
+        if sandbox.contains('/') {
+            assert_eq!(listed["tasks"].as_array().unwrap().len(), 1, "{listed}");
+            let host_job = &host_jobs[sandbox.split('/').next().unwrap()];
+            let args = json!({"name": host_job, "sandbox_name": sandbox, "timeout_s": 1});
+            let (err, r) = call(&client, "wait_background_task", args).await;
+            assert!(err && r.to_string().contains("no job named"), "{r}");
+        } else {
+            host_jobs.insert(sandbox.to_string(), job.clone());
+        }
         let w = wait_end(&client, sandbox, &job).await;
         assert_eq!(
             (&w["state"], &w["exit_code"]),

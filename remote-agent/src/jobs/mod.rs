@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use outpost_protocol::{
     AgentError, CapturedOutput, ErrorKind, ExecResult, JobCollect, JobInfo, JobLog, JobRead,
-    JobState, JobWait, JobWaited, Response, WaitReason, WatchSpec,
+    JobState, JobWait, JobWaited, Request, Response, WaitReason, WatchSpec,
 };
 use regex::bytes::Regex;
 use tokio::sync::watch;
@@ -83,14 +83,71 @@ pub fn status(name: &str) -> Result<Response, AgentError> {
     Ok(Response::Job(Snapshot::read(&dir)?.info()))
 }
 
-/// `JobList`: the newest `limit` jobs in `state`, newest first, as many as
-/// fit [`LIST_BYTES`] (a host keeps every job it ran, and some commands are
-/// long), and how many older ones were left out.
-pub fn list(state: Option<JobState>, limit: u32) -> Result<Response, AgentError> {
+/// A job request but `JobStart`; `only`: the sandbox it was made in, whose
+/// jobs alone it may see (a name of another's is as unknown as any).
+pub fn answer(
+    request: Request,
+    only: Option<&str>,
+    stop: &watch::Receiver<bool>,
+) -> Result<Response, AgentError> {
+    let named = match &request {
+        Request::JobStatus { name } | Request::JobCancel { name, .. } => Some(name),
+        Request::JobWait(JobWait { name, .. })
+        | Request::JobRead(JobRead { name, .. })
+        | Request::JobCollect(JobCollect { name, .. }) => Some(name),
+        Request::JobEvents { name, .. } => name.as_ref(),
+        _ => None,
+    };
+    if let (Some(name), Some(sandbox)) = (named, only)
+        && !made_in(name, sandbox)
+    {
+        return Err(error(
+            ErrorKind::BadRequest,
+            format!("no job named {name} in sandbox {sandbox}"),
+        ));
+    }
+    match request {
+        Request::JobStatus { name } => status(&name),
+        Request::JobList { state, limit } => list(state, limit, only),
+        Request::JobCancel { name, grace_ms } => cancel(&name, grace_ms),
+        Request::JobWait(req) => wait(&req, stop),
+        Request::JobRead(req) => read(&req),
+        Request::JobCollect(req) => collect(&req),
+        Request::JobEvents {
+            name,
+            after_seq,
+            limit,
+        } => events(name.as_deref(), after_seq, limit, only),
+        other => Err(error(
+            ErrorKind::Internal,
+            format!("not a job request: {other:?}"),
+        )),
+    }
+}
+
+/// Whether job `name` was made in `sandbox`.
+fn made_in(name: &str, sandbox: &str) -> bool {
+    store::root()
+        .and_then(|root| store::find(&root, name))
+        .ok()
+        .and_then(|dir| Snapshot::read(&dir).ok())
+        .is_some_and(|s| s.record.spec.sandbox.as_deref() == Some(sandbox))
+}
+
+/// `JobList`: the newest `limit` jobs in `state` (of sandbox `only`, when
+/// given), newest first, as many as fit [`LIST_BYTES`] (a host keeps every
+/// job it ran, and some commands are long), and how many older ones were
+/// left out.
+pub fn list(
+    state: Option<JobState>,
+    limit: u32,
+    only: Option<&str>,
+) -> Result<Response, AgentError> {
     let root = store::root()?;
     let mut matching: Vec<Snapshot> = store::all(&root)
         .into_iter()
         .filter(|s| state.is_none_or(|st| s.state == st))
+        .filter(|s| only.is_none() || s.record.spec.sandbox.as_deref() == only)
         .collect();
     // Oldest first from the store.
     matching.reverse();
@@ -144,18 +201,33 @@ pub(crate) fn watch_texts(w: &WatchSpec) -> [&Option<String>; 8] {
     ]
 }
 
-pub fn events(name: Option<&str>, after_seq: u64, limit: u32) -> Result<Response, AgentError> {
+/// `JobEvents` after `after_seq`, of job `name` or of all (of sandbox
+/// `only`, when given).
+pub fn events(
+    name: Option<&str>,
+    after_seq: u64,
+    limit: u32,
+    only: Option<&str>,
+) -> Result<Response, AgentError> {
     let root = store::root()?;
     if let Some(name) = name {
         store::find(&root, name)?;
     }
-    let limit = if limit == 0 { DEFAULT_EVENTS } else { limit }.min(MAX_EVENTS);
-    Ok(Response::JobEvents(store::events(
-        &root,
-        name,
-        after_seq,
-        limit as usize,
-    )))
+    let limit = if limit == 0 { DEFAULT_EVENTS } else { limit }.min(MAX_EVENTS) as usize;
+    let mut events = match (name, only) {
+        (None, Some(_)) => store::events(&root, None, after_seq, usize::MAX),
+        _ => store::events(&root, name, after_seq, limit),
+    };
+    if let (None, Some(sandbox)) = (name, only) {
+        let mut theirs = std::collections::HashMap::new();
+        events.retain(|e| {
+            *theirs
+                .entry(e.job.clone())
+                .or_insert_with(|| made_in(&e.job, sandbox))
+        });
+        events.truncate(limit);
+    }
+    Ok(Response::JobEvents(events))
 }
 
 /// `JobCancel`: marks the job cancelled, then TERM to its whole tree (found
