@@ -562,6 +562,9 @@ pub struct ScanRequest {
     pub recursive: bool,
     /// Stop after this many entries (0: no limit); `ScanDone.truncated` says so.
     pub max_entries: u64,
+    /// The [`ScanSummary::digest`] of an earlier answer the caller keeps:
+    /// when this scan's is the same, no `Entries` come (`ScanDone.unchanged`).
+    pub known: Option<[u8; 32]>,
 }
 
 /// Which paths a scan skips. Patterns use gitignore syntax.
@@ -620,6 +623,11 @@ pub struct ScanSummary {
     /// Partial files of interrupted transfers that a `Resume` can adopt
     /// (hashing scans only).
     pub partials: Vec<Partial>,
+    /// BLAKE3 of the entries and the fields above, for a complete hashing
+    /// scan: what a later scan's `known` names.
+    pub digest: Option<[u8; 32]>,
+    /// The entries are those of the request's `known`, and none were sent.
+    pub unchanged: bool,
 }
 
 /// The partial content of an interrupted transfer, by the directory of the

@@ -62,6 +62,7 @@ fn sample_messages() -> (Hello, Vec<ClientMessage>, Vec<AgentMessage>) {
                 chunk_lists: true,
                 recursive: true,
                 max_entries: 200,
+                known: Some([7; 32]),
             }),
         },
         ClientMessage::Request {

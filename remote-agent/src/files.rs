@@ -191,10 +191,16 @@ pub async fn scan(
         {
             save_cache(&cache, &file);
         }
-        if !req.chunk_lists {
-            for entry in &mut output.entries {
+        for entry in &mut output.entries {
+            // A chunk list too long for a frame is left out, as it is sent.
+            if !req.chunk_lists || entry_bytes(entry) > MAX_ENTRY_BYTES {
                 entry.chunks = Vec::new();
             }
+        }
+        if req.hashes && !output.summary.truncated {
+            let digest = digest_of(&output);
+            output.summary.digest = digest;
+            output.summary.unchanged = digest.is_some() && digest == req.known;
         }
         output
     });
@@ -263,6 +269,10 @@ async fn send_entries(
     outbox: &Outbox,
     cancel: &watch::Receiver<bool>,
 ) -> Response {
+    if output.summary.unchanged {
+        // The caller has them: a no-op sync costs the walk, not the list.
+        return Response::ScanDone(output.summary);
+    }
     let mut batch = Vec::new();
     let mut batch_bytes = 0;
     for mut entry in output.entries {
@@ -306,6 +316,17 @@ fn save_cache(cache: &StatCache, file: &Path) {
 
 /// An upper bound on an entry's encoded size (postcard varints are never
 /// longer than these fixed widths).
+/// BLAKE3 of a scan's entries and summary as they are encoded, one by one
+/// (the summary before its digest is set): equal digests, equal answers.
+fn digest_of(output: &ScanOutput) -> Option<[u8; 32]> {
+    let mut hasher = blake3::Hasher::new();
+    for entry in &output.entries {
+        hasher.update(&outpost_protocol::encode_frame(entry).ok()?);
+    }
+    hasher.update(&outpost_protocol::encode_frame(&output.summary).ok()?);
+    Some(*hasher.finalize().as_bytes())
+}
+
 fn entry_bytes(entry: &TreeEntry) -> usize {
     let target = match &entry.kind {
         outpost_protocol::EntryKind::Symlink { target } => target.len(),

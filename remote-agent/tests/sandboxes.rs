@@ -549,11 +549,39 @@ fn bwrap_contains_and_works(mut host: Host) {
     assert!(e.message.contains("was deleted"), "{}", e.message);
 }
 
-/// `enter` runs on the host before it isolates anything: what the caller
-/// sets for the command (a loader path, say) must not reach it, and
-/// nothing may unmark the command.
+/// An exec starts inside with no `enter` process between (its supervisor's
+/// forks take the steps in), and a job through `enter`, which runs on the
+/// host before it isolates anything: what the caller sets for the command
+/// (a loader path, say) must reach nothing but the command, and nothing may
+/// unmark it.
 fn environment_reaches_only_the_command(host: &mut Host, id: &str) {
-    let mut req = exec("sleep 3 & echo $LD_LIBRARY_PATH; wait");
+    let marker = format!("OUTPOST_SANDBOX={id}");
+    let environ = |p: &i32| std::fs::read(format!("/proc/{p}/environ")).unwrap_or_default();
+    let cmdline = |p: &i32| std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+    let has_var = |p: &i32| {
+        environ(p)
+            .split(|&b| b == 0)
+            .any(|v| v.starts_with(b"LD_LIBRARY_PATH="))
+    };
+    let is_enter = |p: &i32| cmdline(p).windows(7).any(|w| w == b"\0enter\0");
+    let spec = JobSpec {
+        command: "sleep 3.1".into(),
+        env: vec![("LD_LIBRARY_PATH".into(), "/nowhere".into())],
+        ..JobSpec::default()
+    };
+    let Response::Job(_) = host.inside(id, Request::JobStart(spec)) else {
+        panic!("no job started");
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut enter = None;
+    while enter.is_none() && Instant::now() < deadline {
+        enter = procs_with_env(&marker).into_iter().find(is_enter);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let enter = enter.expect("the job's enter process");
+    assert!(!has_var(&enter), "enter itself got the loader path");
+
+    let mut req = exec("sleep 3.2 & echo $LD_LIBRARY_PATH; wait");
     req.env = vec![("LD_LIBRARY_PATH".into(), "/nowhere".into())];
     host.next_id += 1;
     let call = host.next_id;
@@ -564,25 +592,23 @@ fn environment_reaches_only_the_command(host: &mut Host, id: &str) {
             request: Box::new(Request::Exec(req)),
         },
     );
-    let marker = format!("OUTPOST_SANDBOX={id}");
     let deadline = Instant::now() + Duration::from_secs(5);
-    let environ = |p: &i32| std::fs::read(format!("/proc/{p}/environ")).unwrap_or_default();
-    let cmdline = |p: &i32| std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
-    let mut enter = None;
-    while enter.is_none() && Instant::now() < deadline {
-        enter = procs_with_env(&marker)
+    let mut sleeper = None;
+    while sleeper.is_none() && Instant::now() < deadline {
+        sleeper = procs_with_env(&marker)
             .into_iter()
-            .find(|p| cmdline(p).windows(7).any(|w| w == b"\0enter\0"));
+            .find(|p| cmdline(p).starts_with(b"sleep\x003.2"));
         std::thread::sleep(Duration::from_millis(10));
     }
-    let enter = enter.expect("the enter process");
-    let vars: Vec<Vec<u8>> = environ(&enter)
-        .split(|&b| b == 0)
-        .map(<[u8]>::to_vec)
+    let sleeper = sleeper.expect("the exec's command");
+    assert!(has_var(&sleeper), "the command's child lost its variable");
+    let exec_enters: Vec<i32> = procs_with_env(&marker)
+        .into_iter()
+        .filter(|p| is_enter(p) && *p != enter)
         .collect();
     assert!(
-        !vars.iter().any(|v| v.starts_with(b"LD_LIBRARY_PATH=")),
-        "enter itself got the loader path"
+        exec_enters.is_empty(),
+        "an exec started through enter: {exec_enters:?}"
     );
     let Response::ExecDone(r) = host.agent.last(call, Duration::from_secs(30)) else {
         panic!("no result");

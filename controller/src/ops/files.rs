@@ -433,6 +433,7 @@ pub async fn list(fleet: &Fleet, p: ListRequest) -> Result<ListResult, String> {
                 ));
             }
         },
+        known: None,
     };
     let (entries, summary) = sync::scan_remote(&session, request)
         .await

@@ -23,10 +23,11 @@
 //! `types` (the public types), `limits` (request bounds), `helpers`,
 //! `local` (the local root and scan), `planning` (from options and scans to
 //! a plan), `parts` (how each file travels), `pipeline` (requests in
-//! flight), `remote` (scans, reads and writes through the agent), `run` (a
-//! sync being applied: the metadata phases), `single` (one file rather than
-//! a tree), `source` (a push's local side, shared by all its hosts), `push`
-//! and `pull` (the file contents, each way). This file holds [`push()`],
+//! flight), `memo` (the host's recent scans, kept), `remote` (scans, reads
+//! and writes through the agent), `run` (a sync being applied: the metadata
+//! phases), `single` (one file rather than a tree), `source` (a push's
+//! local side, shared by all its hosts), `push` and `pull` (the file
+//! contents, each way). This file holds [`push()`],
 //! [`push_many()`] and [`pull()`] and re-exports the rest of the public API.
 //!
 //! A push to many hosts is one push per host, all at once, over one
@@ -37,6 +38,7 @@
 mod helpers;
 mod limits;
 mod local;
+mod memo;
 mod parts;
 mod pipeline;
 mod planning;

@@ -14,6 +14,7 @@ use outpost_treesync::plan::FileChange;
 
 use super::helpers::{check_cancelled, unexpected};
 use super::limits::REQUEST_BYTES;
+use super::memo;
 use super::parts::next_xfer;
 use super::pipeline::final_answer;
 use super::planning::{Side, take_described, undescribed};
@@ -128,6 +129,7 @@ pub async fn write_remote(
                 chunk_lists: false,
                 recursive: false,
                 max_entries: 1,
+                known: None,
             };
             if !scan_on(&conn, request).await?.1.root_exists {
                 return Err(SyncError::Invalid(format!(
@@ -191,6 +193,7 @@ pub(super) fn scan_request(conn: &ScopedConn, root: &str, spec: &FilterSpec) -> 
         chunk_lists: conn.sandbox().is_some(),
         recursive: true,
         max_entries: 0,
+        known: None,
     }
 }
 
@@ -234,14 +237,29 @@ pub(super) async fn describe_on(
 
 pub(super) async fn scan_on(
     conn: &ScopedConn,
-    request: ScanRequest,
+    mut request: ScanRequest,
 ) -> Result<(Vec<TreeEntry>, ScanSummary), CallError> {
+    // A scan of a whole tree names the one kept from before (see `memo`).
+    let key = memo::key(conn, &request);
+    let kept = key.as_ref().and_then(memo::get);
+    request.known = kept.as_ref().map(|(digest, _)| *digest);
     let mut call = conn.start(Request::Scan(request))?;
     let mut entries = Vec::new();
     loop {
         match call.next().await? {
             Response::Entries(batch) => entries.extend(batch),
-            Response::ScanDone(summary) => return Ok((entries, summary)),
+            Response::ScanDone(summary) if summary.unchanged => {
+                return match kept {
+                    Some((_, kept)) => Ok(((*kept).clone(), summary)),
+                    None => Err(unexpected("a scan", &Response::ScanDone(summary))),
+                };
+            }
+            Response::ScanDone(summary) => {
+                if let (Some(key), Some(digest)) = (key, summary.digest) {
+                    memo::keep(key, digest, &entries);
+                }
+                return Ok((entries, summary));
+            }
             Response::Error(e) => return Err(CallError::Agent(e)),
             other => return Err(unexpected("a scan", &other)),
         }
@@ -263,6 +281,7 @@ async fn stat_remote(
             chunk_lists: false,
             recursive: false,
             max_entries: 1,
+            known: None,
         },
     )
     .await?;

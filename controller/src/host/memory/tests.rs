@@ -458,6 +458,69 @@ async fn push_and_pull_a_small_tree() {
     );
 }
 
+/// A sync's rescan of a tree the host still has as it was comes back as a
+/// digest, and the entries kept from before, which are what a full scan
+/// gives; any change, or a digest the host did not give, brings the list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rescan_of_an_unchanged_tree_sends_only_its_digest() {
+    use outpost_protocol::{ScanRequest, TreeEntry};
+    let scratch = TempDir::new("rescan");
+    let root = scratch.path().join("tree");
+    std::fs::create_dir_all(root.join("sub")).unwrap();
+    for i in 0..50 {
+        std::fs::write(root.join(format!("sub/f{i}")), format!("{i}\n")).unwrap();
+    }
+    let session = session_on(&MemoryHost::new(), "mem");
+    let request = ScanRequest {
+        root: root.to_str().unwrap().to_string(),
+        hashes: true,
+        recursive: true,
+        ..ScanRequest::default()
+    };
+    let scan = || crate::sync::scan_remote(&session, request.clone());
+    let (first, summary) = scan().await.unwrap();
+    assert_eq!(first.len(), 51);
+    assert!(
+        summary.digest.is_some() && !summary.unchanged,
+        "{summary:?}"
+    );
+    let (again, summary2) = scan().await.unwrap();
+    assert!(summary2.unchanged, "{summary2:?}");
+    assert_eq!((again, summary2.digest), (first.clone(), summary.digest));
+
+    // The agent itself sends the list to a caller that names another digest.
+    let conn = session.connection().await.unwrap();
+    let raw = |known: Option<[u8; 32]>| {
+        let mut call = conn
+            .start(Request::Scan(ScanRequest {
+                known,
+                ..request.clone()
+            }))
+            .unwrap();
+        async move {
+            let mut entries: Vec<TreeEntry> = Vec::new();
+            loop {
+                match call.next().await.unwrap() {
+                    Response::Entries(batch) => entries.extend(batch),
+                    Response::ScanDone(summary) => return (entries, summary),
+                    other => panic!("{other:?}"),
+                }
+            }
+        }
+    };
+    let (sent, done) = raw(Some([0; 32])).await;
+    assert!(!done.unchanged && sent == first, "{done:?}");
+    let (sent, done) = raw(summary.digest).await;
+    assert!(done.unchanged && sent.is_empty(), "{done:?}");
+
+    // One byte more in one file: the whole list again, with a new digest.
+    std::fs::write(root.join("sub/f7"), "77\n").unwrap();
+    let (changed, summary3) = scan().await.unwrap();
+    assert!(!summary3.unchanged && summary3.digest != summary.digest);
+    assert_eq!(changed.len(), 51);
+    assert_ne!(changed, first);
+}
+
 /// Counts the opens of one file from its creation on (inotify), to tell a
 /// scan that took a hash from its stat cache from one that read the file.
 struct OpenWatch(std::os::fd::OwnedFd);
