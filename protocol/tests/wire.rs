@@ -443,6 +443,8 @@ fn sample_messages() -> (Hello, Vec<ClientMessage>, Vec<AgentMessage>) {
                     hash_prefix: [6; 16],
                     size: 1 << 33,
                 }],
+                digest: Some([9; 32]),
+                unchanged: true,
             }),
         },
         AgentMessage::Response {
