@@ -1177,9 +1177,11 @@ async fn mcp_drop_in_calls_and_the_tool_list() {
     // 12,000 since rarely needed tools, Slurm's parameters (without a
     // cluster) and the default hints left the default list; 14,000 since
     // checkpoint, restore, diff, fork and expose_port (about 2,000) joined
-    // it. Raising it needs a line in the README saying why.
+    // it; 14,100 since the syncs' schemas name draft-07 (about 100), which
+    // saves a validating client about 3.5 ms a sync. Raising it needs a
+    // line in the README saying why.
     assert!(
-        size <= 14_000,
+        size <= 14_100,
         "the default tool list grew to {size} characters"
     );
     // A client that validates results (the Python SDK builds a validator

@@ -93,6 +93,8 @@ const CALLED_OFTEN: &[&str] = &[
     "read_remote_file",
     "write_remote_file",
     "list_remote_files",
+    "sync_local_to_remote",
+    "sync_remote_to_local",
 ];
 
 /// Short for draft-07 (with or without its empty fragment, validators
