@@ -125,13 +125,13 @@ pub fn answer(
     }
 }
 
-/// Whether job `name` was made in `sandbox`.
+/// Whether job `name` was made in `sandbox` (its spec alone says).
 fn made_in(name: &str, sandbox: &str) -> bool {
     store::root()
         .and_then(|root| store::find(&root, name))
         .ok()
-        .and_then(|dir| Snapshot::read(&dir).ok())
-        .is_some_and(|s| s.record.spec.sandbox.as_deref() == Some(sandbox))
+        .and_then(|dir| statefile::read_json::<store::Record>(&dir.join(store::SPEC)))
+        .is_some_and(|record| record.spec.sandbox.as_deref() == Some(sandbox))
 }
 
 /// `JobList`: the newest `limit` jobs in `state` (of sandbox `only`, when

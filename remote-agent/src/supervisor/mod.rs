@@ -177,7 +177,8 @@ pub fn start(program: &Program, with_stdin: bool, entry: Option<&Entry>) -> io::
     }
     // SAFETY: just opened, ours.
     let null = unsafe { OwnedFd::from_raw_fd(null) };
-    let (entrant_r, entrant_w) = pipe_pair()?;
+    // Only a command into a sandbox has an entrant to say its pid.
+    let entrant = entry.map(|_| pipe_pair()).transpose()?;
     let mut sources: Vec<(RawFd, RawFd)> = vec![
         (theirs.as_raw_fd(), CONTROL_FD),
         (out_r.as_raw_fd(), STDOUT_FD),
@@ -192,9 +193,13 @@ pub fn start(program: &Program, with_stdin: bool, entry: Option<&Entry>) -> io::
         (err_w.as_raw_fd(), CMD_STDERR),
         (exec_r.as_raw_fd(), EXEC_ERR_READ),
         (exec_w.as_raw_fd(), EXEC_ERR_WRITE),
-        (entrant_r.as_raw_fd(), ENTRANT_READ),
-        (entrant_w.as_raw_fd(), ENTRANT_WRITE),
     ];
+    if let Some((r, w)) = &entrant {
+        sources.extend([
+            (r.as_raw_fd(), ENTRANT_READ),
+            (w.as_raw_fd(), ENTRANT_WRITE),
+        ]);
+    }
     let mut cgroup = -1;
     if let Some(entry) = entry {
         let fds: Vec<RawFd> = entry
@@ -248,9 +253,7 @@ pub fn start(program: &Program, with_stdin: bool, entry: Option<&Entry>) -> io::
     if pid < 0 {
         return Err(io::Error::last_os_error());
     }
-    drop((
-        theirs, out_w, err_w, exec_r, exec_w, null, entrant_r, entrant_w,
-    ));
+    drop((theirs, out_w, err_w, exec_r, exec_w, null, entrant));
     let stdin = stdin.map(|(r, w)| {
         drop(r);
         w
