@@ -516,11 +516,13 @@ fn bwrap_contains_and_works(mut host: Host) {
         panic!("job did not start");
     };
     let made = Path::new(&info.work_dir).join("from-job");
+    // The shell makes the file before `echo` writes to it: wait for both.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !made.exists() && Instant::now() < deadline {
+    let read = || std::fs::read_to_string(&made).unwrap_or_default();
+    while read() != "job-ran\n" && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert_eq!(std::fs::read_to_string(&made).unwrap(), "job-ran\n");
+    assert_eq!(read(), "job-ran\n");
     let log = std::fs::read_to_string(&job.log_file).unwrap_or_default();
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut log = log;
