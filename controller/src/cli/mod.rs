@@ -274,7 +274,11 @@ pub(super) enum AuthAction {
     },
     /// End a grant (by grant id) or every grant of a client (by client id):
     /// its tokens stop working on the next request.
-    Revoke { id: String },
+    Revoke {
+        /// A grant or client id (random base64url: it may start with `-`).
+        #[arg(allow_hyphen_values = true)]
+        id: String,
+    },
 }
 
 #[derive(Subcommand)]
