@@ -31,4 +31,4 @@ pub use messages::*;
 
 /// Version of the message layout. The controller refuses an agent that reports
 /// another version and installs the matching agent instead.
-pub const PROTOCOL_VERSION: u32 = 20;
+pub const PROTOCOL_VERSION: u32 = 21;

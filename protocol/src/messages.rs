@@ -563,7 +563,9 @@ pub struct ScanRequest {
     /// Stop after this many entries (0: no limit); `ScanDone.truncated` says so.
     pub max_entries: u64,
     /// The [`ScanSummary::digest`] of an earlier answer the caller keeps:
-    /// when this scan's is the same, no `Entries` come (`ScanDone.unchanged`).
+    /// when this scan's is the same, no `Entries` come (`ScanDone.unchanged`);
+    /// when the host kept that answer too, only what changed since
+    /// (`ScanDone.delta`).
     pub known: Option<[u8; 32]>,
 }
 
@@ -628,6 +630,11 @@ pub struct ScanSummary {
     pub digest: Option<[u8; 32]>,
     /// The entries are those of the request's `known`, and none were sent.
     pub unchanged: bool,
+    /// The entries sent are only those added or changed since the request's
+    /// `known`, and `removed` the paths gone since; `digest` is still the
+    /// whole scan's.
+    pub delta: bool,
+    pub removed: Vec<RelPath>,
 }
 
 /// The partial content of an interrupted transfer, by the directory of the

@@ -445,6 +445,8 @@ fn sample_messages() -> (Hello, Vec<ClientMessage>, Vec<AgentMessage>) {
                 }],
                 digest: Some([9; 32]),
                 unchanged: true,
+                delta: true,
+                removed: vec![b"old/gone.txt".to_vec()],
             }),
         },
         AgentMessage::Response {

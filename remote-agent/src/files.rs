@@ -16,12 +16,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use outpost_protocol::limits::MAX_FRAME_LEN;
 use outpost_protocol::{
-    AgentError, ApplyMeta, ErrorKind, PutFiles, PutPart, ReadFiles, RelPath, RequestId, Response,
-    Resume, ScanRequest, ScanSummary, TreeEntry, encode_file_data_frame,
+    AgentError, ApplyMeta, ErrorKind, FilterSpec, PutFiles, PutPart, ReadFiles, RelPath, RequestId,
+    Response, Resume, ScanRequest, ScanSummary, TreeEntry, encode_file_data_frame,
 };
 use outpost_treesync::apply::{self, Applier};
 use outpost_treesync::cache::{StatCache, Written};
 use outpost_treesync::filter::Filter;
+use outpost_treesync::known::{self, KeptScans};
 use outpost_treesync::scan::{self, ScanOptions, ScanOutput};
 use tokio::sync::{mpsc, watch};
 
@@ -197,10 +198,8 @@ pub async fn scan(
                 entry.chunks = Vec::new();
             }
         }
-        if req.hashes && !output.summary.truncated {
-            let digest = digest_of(&output);
-            output.summary.digest = digest;
-            output.summary.unchanged = digest.is_some() && digest == req.known;
+        if req.hashes && req.recursive && req.max_entries == 0 && !output.summary.truncated {
+            answer_against_known(&root, &req, &mut output);
         }
         output
     });
@@ -316,15 +315,36 @@ fn save_cache(cache: &StatCache, file: &Path) {
 
 /// An upper bound on an entry's encoded size (postcard varints are never
 /// longer than these fixed widths).
-/// BLAKE3 of a scan's entries and summary as they are encoded, one by one
-/// (the summary before its digest is set): equal digests, equal answers.
-fn digest_of(output: &ScanOutput) -> Option<[u8; 32]> {
-    let mut hasher = blake3::Hasher::new();
-    for entry in &output.entries {
-        hasher.update(&outpost_protocol::encode_frame(entry).ok()?);
+/// The last whole-tree scan of each root (with its filter) this agent
+/// answered, so a rescan that names its digest gets only what changed.
+static KEPT: KeptScans<(PathBuf, FilterSpec, bool)> = KeptScans::new();
+
+/// Sets `output`'s digest and, when the caller keeps the scan this agent
+/// kept last for the root (`known`), answers against it: nothing when the
+/// tree is the same, or only what changed when that is much less.
+fn answer_against_known(root: &Path, req: &ScanRequest, output: &mut ScanOutput) {
+    let Some(digest) = known::digest(&output.entries, &output.summary) else {
+        return;
+    };
+    output.summary.digest = Some(digest);
+    let key = (root.to_path_buf(), req.filter.clone(), req.chunk_lists);
+    let before = KEPT.get(&key).filter(|(kept, _)| req.known == Some(*kept));
+    let entries = Arc::new(std::mem::take(&mut output.entries));
+    match before {
+        Some((kept, _)) if kept == digest => output.summary.unchanged = true,
+        Some((_, kept)) => {
+            let delta = known::delta(&kept, &entries);
+            if delta.worth_it(&entries) {
+                output.entries = delta.changed;
+                output.summary.removed = delta.removed;
+                output.summary.delta = true;
+            } else {
+                output.entries = entries.to_vec();
+            }
+        }
+        None => output.entries = entries.to_vec(),
     }
-    hasher.update(&outpost_protocol::encode_frame(&output.summary).ok()?);
-    Some(*hasher.finalize().as_bytes())
+    KEPT.keep(key, digest, entries);
 }
 
 fn entry_bytes(entry: &TreeEntry) -> usize {

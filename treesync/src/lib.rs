@@ -5,6 +5,8 @@
 //! * [`scan`]: describe a tree (kinds, modes, sizes, mtimes, BLAKE3 hashes and
 //!   FastCDC chunk lists of large files), skipping excluded paths, with a
 //!   [`cache::StatCache`] so unchanged files are not hashed again.
+//! * [`known`]: a rescan answered against the scan the other side keeps
+//!   (its digest alone, or what changed since).
 //! * [`plan`]: compare a source and a destination description and decide what
 //!   to create, send, update and remove.
 //! * [`apply`]: carry a plan out on the receiving side, safely: every file is
@@ -21,6 +23,7 @@ pub mod cache;
 pub mod chunk;
 pub mod codec;
 pub mod filter;
+pub mod known;
 pub mod mirror;
 mod parallel;
 pub mod plan;

@@ -3,14 +3,15 @@
 //! sync asks of the host on its own (its scans, creating a push's missing
 //! root, dropping staged transfers).
 
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use outpost_protocol::{
     ApplyMeta, EntryKind, Expect, FileContent, FilePut, FilterSpec, MetaOp, PartData, PutFiles,
     PutPart, ReadFiles, ReadSpec, RelPath, Request, Response, ScanRequest, ScanSummary, TreeEntry,
 };
-use outpost_treesync::codec;
 use outpost_treesync::plan::FileChange;
+use outpost_treesync::{codec, known};
 
 use super::helpers::{check_cancelled, unexpected};
 use super::limits::REQUEST_BYTES;
@@ -241,28 +242,49 @@ pub(super) async fn scan_on(
 ) -> Result<(Vec<TreeEntry>, ScanSummary), CallError> {
     // A scan of a whole tree names the one kept from before (see `memo`).
     let key = memo::key(conn, &request);
-    let kept = key.as_ref().and_then(memo::get);
-    request.known = kept.as_ref().map(|(digest, _)| *digest);
-    let mut call = conn.start(Request::Scan(request))?;
-    let mut entries = Vec::new();
+    let mut kept = key.as_ref().and_then(memo::get);
     loop {
-        match call.next().await? {
-            Response::Entries(batch) => entries.extend(batch),
-            Response::ScanDone(summary) if summary.unchanged => {
-                return match kept {
-                    Some((_, kept)) => Ok(((*kept).clone(), summary)),
-                    None => Err(unexpected("a scan", &Response::ScanDone(summary))),
-                };
+        request.known = kept.as_ref().map(|(digest, _)| *digest);
+        let mut call = conn.start(Request::Scan(request.clone()))?;
+        let mut entries = Vec::new();
+        let summary = loop {
+            match call.next().await? {
+                Response::Entries(batch) => entries.extend(batch),
+                Response::ScanDone(summary) => break summary,
+                Response::Error(e) => return Err(CallError::Agent(e)),
+                other => return Err(unexpected("a scan", &other)),
             }
-            Response::ScanDone(summary) => {
-                if let (Some(key), Some(digest)) = (key, summary.digest) {
-                    memo::keep(key, digest, &entries);
-                }
-                return Ok((entries, summary));
-            }
-            Response::Error(e) => return Err(CallError::Agent(e)),
-            other => return Err(unexpected("a scan", &other)),
+        };
+        let entries_sent = entries.len();
+        let whole = match (&kept, summary.unchanged || summary.delta) {
+            (_, false) => Some(entries),
+            (None, true) => return Err(unexpected("a scan", &Response::ScanDone(summary))),
+            (Some((_, kept)), true) if summary.unchanged => Some((**kept).clone()),
+            (Some((_, kept)), true) => known::patched(kept, entries, &summary.removed)
+                .filter(|whole| known::digest(whole, &summary) == summary.digest),
+        };
+        tracing::debug!(
+            root = request.root,
+            sent = entries_sent,
+            removed = summary.removed.len(),
+            unchanged = summary.unchanged,
+            delta = summary.delta,
+            "scanned the host"
+        );
+        let Some(whole) = whole else {
+            // Only a fault on one side could get here; a full scan mends it.
+            tracing::warn!("a scan's changes did not add up to its digest; scanning again");
+            kept = None;
+            continue;
+        };
+        if let (Some(key), Some(digest)) = (key, summary.digest)
+            && !summary.unchanged
+        {
+            let whole = Arc::new(whole);
+            memo::keep(key, digest, Arc::clone(&whole));
+            return Ok((Arc::unwrap_or_clone(whole), summary));
         }
+        return Ok((whole, summary));
     }
 }
 

@@ -460,7 +460,8 @@ async fn push_and_pull_a_small_tree() {
 
 /// A sync's rescan of a tree the host still has as it was comes back as a
 /// digest, and the entries kept from before, which are what a full scan
-/// gives; any change, or a digest the host did not give, brings the list.
+/// gives; a change brings only what changed, and a digest the host did not
+/// keep brings the whole list.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rescan_of_an_unchanged_tree_sends_only_its_digest() {
     use outpost_protocol::{ScanRequest, TreeEntry};
@@ -513,12 +514,40 @@ async fn a_rescan_of_an_unchanged_tree_sends_only_its_digest() {
     let (sent, done) = raw(summary.digest).await;
     assert!(done.unchanged && sent.is_empty(), "{done:?}");
 
-    // One byte more in one file: the whole list again, with a new digest.
+    // One byte more in one file: that entry alone comes, and what the
+    // controller makes of it is the whole new scan, with a new digest.
     std::fs::write(root.join("sub/f7"), "77\n").unwrap();
     let (changed, summary3) = scan().await.unwrap();
-    assert!(!summary3.unchanged && summary3.digest != summary.digest);
+    assert!(
+        summary3.delta && summary3.digest != summary.digest,
+        "{summary3:?}"
+    );
     assert_eq!(changed.len(), 51);
     assert_ne!(changed, first);
+    let (sent, done) = raw(None).await;
+    assert!(!done.delta && sent == changed, "{done:?}");
+    let (sent, done) = raw(summary.digest).await;
+    assert!(
+        !done.delta && sent == changed,
+        "a digest the host no longer keeps: {done:?}"
+    );
+
+    // A file gone and one new: the host sends the new one and its
+    // directory (whose mtime moved) and names the gone one.
+    std::fs::remove_file(root.join("sub/f3")).unwrap();
+    std::fs::write(root.join("sub/g"), "g\n").unwrap();
+    let (sent, done) = raw(summary3.digest).await;
+    assert!(done.delta, "{done:?}");
+    let mut names: Vec<&[u8]> = sent.iter().map(|e| e.path.as_slice()).collect();
+    names.sort();
+    assert_eq!(names, [b"sub".as_slice(), b"sub/g"]);
+    assert_eq!(done.removed, [b"sub/f3".to_vec()]);
+    // The controller's kept scan is a step behind the host's now: it gets
+    // the whole list, and it is the tree as it is.
+    let (again, summary4) = scan().await.unwrap();
+    assert!(!summary4.delta && !summary4.unchanged, "{summary4:?}");
+    assert_eq!(again.len(), 51);
+    assert!(again.iter().any(|e| e.path == b"sub/g") && !again.iter().any(|e| e.path == b"sub/f3"));
 }
 
 /// Counts the opens of one file from its creation on (inotify), to tell a
