@@ -336,6 +336,48 @@ async fn mcp_a_pull_never_writes_login_files_or_outpost_s_own() {
     client.cancel().await.unwrap();
 }
 
+/// A pull of a tree pulled before goes straight to the tree's scan; a
+/// remote path that has become a file since is still pulled as that file,
+/// into the directory, and nothing else lands there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_a_pulled_tree_that_became_a_file_comes_as_the_file() {
+    let (client, home) = start(&[]).await;
+    let remote = common::scratch("tree-then-file");
+    let src = remote.path().join("data");
+    std::fs::create_dir_all(&src).unwrap();
+    std::fs::write(src.join("a.txt"), "a\n").unwrap();
+    let local = home.path().join("mirror");
+    std::fs::create_dir_all(&local).unwrap();
+    let pull = || {
+        call(
+            &client,
+            "sync_remote_to_local",
+            json!({"remote_path": src, "local_path": local}),
+        )
+    };
+    let (err, r) = pull().await;
+    assert!(!err && r["synced_type"] == "directory", "{r}");
+    assert_eq!(std::fs::read_to_string(local.join("a.txt")).unwrap(), "a\n");
+    let (err, r) = pull().await;
+    assert!(!err && r["downloaded_files"] == 0, "{r}");
+
+    std::fs::remove_dir_all(&src).unwrap();
+    std::fs::write(&src, "now a file\n").unwrap();
+    let (err, r) = pull().await;
+    assert!(!err && r["synced_type"] == "file", "{r}");
+    assert_eq!(
+        std::fs::read_to_string(local.join("data")).unwrap(),
+        "now a file\n"
+    );
+    let mut names: Vec<_> = std::fs::read_dir(&local)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["a.txt", "data"]);
+    client.cancel().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mcp_file_tools_and_transfers() {
     let sshd = Sshd::start();

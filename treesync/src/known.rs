@@ -155,6 +155,11 @@ impl<K: PartialEq> KeptScans<K> {
         Some(answer)
     }
 
+    /// Whether a scan is kept under a key that `wanted` accepts.
+    pub fn holds(&self, wanted: impl Fn(&K) -> bool) -> bool {
+        self.lock().iter().any(|k| wanted(&k.key))
+    }
+
     /// Keeps `entries` as the scan of `key` with `digest`, in place of any
     /// earlier one; a scan larger than half the allowance is not kept.
     pub fn keep(&self, key: K, digest: [u8; 32], entries: Arc<Vec<TreeEntry>>) {
@@ -263,6 +268,7 @@ mod tests {
         kept.keep(1, [1; 32], Arc::clone(&big));
         kept.keep(2, [2; 32], Arc::clone(&big));
         assert!(kept.get(&1).is_some() && kept.get(&2).is_some());
+        assert!(kept.holds(|k| *k == 2) && !kept.holds(|k| *k == 3));
         // The least recently used goes first: 1 was asked for before 2.
         kept.keep(3, [3; 32], Arc::new(tree(&[("b", 1)])));
         assert!(kept.get(&1).is_none() && kept.get(&2).is_some());

@@ -358,6 +358,28 @@ pub async fn pull(
     progress: Arc<Progress>,
 ) -> Result<SyncReport, String> {
     let session = fleet.get(p.sandbox_name.as_deref())?;
+    // A tree pulled before, into a directory that is there: no round trip
+    // to ask what the remote path is. Should it have become a file, the
+    // tree's scan says so before anything is written, and the file is
+    // pulled into that directory, as it would have been.
+    let local_is_dir = roots
+        .resolve(&p.local_path, Intent::Dest { create: false })
+        .is_ok_and(|l| l.path.is_dir());
+    if local_is_dir && sync::synced_as_tree(&session, &p.remote_path).await {
+        let (local, options) = options(roots, &p, Direction::Pull)?;
+        match sync::pull(
+            &session,
+            &p.remote_path,
+            &local,
+            &options,
+            Arc::clone(&progress),
+        )
+        .await
+        {
+            Err(e) if sync::is_not_a_directory(&e, &p.remote_path) => {}
+            pulled => return pulled.map_err(|e| e.to_string()),
+        }
+    }
     let one = file_pull(&session, &p.remote_path, &p.local_path, roots).await?;
     if let Some(one) = &one {
         p.local_path = one.local_dir.clone();

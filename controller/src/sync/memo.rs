@@ -51,3 +51,10 @@ pub(super) fn get(key: &Key) -> Option<([u8; 32], Arc<Vec<TreeEntry>>)> {
 pub(super) fn keep(key: Key, digest: [u8; 32], entries: Arc<Vec<TreeEntry>>) {
     KEPT.keep(key, digest, entries);
 }
+
+/// Whether a whole-tree scan of `root` on `conn` is kept: the path was a
+/// directory when it was last synced.
+pub(super) fn was_tree(conn: &ScopedConn, root: &str) -> bool {
+    let (at, sandbox) = (&**conn as *const _ as usize, conn.sandbox());
+    KEPT.holds(|k| k.conn == at && k.sandbox.as_deref() == sandbox && k.root == root)
+}

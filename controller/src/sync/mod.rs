@@ -203,6 +203,24 @@ pub async fn remote_kind(session: &Session, path: &str) -> Result<RemoteKind, Sy
     single::remote_kind(&session.connection().await?, path).await
 }
 
+/// Whether `remote` was a directory when this connection last synced it
+/// whole: a pull may then go straight to the tree's scan, which says so if
+/// it has become something else since ([`is_not_a_directory`]).
+pub async fn synced_as_tree(session: &Session, remote: &str) -> bool {
+    session
+        .connection()
+        .await
+        .is_ok_and(|conn| memo::was_tree(&conn, remote))
+}
+
+/// Whether a pull failed because its remote path is not a directory (a
+/// file, or something that is neither).
+pub fn is_not_a_directory(error: &SyncError, remote: &str) -> bool {
+    matches!(error, SyncError::Invalid(m)
+        if *m == planning::not_a_directory(remote)
+            || (m.starts_with(&format!("{remote} is ")) && m.ends_with(", not a file or directory")))
+}
+
 /// `remote` on the session's host → local tree.
 pub async fn pull(
     session: &Session,

@@ -188,10 +188,16 @@ pub(super) fn count_deleted(report: &mut SyncReport, plan: &Plan) {
     report.deleted_files = plan.removed.iter().map(|r| r.files).sum();
 }
 
+/// The error of a root that a scan found to be a file.
+pub(super) fn not_a_directory(root: &str) -> String {
+    format!("{root}: not a directory")
+}
+
 /// A root that exists but cannot be synced (not a directory, unreadable):
 /// the scan reports it as a problem with an empty path.
 pub(super) fn root_problem(root: &str, summary: &ScanSummary) -> Result<(), SyncError> {
     match summary.problems.iter().find(|p| p.path.is_empty()) {
+        Some(p) if p.message == "not a directory" => Err(SyncError::Invalid(not_a_directory(root))),
         // "a character device, not a file or directory"
         Some(p) if p.message.ends_with(", not a file or directory") => {
             Err(SyncError::Invalid(format!("{root} is {}", p.message)))
