@@ -379,6 +379,7 @@ fn prepare(
                 return Err(message);
             }
             let st = st?;
+            let record = recordable(put, dir.as_fd());
             let ready = Ready {
                 path: put.path.clone(),
                 parent,
@@ -388,7 +389,7 @@ fn prepare(
                 dev: st.dev,
                 ino: st.ino,
                 expect: put.expect.clone(),
-                record: recordable(put),
+                record,
                 _hold: None,
             };
             Ok((ready, file))
@@ -429,7 +430,7 @@ fn prepare(
                 dev: staged.dev,
                 ino: staged.ino,
                 expect: put.expect.clone(),
-                record: recordable(put),
+                record: recordable(put, staged.dir.as_fd()),
                 _hold: hold,
             };
             Ok((ready, flush))

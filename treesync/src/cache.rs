@@ -36,8 +36,48 @@ const RECORD_MIN_LEN: usize = 5 * 8 + 32 + 4;
 
 /// Files whose ctime is less than this old when hashing starts are not
 /// cached. Generous, because network filesystems stamp times with the
-/// server's clock.
+/// server's clock, and some filesystems only in whole seconds.
 const RACY_WINDOW_NS: i64 = 1_000_000_000;
+
+/// The same on a local filesystem that stamps to the nanosecond: the kernel
+/// stamps a change with its coarse clock, at most one tick (10 ms at
+/// 100 Hz) behind the wall clock, so a write after a read that started
+/// this long after a stamp gets a later one.
+const LOCAL_RACY_WINDOW_NS: i64 = 20_000_000;
+
+/// Local filesystems (statfs magic numbers), where the kernel's own clock
+/// stamps every change: ext2/3/4, XFS, Btrfs, tmpfs, F2FS, overlayfs (a
+/// container's root), ZFS, bcachefs.
+const LOCAL_FILESYSTEMS: &[i64] = &[
+    0xEF53,
+    0x5846_5342,
+    0x9123_683E,
+    0x0102_1994,
+    0xF2F5_2010,
+    0x794C_7630,
+    0x2FC1_2FC1,
+    0xCA45_1A4E,
+];
+
+/// How long ago a file on the filesystem of `fd` must have changed for its
+/// stat to be trusted as a cache key ([`RACY_WINDOW_NS`] unless the
+/// filesystem is local; a file stamped in whole seconds still needs that).
+pub(crate) fn racy_window(fd: std::os::fd::BorrowedFd<'_>) -> i64 {
+    match sys::fs_type(fd) {
+        Ok(kind) if LOCAL_FILESYSTEMS.contains(&kind) => LOCAL_RACY_WINDOW_NS,
+        _ => RACY_WINDOW_NS,
+    }
+}
+
+/// The window for one file's stamp under the filesystem's `window`: a
+/// stamp of whole seconds may come from a filesystem that keeps no more.
+fn window_for(stamp_ns: i64, window: i64) -> i64 {
+    if stamp_ns % 1_000_000_000 == 0 {
+        window.max(RACY_WINDOW_NS)
+    } else {
+        window
+    }
+}
 
 /// A file an applier committed: the hash its content was checked against,
 /// under the stat the file had just after its rename. A file of at least
@@ -61,9 +101,10 @@ pub struct Written {
 }
 
 impl Written {
-    /// Whether a file of this mtime may be recorded now.
-    pub(crate) fn recordable(mtime_ns: i64) -> bool {
-        crate::sys::now_ns().saturating_sub(mtime_ns) >= RACY_WINDOW_NS
+    /// Whether a file of this mtime may be recorded now, in a directory
+    /// of a filesystem with `window` ([`racy_window`]).
+    pub(crate) fn recordable(mtime_ns: i64, window: i64) -> bool {
+        crate::sys::now_ns().saturating_sub(mtime_ns) >= window_for(mtime_ns, window)
     }
 }
 
@@ -97,6 +138,12 @@ impl Default for StatCache {
 }
 
 impl StatCache {
+    /// Trusts stamps as the filesystem of `fd` allows ([`racy_window`]),
+    /// never more than it did.
+    pub fn trust_stamps_of(&mut self, fd: std::os::fd::BorrowedFd<'_>) {
+        self.racy_window_ns = self.racy_window_ns.min(racy_window(fd));
+    }
+
     /// Loads a cache file; a missing or unreadable one gives an empty cache.
     pub fn load(path: &Path) -> StatCache {
         let mut cache = StatCache::default();
@@ -183,8 +230,9 @@ impl StatCache {
         hash: [u8; 32],
         chunks: Vec<ChunkRef>,
     ) {
-        if read_start_ns.saturating_sub(st.ctime_ns) < self.racy_window_ns
-            || read_start_ns.saturating_sub(st.mtime_ns) < self.racy_window_ns
+        let window = window_for(st.ctime_ns, self.racy_window_ns);
+        if read_start_ns.saturating_sub(st.ctime_ns) < window
+            || read_start_ns.saturating_sub(st.mtime_ns) < window
         {
             self.changed |= self.records.remove(&(st.dev, st.ino)).is_some();
             return;
@@ -347,6 +395,7 @@ impl<'a> Reader<'a> {
 mod tests {
     use super::*;
     use crate::testutil::TempDir;
+    use std::os::fd::AsFd;
     use std::os::unix::fs::PermissionsExt;
 
     fn stat(ino: u64, size: u64) -> Stat {
@@ -360,6 +409,51 @@ mod tests {
             uid: 0,
             gid: 0,
         }
+    }
+
+    #[test]
+    fn a_local_filesystem_s_stamps_are_trusted_after_two_ticks() {
+        let t = TempDir::new();
+        let dir = std::fs::File::open(t.path()).unwrap();
+        // The tests' scratch is a local filesystem; /proc is none of them.
+        assert_eq!(racy_window(dir.as_fd()), LOCAL_RACY_WINDOW_NS);
+        let proc = std::fs::File::open("/proc/self").unwrap();
+        assert_eq!(racy_window(proc.as_fd()), RACY_WINDOW_NS);
+
+        let mut c = StatCache::default();
+        c.trust_stamps_of(dir.as_fd());
+        let read_start = 50_000_000_123;
+        let stamped = |ino, ago: i64| Stat {
+            mtime_ns: read_start - ago,
+            ctime_ns: read_start - ago,
+            ..stat(ino, 5)
+        };
+        c.store(&stamped(1, 30_000_000), read_start, [1; 32], vec![]);
+        c.store(&stamped(2, 5_000_000), read_start, [2; 32], vec![]);
+        assert!(c.lookup(&stamped(1, 30_000_000), false).is_some());
+        assert!(c.lookup(&stamped(2, 5_000_000), false).is_none(), "racy");
+        // A stamp in whole seconds may be all the filesystem keeps.
+        let whole = Stat {
+            mtime_ns: 49_000_000_000,
+            ctime_ns: 49_000_000_000,
+            ..stat(3, 5)
+        };
+        c.store(&whole, 49_900_000_000, [3; 32], vec![]);
+        assert!(c.lookup(&whole, false).is_none());
+        c.store(&whole, 50_000_000_000, [3; 32], vec![]);
+        assert!(c.lookup(&whole, false).is_some());
+        // Never more trust than it had: a window set lower stays.
+        c.racy_window_ns = 0;
+        c.trust_stamps_of(dir.as_fd());
+        assert_eq!(c.racy_window_ns, 0);
+        // An applier's record goes by the source's mtime alike.
+        let now = sys::now_ns();
+        assert!(Written::recordable(
+            now - 30_000_000 - 7,
+            LOCAL_RACY_WINDOW_NS
+        ));
+        assert!(!Written::recordable(now - 7, LOCAL_RACY_WINDOW_NS));
+        assert!(!Written::recordable(now - 30_000_000 - 7, RACY_WINDOW_NS));
     }
 
     #[test]

@@ -105,6 +105,10 @@ pub fn scan(
         }
     };
     out.summary.root_exists = true;
+    let mut cache = cache;
+    if let Some(cache) = cache.as_deref_mut() {
+        cache.trust_stamps_of(root_fd.as_fd());
+    }
     let filter = match Filter::new(root, filter) {
         Ok(f) => f,
         Err(message) => {

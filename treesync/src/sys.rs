@@ -376,6 +376,14 @@ pub(crate) fn ftruncate(fd: BorrowedFd<'_>, len: u64) -> io::Result<()> {
     Ok(())
 }
 
+/// The type of the filesystem `fd` is on (`statfs`'s magic number).
+pub(crate) fn fs_type(fd: BorrowedFd<'_>) -> io::Result<i64> {
+    // SAFETY: fstatfs fills the struct for an open descriptor.
+    let mut fs: libc::statfs = unsafe { std::mem::zeroed() };
+    cvt(unsafe { libc::fstatfs(fd.as_raw_fd(), &mut fs) })?;
+    Ok(fs.f_type as i64)
+}
+
 /// The wall clock in nanoseconds since the epoch, as mtimes are.
 pub(crate) fn now_ns() -> i64 {
     std::time::SystemTime::now()

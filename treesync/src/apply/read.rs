@@ -102,6 +102,9 @@ pub fn describe_files(
 ) -> Described {
     let mut dirs = Dirs::new(root);
     let mut out = Described::default();
+    if let (Some(cache), Ok(dir)) = (cache.as_deref_mut(), std::fs::File::open(root)) {
+        cache.trust_stamps_of(dir.as_fd());
+    }
     for window in paths.chunks(DESCRIBE_WINDOW) {
         // Per path: its entry or its problem; `None` while it waits to be read.
         let mut results: Vec<Option<Result<TreeEntry, String>>> = Vec::new();
