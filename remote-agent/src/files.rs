@@ -10,7 +10,6 @@
 
 use std::collections::HashMap;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -181,16 +180,15 @@ pub async fn scan(
         };
         // Only hashes are worth caching; a listing stats and nothing more.
         let cache_file = if req.hashes { cache_path(&root) } else { None };
-        let mut cache = cache_file.as_deref().map(StatCache::load);
+        let mut cache = cache_file.as_deref().map(StatCache::load_kept);
         if let Some(cache) = cache.as_mut() {
             cache.record_written(&appliers.take_written(&root));
         }
         let mut output = scan::scan(&root, &req.filter, &options, cache.as_mut());
         if let (Some(cache), Some(file)) = (cache, cache_file)
             && output.summary.root_exists
-            && cache.is_changed()
         {
-            save_cache(&cache, &file);
+            keep_cache(cache, &file);
         }
         for entry in &mut output.entries {
             // A chunk list too long for a frame is left out, as it is sent.
@@ -232,15 +230,13 @@ pub async fn describe(
     let work = tokio::task::spawn_blocking(move || {
         let _as = account::act_for_root(&root);
         let cache_file = cache_path(&root);
-        let mut cache = cache_file.as_deref().map(StatCache::load);
+        let mut cache = cache_file.as_deref().map(StatCache::load_kept);
         if let Some(cache) = cache.as_mut() {
             cache.record_written(&appliers.take_written(&root));
         }
         let described = apply::describe_files(&root, &paths, cache.as_mut());
-        if let (Some(cache), Some(file)) = (cache, cache_file)
-            && cache.is_changed()
-        {
-            save_cache(&cache, &file);
+        if let (Some(cache), Some(file)) = (cache, cache_file) {
+            keep_cache(cache, &file);
         }
         ScanOutput {
             entries: described.entries,
@@ -300,15 +296,9 @@ async fn send_entries(
     Response::ScanDone(output.summary)
 }
 
-fn save_cache(cache: &StatCache, file: &Path) {
-    let Some(dir) = file.parent() else { return };
-    let saved = std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .and_then(|()| cache.save(file));
+fn keep_cache(cache: StatCache, file: &Path) {
     // A cache that cannot be saved only costs hashing again next time.
-    if let Err(e) = saved {
+    if let Err(e) = cache.keep(file) {
         eprintln!("outpost-agent: cannot save {}: {e}", file.display());
     }
 }
@@ -435,9 +425,9 @@ fn record_written(applier: &mut Applier, cache: Option<&mut StatCache>) {
         Some(cache) => cache.record_written(&written),
         None => {
             if let Some(file) = cache_path(applier.root()) {
-                let mut cache = StatCache::load(&file);
+                let mut cache = StatCache::load_kept(&file);
                 cache.record_written(&written);
-                save_cache(&cache, &file);
+                keep_cache(cache, &file);
             }
         }
     }

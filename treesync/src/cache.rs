@@ -125,6 +125,8 @@ pub struct StatCache {
     pub(crate) racy_window_ns: i64,
     /// Records were added, replaced or dropped since it was loaded.
     changed: bool,
+    /// The file it was loaded from or saved to, as it was then.
+    file: Option<FileId>,
 }
 
 impl Default for StatCache {
@@ -133,8 +135,39 @@ impl Default for StatCache {
             records: HashMap::new(),
             racy_window_ns: RACY_WINDOW_NS,
             changed: false,
+            file: None,
         }
     }
+}
+
+/// A cache file's identity: (dev, inode, size, mtime, ctime). A save is a
+/// rename of a new file, so any process's save changes it.
+type FileId = (u64, u64, u64, i64, i64);
+
+fn file_id(path: &Path) -> Option<FileId> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    let ns = |s: i64, n: i64| s.saturating_mul(1_000_000_000).saturating_add(n);
+    Some((
+        m.dev(),
+        m.ino(),
+        m.size(),
+        ns(m.mtime(), m.mtime_nsec()),
+        ns(m.ctime(), m.ctime_nsec()),
+    ))
+}
+
+/// Records the caches kept in memory ([`StatCache::keep`]) hold in all; the
+/// least recently kept go first.
+const KEPT_RECORDS: usize = 200_000;
+
+/// The caches this process last loaded or saved, by file, most recent last.
+static KEPT: std::sync::Mutex<Vec<(std::path::PathBuf, StatCache)>> =
+    std::sync::Mutex::new(Vec::new());
+
+fn kept() -> std::sync::MutexGuard<'static, Vec<(std::path::PathBuf, StatCache)>> {
+    // Plain data: a panic elsewhere leaves it consistent.
+    KEPT.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl StatCache {
@@ -153,6 +186,57 @@ impl StatCache {
             cache.records = records;
         }
         cache
+    }
+
+    /// `path`'s cache: the one this process kept ([`StatCache::keep`]) when
+    /// the file is still the one it read or wrote, else read from the file.
+    /// A long-lived agent or controller so reads and checks the file only
+    /// when another process saved it. (Every record is true of the stat it
+    /// is keyed by, whoever wrote it: a stale copy costs hashing, never a
+    /// wrong hash.)
+    pub fn load_kept(path: &Path) -> StatCache {
+        let id = file_id(path);
+        let mut kept = kept();
+        let at = kept.iter().position(|(p, _)| p == path);
+        match at.map(|at| kept.remove(at).1) {
+            Some(cache) if id.is_some() && cache.file == id => cache,
+            _ => {
+                drop(kept);
+                let mut cache = StatCache::load(path);
+                cache.file = id;
+                cache
+            }
+        }
+    }
+
+    /// Saves the cache to `path` if it changed (making its directory, mode
+    /// 0700), and keeps it in memory for the next [`StatCache::load_kept`].
+    pub fn keep(mut self, path: &Path) -> std::io::Result<()> {
+        if self.changed {
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                use std::os::unix::fs::DirBuilderExt;
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(dir)?;
+            }
+            self.save(path)?;
+            self.file = file_id(path);
+        }
+        if self.file.is_none() {
+            return Ok(());
+        }
+        self.clear_seen();
+        self.changed = false;
+        self.racy_window_ns = RACY_WINDOW_NS;
+        let mut kept = kept();
+        kept.retain(|(p, _)| p != path);
+        kept.push((path.to_path_buf(), self));
+        let mut total: usize = kept.iter().map(|(_, c)| c.records.len()).sum();
+        while total > KEPT_RECORDS && !kept.is_empty() {
+            total -= kept.remove(0).1.records.len();
+        }
+        Ok(())
     }
 
     /// Saves atomically (temp file + rename), mode 0600.
@@ -454,6 +538,34 @@ mod tests {
         ));
         assert!(!Written::recordable(now - 7, LOCAL_RACY_WINDOW_NS));
         assert!(!Written::recordable(now - 30_000_000 - 7, RACY_WINDOW_NS));
+    }
+
+    #[test]
+    fn a_kept_cache_serves_until_another_process_saves_its_file() {
+        let t = TempDir::new();
+        let path = t.path().join("sub/cache");
+        let held = |path: &Path| kept().iter().any(|(p, _)| p == path);
+        let mut c = StatCache::default();
+        c.store(&stat(1, 5), 10_000_000_000, [1; 32], vec![]);
+        c.keep(&path).unwrap();
+        let written = file_id(&path);
+        assert!(written.is_some() && held(&path));
+
+        let mut c = StatCache::load_kept(&path);
+        assert!(!held(&path), "taken while in use");
+        assert_eq!(c.lookup(&stat(1, 5), false), Some(([1; 32], vec![])));
+        assert!(!c.is_changed());
+        // Unchanged: kept again, the file left as it was.
+        c.keep(&path).unwrap();
+        assert!(held(&path) && file_id(&path) == written);
+
+        // Another process saves the file: the next load reads it.
+        let mut other = StatCache::default();
+        other.store(&stat(2, 5), 10_000_000_000, [2; 32], vec![]);
+        other.save(&path).unwrap();
+        let mut c = StatCache::load_kept(&path);
+        assert_eq!(c.len(), 1);
+        assert!(c.lookup(&stat(2, 5), false).is_some());
     }
 
     #[test]

@@ -4,7 +4,6 @@
 //! Local writes go through the applier, in `run` and `pull`.
 
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use outpost_protocol::{FilterSpec, RelPath, TreeEntry};
@@ -25,7 +24,7 @@ pub(super) async fn scan_local(
 ) -> Result<ScanOutput, SyncError> {
     tokio::task::spawn_blocking(move || {
         let cache_file = local_cache_file(&root);
-        let mut cache = cache_file.as_deref().map(StatCache::load);
+        let mut cache = cache_file.as_deref().map(StatCache::load_kept);
         let options = ScanOptions {
             hashes: true,
             chunk_lists,
@@ -37,9 +36,8 @@ pub(super) async fn scan_local(
         // Rewritten (whole) only when the scan learnt something.
         if let (Some(cache), Some(file)) = (cache, cache_file)
             && output.summary.root_exists
-            && cache.is_changed()
         {
-            save_cache(&cache, &file);
+            keep_cache(cache, &file);
         }
         output
     })
@@ -47,16 +45,10 @@ pub(super) async fn scan_local(
     .map_err(|_| SyncError::Invalid("the local scan failed unexpectedly".into()))
 }
 
-/// Saves a stat cache file, making its directory (0700) if need be.
-fn save_cache(cache: &StatCache, file: &Path) {
-    let saved = file.parent().map_or(Ok(()), |dir| {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-    });
+/// Saves a stat cache file if it changed, and keeps it for the next scan.
+fn keep_cache(cache: StatCache, file: &Path) {
     // A cache that cannot be saved only costs hashing again next time.
-    if let Err(e) = saved.and_then(|()| cache.save(file)) {
+    if let Err(e) = cache.keep(file) {
         tracing::debug!("cannot save {}: {e}", file.display());
     }
 }
@@ -72,12 +64,10 @@ pub(super) async fn describe_local(root: &Path, paths: Vec<RelPath>) -> Vec<Tree
     let root = root.to_path_buf();
     let described = tokio::task::spawn_blocking(move || {
         let cache_file = local_cache_file(&root);
-        let mut cache = cache_file.as_deref().map(StatCache::load);
+        let mut cache = cache_file.as_deref().map(StatCache::load_kept);
         let described = describe_files(&root, &paths, cache.as_mut());
-        if let (Some(cache), Some(file)) = (cache, cache_file)
-            && cache.is_changed()
-        {
-            save_cache(&cache, &file);
+        if let (Some(cache), Some(file)) = (cache, cache_file) {
+            keep_cache(cache, &file);
         }
         described.entries
     })
@@ -96,9 +86,9 @@ pub(super) async fn record_written(root: PathBuf, written: Vec<Written>) {
         let Some(file) = local_cache_file(&root) else {
             return;
         };
-        let mut cache = StatCache::load(&file);
+        let mut cache = StatCache::load_kept(&file);
         cache.record_written(&written);
-        save_cache(&cache, &file);
+        keep_cache(cache, &file);
     })
     .await;
 }
