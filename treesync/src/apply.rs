@@ -379,7 +379,7 @@ fn prepare(
                 return Err(message);
             }
             let st = st?;
-            let record = recordable(put, dir.as_fd());
+            let record = recordable(put, st.dev, dirs.local_device());
             let ready = Ready {
                 path: put.path.clone(),
                 parent,
@@ -430,7 +430,7 @@ fn prepare(
                 dev: staged.dev,
                 ino: staged.ino,
                 expect: put.expect.clone(),
-                record: recordable(put, staged.dir.as_fd()),
+                record: recordable(put, staged.dev, dirs.local_device()),
                 _hold: hold,
             };
             Ok((ready, flush))

@@ -59,19 +59,26 @@ const LOCAL_FILESYSTEMS: &[i64] = &[
     0xCA45_1A4E,
 ];
 
-/// How long ago a file on the filesystem of `fd` must have changed for its
-/// stat to be trusted as a cache key ([`RACY_WINDOW_NS`] unless the
-/// filesystem is local; a file stamped in whole seconds still needs that).
-pub(crate) fn racy_window(fd: std::os::fd::BorrowedFd<'_>) -> i64 {
-    match sys::fs_type(fd) {
-        Ok(kind) if LOCAL_FILESYSTEMS.contains(&kind) => LOCAL_RACY_WINDOW_NS,
-        _ => RACY_WINDOW_NS,
+/// The device of `fd`'s filesystem when it is a local one, whose stamps
+/// are trusted after [`LOCAL_RACY_WINDOW_NS`]; None elsewhere.
+pub(crate) fn local_device(fd: std::os::fd::BorrowedFd<'_>) -> Option<u64> {
+    let kind = sys::fs_type(fd).ok()?;
+    if !LOCAL_FILESYSTEMS.contains(&kind) {
+        return None;
     }
+    sys::fstat(fd).ok().map(|st| st.dev)
 }
 
-/// The window for one file's stamp under the filesystem's `window`: a
-/// stamp of whole seconds may come from a filesystem that keeps no more.
-fn window_for(stamp_ns: i64, window: i64) -> i64 {
+/// How old a stamp of a file on `dev` must be for the file to be trusted:
+/// `window` shortened to [`LOCAL_RACY_WINDOW_NS`] on the `local` device
+/// (not on another filesystem mounted below it), and a second for a stamp
+/// in whole seconds, which may be all its filesystem keeps.
+fn window_for(stamp_ns: i64, dev: u64, local: Option<u64>, window: i64) -> i64 {
+    let window = if local == Some(dev) {
+        window.min(LOCAL_RACY_WINDOW_NS)
+    } else {
+        window
+    };
     if stamp_ns % 1_000_000_000 == 0 {
         window.max(RACY_WINDOW_NS)
     } else {
@@ -101,10 +108,11 @@ pub struct Written {
 }
 
 impl Written {
-    /// Whether a file of this mtime may be recorded now, in a directory
-    /// of a filesystem with `window` ([`racy_window`]).
-    pub(crate) fn recordable(mtime_ns: i64, window: i64) -> bool {
-        crate::sys::now_ns().saturating_sub(mtime_ns) >= window_for(mtime_ns, window)
+    /// Whether a file of this mtime on `dev` may be recorded now, where
+    /// `local` is the root's [`local_device`].
+    pub(crate) fn recordable(mtime_ns: i64, dev: u64, local: Option<u64>) -> bool {
+        let window = window_for(mtime_ns, dev, local, RACY_WINDOW_NS);
+        crate::sys::now_ns().saturating_sub(mtime_ns) >= window
     }
 }
 
@@ -125,6 +133,8 @@ pub struct StatCache {
     pub(crate) racy_window_ns: i64,
     /// Records were added, replaced or dropped since it was loaded.
     changed: bool,
+    /// The scanned root's [`local_device`].
+    local_dev: Option<u64>,
     /// The file it was loaded from or saved to, as it was then.
     file: Option<FileId>,
 }
@@ -135,6 +145,7 @@ impl Default for StatCache {
             records: HashMap::new(),
             racy_window_ns: RACY_WINDOW_NS,
             changed: false,
+            local_dev: None,
             file: None,
         }
     }
@@ -171,10 +182,10 @@ fn kept() -> std::sync::MutexGuard<'static, Vec<(std::path::PathBuf, StatCache)>
 }
 
 impl StatCache {
-    /// Trusts stamps as the filesystem of `fd` allows ([`racy_window`]),
-    /// never more than it did.
+    /// Trusts the stamps of files on the filesystem of `fd` (a scan's
+    /// root) as soon as that filesystem allows ([`local_device`]).
     pub fn trust_stamps_of(&mut self, fd: std::os::fd::BorrowedFd<'_>) {
-        self.racy_window_ns = self.racy_window_ns.min(racy_window(fd));
+        self.local_dev = local_device(fd);
     }
 
     /// Loads a cache file; a missing or unreadable one gives an empty cache.
@@ -228,7 +239,7 @@ impl StatCache {
         }
         self.clear_seen();
         self.changed = false;
-        self.racy_window_ns = RACY_WINDOW_NS;
+        self.local_dev = None;
         let mut kept = kept();
         kept.retain(|(p, _)| p != path);
         kept.push((path.to_path_buf(), self));
@@ -314,7 +325,7 @@ impl StatCache {
         hash: [u8; 32],
         chunks: Vec<ChunkRef>,
     ) {
-        let window = window_for(st.ctime_ns, self.racy_window_ns);
+        let window = window_for(st.ctime_ns, st.dev, self.local_dev, self.racy_window_ns);
         if read_start_ns.saturating_sub(st.ctime_ns) < window
             || read_start_ns.saturating_sub(st.mtime_ns) < window
         {
@@ -500,14 +511,16 @@ mod tests {
         let t = TempDir::new();
         let dir = std::fs::File::open(t.path()).unwrap();
         // The tests' scratch is a local filesystem; /proc is none of them.
-        assert_eq!(racy_window(dir.as_fd()), LOCAL_RACY_WINDOW_NS);
+        let local = local_device(dir.as_fd());
+        let dev = local.expect("the scratch is on a local filesystem");
         let proc = std::fs::File::open("/proc/self").unwrap();
-        assert_eq!(racy_window(proc.as_fd()), RACY_WINDOW_NS);
+        assert_eq!(local_device(proc.as_fd()), None);
 
         let mut c = StatCache::default();
         c.trust_stamps_of(dir.as_fd());
         let read_start = 50_000_000_123;
         let stamped = |ino, ago: i64| Stat {
+            dev,
             mtime_ns: read_start - ago,
             ctime_ns: read_start - ago,
             ..stat(ino, 5)
@@ -516,8 +529,16 @@ mod tests {
         c.store(&stamped(2, 5_000_000), read_start, [2; 32], vec![]);
         assert!(c.lookup(&stamped(1, 30_000_000), false).is_some());
         assert!(c.lookup(&stamped(2, 5_000_000), false).is_none(), "racy");
+        // Another filesystem mounted below the root keeps a second.
+        let elsewhere = Stat {
+            dev: dev + 1,
+            ..stamped(4, 30_000_000)
+        };
+        c.store(&elsewhere, read_start, [4; 32], vec![]);
+        assert!(c.lookup(&elsewhere, false).is_none());
         // A stamp in whole seconds may be all the filesystem keeps.
         let whole = Stat {
+            dev,
             mtime_ns: 49_000_000_000,
             ctime_ns: 49_000_000_000,
             ..stat(3, 5)
@@ -526,18 +547,12 @@ mod tests {
         assert!(c.lookup(&whole, false).is_none());
         c.store(&whole, 50_000_000_000, [3; 32], vec![]);
         assert!(c.lookup(&whole, false).is_some());
-        // Never more trust than it had: a window set lower stays.
-        c.racy_window_ns = 0;
-        c.trust_stamps_of(dir.as_fd());
-        assert_eq!(c.racy_window_ns, 0);
         // An applier's record goes by the source's mtime alike.
         let now = sys::now_ns();
-        assert!(Written::recordable(
-            now - 30_000_000 - 7,
-            LOCAL_RACY_WINDOW_NS
-        ));
-        assert!(!Written::recordable(now - 7, LOCAL_RACY_WINDOW_NS));
-        assert!(!Written::recordable(now - 30_000_000 - 7, RACY_WINDOW_NS));
+        assert!(Written::recordable(now - 30_000_000 - 7, dev, local));
+        assert!(!Written::recordable(now - 7, dev, local));
+        assert!(!Written::recordable(now - 30_000_000 - 7, dev + 1, local));
+        assert!(!Written::recordable(now - 30_000_000 - 7, dev, None));
     }
 
     #[test]

@@ -197,6 +197,8 @@ pub(super) struct Dirs {
     root: PathBuf,
     pub(super) open: HashMap<Vec<u8>, Arc<OwnedFd>>,
     touched: HashMap<Vec<u8>, Arc<OwnedFd>>,
+    /// The root's [`crate::cache::local_device`], once asked.
+    local_dev: Option<Option<u64>>,
 }
 
 impl Dirs {
@@ -205,7 +207,22 @@ impl Dirs {
             root: root.to_path_buf(),
             open: HashMap::new(),
             touched: HashMap::new(),
+            local_dev: None,
         }
+    }
+
+    /// The root's device when it is a local filesystem (see
+    /// [`crate::cache::local_device`]), found once.
+    pub(super) fn local_device(&mut self) -> Option<u64> {
+        if let Some(known) = self.local_dev {
+            return known;
+        }
+        let found = self
+            .open_root(false)
+            .ok()
+            .and_then(|fd| crate::cache::local_device(fd.as_fd()));
+        self.local_dev = Some(found);
+        found
     }
 
     pub(super) fn open_root(&mut self, create: bool) -> Result<Arc<OwnedFd>, DirError> {

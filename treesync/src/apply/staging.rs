@@ -3,7 +3,6 @@
 //! written, checked against their hash, and committed by rename.
 
 use super::*;
-use crate::cache::racy_window;
 
 /// The staging file name for content of this hash and size: a transfer cut
 /// short leaves it behind, and the next transfer of the same content finds
@@ -210,13 +209,14 @@ pub(super) fn finish(file: &File, put: &FilePut) -> Result<(), String> {
     sys::futimens(file.as_fd(), put.mtime_ns).map_err(|e| format!("cannot set the mtime: {e}"))
 }
 
-/// What a put's committed file (in `dir`) may record in the stat cache.
-pub(super) fn recordable(put: &FilePut, dir: BorrowedFd<'_>) -> Option<(u64, i64, [u8; 32])> {
-    Written::recordable(put.mtime_ns, racy_window(dir)).then_some((
-        put.size,
-        put.mtime_ns,
-        put.hash,
-    ))
+/// What a put's committed file (on `dev`) may record in the stat cache,
+/// where `local` is the root's [`crate::cache::local_device`].
+pub(super) fn recordable(
+    put: &FilePut,
+    dev: u64,
+    local: Option<u64>,
+) -> Option<(u64, i64, [u8; 32])> {
+    Written::recordable(put.mtime_ns, dev, local).then_some((put.size, put.mtime_ns, put.hash))
 }
 
 /// Renames a verified temporary file into place if the target still looks as
