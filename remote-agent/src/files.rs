@@ -303,8 +303,6 @@ fn keep_cache(cache: StatCache, file: &Path) {
     }
 }
 
-/// An upper bound on an entry's encoded size (postcard varints are never
-/// longer than these fixed widths).
 /// The last whole-tree scan of each root (with its filter) this agent
 /// answered, so a rescan that names its digest gets only what changed.
 static KEPT: KeptScans<(PathBuf, FilterSpec, bool)> = KeptScans::new();
@@ -337,6 +335,8 @@ fn answer_against_known(root: &Path, req: &ScanRequest, output: &mut ScanOutput)
     KEPT.keep(key, digest, entries);
 }
 
+/// An upper bound on an entry's encoded size (postcard varints are never
+/// longer than these fixed widths).
 fn entry_bytes(entry: &TreeEntry) -> usize {
     let target = match &entry.kind {
         outpost_protocol::EntryKind::Symlink { target } => target.len(),

@@ -362,10 +362,12 @@ pub async fn pull(
     // to ask what the remote path is. Should it have become a file, the
     // tree's scan says so before anything is written, and the file is
     // pulled into that directory, as it would have been.
-    let local_is_dir = roots
-        .resolve(&p.local_path, Intent::Dest { create: false })
-        .is_ok_and(|l| l.path.is_dir());
-    if local_is_dir && sync::synced_as_tree(&session, &p.remote_path).await {
+    let local_is_dir = || {
+        roots
+            .resolve(&p.local_path, Intent::Dest { create: false })
+            .is_ok_and(|l| l.path.is_dir())
+    };
+    if sync::synced_as_tree(&session, &p.remote_path).await && local_is_dir() {
         let (local, options) = options(roots, &p, Direction::Pull)?;
         match sync::pull(
             &session,
